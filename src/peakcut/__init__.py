@@ -1,0 +1,21 @@
+"""peakcut: fit deep-learning training steps into less accelerator memory.
+
+    g = peakcut.capture(model, batch, loss_fn, optimizer="adamw")
+    g.simulate().peak_bytes          # simulated peak of the eager order
+    step = peakcut.build(g)          # generated, runnable program
+    loss = step(model, batch)        # one real step, parameters updated in place
+    m = peakcut.measure(step, model, batch)
+"""
+
+__version__ = "0.1.0"
+
+from peakcut.api import build, capture, measure  # noqa: E402
+from peakcut.capture import SGD, AdamW, CaptureError  # noqa: E402
+from peakcut.codegen import Step, StepBindingError  # noqa: E402
+from peakcut.ir import Graph, GraphError, Role  # noqa: E402
+from peakcut.runtime import Measurement, check_equivalence  # noqa: E402
+
+__all__ = [
+    "SGD", "AdamW", "CaptureError", "Graph", "GraphError", "Measurement", "Role", "Step",
+    "StepBindingError", "__version__", "build", "capture", "check_equivalence", "measure",
+]

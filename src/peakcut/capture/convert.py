@@ -1,0 +1,189 @@
+"""FX GraphModule (from make_fx) -> peakcut Graph.
+
+Storage identity comes from the FakeTensors that flowed through the trace:
+two values share a storage exactly when eager PyTorch would make them share
+it (views, in-place results, _unsafe_view). Mutation hazards (a reader of a
+buffer must run before the op that overwrites it, and after the op that last
+wrote it) become explicit control edges, so any topological order of the
+graph computes the same numbers (DESIGN invariant 2).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from peakcut.capture.trace import CaptureError, TraceLog
+from peakcut.ir.graph import Graph, StepSignature
+from peakcut.ir.node import Node, Phase, TensorRef
+from peakcut.ir.tensor import Role, TensorMeta, dtype_name
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.tensors: dict[int, TensorMeta] = {}
+        self.storages: dict[int, int] = {}
+        self._storage_ids: dict[StorageWeakRef, int] = {}
+        self._keepalive: list[Any] = []
+        self._next = 0
+
+    def new_id(self) -> int:
+        self._next += 1
+        return self._next
+
+    def tensor(self, val: torch.Tensor, role: Role, name: str) -> int:
+        storage = val.untyped_storage()
+        key = StorageWeakRef(storage)
+        if key not in self._storage_ids:
+            self._storage_ids[key] = self.new_id()
+            self._keepalive.append(storage)  # keep the weak key's referent alive while converting
+            self.storages[self._storage_ids[key]] = int(storage.nbytes())
+        tid = self.new_id()
+        self.tensors[tid] = TensorMeta(
+            id=tid, shape=tuple(int(s) for s in val.shape), stride=tuple(int(s) for s in val.stride()),
+            dtype=dtype_name(val.dtype), storage=self._storage_ids[key],
+            storage_offset=int(val.storage_offset()), role=role, name=name,
+        )
+        return tid
+
+
+def fx_to_graph(
+    gm: torch.fx.GraphModule,
+    input_names: Sequence[str],
+    input_roles: Sequence[Role],
+    output_names: Sequence[str],
+    output_roles: Sequence[Role],
+    keep_outputs: Sequence[bool],
+    log: TraceLog,
+    device: str,
+    signature: StepSignature,
+) -> Graph:
+    """Convert a make_fx graph; output i is kept as a program output when keep_outputs[i]."""
+    b = _Builder()
+    env: dict[torch.fx.Node, Any] = {}
+    nodes: dict[int, Node] = {}
+    order: list[int] = []
+    inputs: list[int] = []
+    fwd_module_by_seq: dict[int, str] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(input_names):
+        raise CaptureError(f"internal: {len(placeholders)} placeholders for {len(input_names)} inputs")
+    roles = dict(zip(placeholders, input_roles, strict=True))
+    names = dict(zip(placeholders, input_names, strict=True))
+
+    for index, fx_node in enumerate(gm.graph.nodes):
+        if fx_node.op == "placeholder":
+            tid = b.tensor(fx_node.meta["val"], roles[fx_node], names[fx_node])
+            env[fx_node] = tid
+            inputs.append(tid)
+        elif fx_node.op == "call_function" and fx_node.target is operator.getitem:
+            parent, i = fx_node.args
+            env[fx_node] = env[parent][i]
+        elif fx_node.op == "call_function" and isinstance(fx_node.target, torch._ops.OpOverload):
+            nid = b.new_id()
+            module, phase = log.attribution(index)
+            seq = fx_node.meta.get("seq_nr", -1)
+            if phase is Phase.FORWARD and seq >= 0 and module:
+                fwd_module_by_seq.setdefault(seq, module)
+            elif phase is Phase.BACKWARD:
+                module = fwd_module_by_seq.get(seq, "")
+            val = fx_node.meta.get("val")
+            multi = isinstance(val, (tuple, list))
+            vals = list(val) if multi else [val]
+            outs: list[int | None] = []
+            for i, v in enumerate(vals):
+                if isinstance(v, torch.Tensor):
+                    outs.append(b.tensor(v, Role.ACTIVATION, fx_node.name if not multi else f"{fx_node.name}_{i}"))
+                elif v is None:
+                    outs.append(None)
+                else:
+                    raise CaptureError(f"op {fx_node.target} returns a non-tensor value {type(v).__name__}")
+            env[fx_node] = outs if multi else outs[0]
+            args = _map_args(fx_node.args, env)
+            kwargs = {k: _map_args(v, env) for k, v in fx_node.kwargs.items()}
+            nodes[nid] = Node(
+                id=nid, op=str(fx_node.target), args=tuple(args), kwargs=kwargs, outputs=tuple(outs),
+                multi_output=multi, module=module, phase=phase, name=fx_node.name,
+            )
+            order.append(nid)
+        elif fx_node.op == "output":
+            flat = list(fx_node.args[0])
+            if len(flat) != len(output_names):
+                raise CaptureError(f"internal: {len(flat)} outputs for {len(output_names)} names")
+        elif fx_node.op == "get_attr":
+            raise CaptureError(
+                f"the step captured a constant tensor ({fx_node.target}); peakcut needs every tensor to be "
+                "a parameter, a buffer, a batch input or computed in the step"
+            )
+        else:
+            raise CaptureError(f"unsupported FX node {fx_node.op} {fx_node.target}")
+
+    outputs: list[int] = []
+    out_names: list[str] = []
+    for fx_out, name, role, keep in zip(flat, output_names, output_roles, keep_outputs, strict=True):
+        tid = env[fx_out]
+        if role is not Role.ACTIVATION:
+            b.tensors[tid] = _with_role(b.tensors[tid], role)
+        if keep:
+            outputs.append(tid)
+            out_names.append(name)
+
+    g = Graph(
+        tensors=b.tensors, nodes=nodes, inputs=inputs, input_names=list(input_names), outputs=outputs,
+        output_names=out_names, storages=b.storages, order=order, control={}, device=device,
+        signature=signature,
+    )
+    g.control = mutation_hazards(g)
+    return g
+
+
+def _with_role(t: TensorMeta, role: Role) -> TensorMeta:
+    if t.role.caller_held:
+        return t  # a grad that is literally a caller-held tensor keeps its role
+    return TensorMeta(t.id, t.shape, t.stride, t.dtype, t.storage, t.storage_offset, role, t.name)
+
+
+def _map_args(value: Any, env: dict) -> Any:
+    if isinstance(value, torch.fx.Node):
+        tid = env[value]
+        if isinstance(tid, list):
+            raise CaptureError(f"op argument {value.name} is a tuple of tensors, not a tensor")
+        return TensorRef(tid)
+    if isinstance(value, (list, tuple)):
+        mapped = [_map_args(v, env) for v in value]
+        return mapped if isinstance(value, list) or type(value).__name__ == "immutable_list" else tuple(mapped)
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise CaptureError("symbolic shapes are not supported: capture with static shapes")
+    return value
+
+
+def mutation_hazards(g: Graph) -> dict[int, tuple[int, ...]]:
+    """Control edges from capture order: read-after-write, write-after-read, write-after-write.
+
+    Storage-level: any access to any view of a storage counts. Edges already
+    implied by a data dependency are left out.
+    """
+    last_write: dict[int, int] = {}
+    reads_since_write: dict[int, list[int]] = {}
+    control: dict[int, set[int]] = {}
+    for nid in g.order:
+        node = g.nodes[nid]
+        direct = {p for t in node.input_ids() if (p := g.producer(t)) is not None}
+        written = {g.tensors[t].storage for t in g.mutated_tensors(nid)}
+        for s in {g.tensors[t].storage for t in node.input_ids()}:
+            w = last_write.get(s)
+            if w is not None and w not in direct:
+                control.setdefault(nid, set()).add(w)
+            if s in written:
+                for r in reads_since_write.get(s, []):
+                    if r != nid and r not in direct:
+                        control.setdefault(nid, set()).add(r)
+                last_write[s] = nid
+                reads_since_write[s] = []
+            else:
+                reads_since_write.setdefault(s, []).append(nid)
+    return {k: tuple(sorted(v)) for k, v in control.items() if v}

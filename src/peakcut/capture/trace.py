@@ -1,0 +1,124 @@
+"""Trace one step with make_fx over FakeTensors, recording which module made each node."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx.traceback as fx_traceback
+from torch._decomp import core_aten_decompositions
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+
+from peakcut.ir.node import Phase
+
+
+class CaptureError(RuntimeError):
+    """The model (or loss) could not be traced; the message names the module and cause."""
+
+
+@dataclass
+class TraceLog:
+    """Where each FX node came from: module path and phase, by creation index."""
+
+    marks: list[tuple[int, str, Phase]] = field(default_factory=list)  # (node count, module, phase)
+    stack: list[str] = field(default_factory=list)
+    phase: Phase = Phase.FORWARD
+
+    def mark(self) -> None:
+        mode = get_proxy_mode()
+        count = len(mode.tracer.graph.nodes) if mode is not None else 0
+        top = self.stack[-1] if self.stack else ""
+        self.marks.append((count, top, self.phase))
+
+    def set_phase(self, phase: Phase) -> None:
+        self.phase = phase
+        self.mark()
+
+    def attribution(self, index: int) -> tuple[str, Phase]:
+        """Module and phase of the node created at position `index` of the FX graph."""
+        module, phase = "", Phase.FORWARD
+        for count, m, p in self.marks:
+            if count > index:
+                break
+            module, phase = m, p
+        return module, phase
+
+
+def _install_module_hooks(model: torch.nn.Module, log: TraceLog, stack: ExitStack) -> None:
+    for name, mod in model.named_modules():
+        path = name or type(model).__name__
+
+        def pre(_m: torch.nn.Module, _args: Any, path: str = path) -> None:
+            log.stack.append(path)
+            log.mark()
+
+        def post(_m: torch.nn.Module, _args: Any, _out: Any, root: bool = not name) -> None:
+            if log.stack:
+                log.stack.pop()
+            if root and log.phase is Phase.FORWARD:
+                log.phase = Phase.LOSS  # what follows the model's forward is the loss
+            log.mark()
+
+        stack.callback(mod.register_forward_pre_hook(pre).remove)
+        stack.callback(mod.register_forward_hook(post, always_call=True).remove)
+
+
+def _explain(e: BaseException) -> str:
+    if isinstance(e, (DataDependentOutputException, DynamicOutputShapeException)):
+        return (f"data-dependent operation {getattr(e, 'func', '')} (e.g. .item(), .tolist(), nonzero or "
+                "Python control flow on tensor values) cannot be captured as a static graph")
+    if isinstance(e, UnsupportedOperatorException):
+        return f"operator {e.func} has no FakeTensor/meta implementation"
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if "data-dependent" in text or "data dependent" in text or "GuardOnDataDependent" in type(e).__name__:
+        return f"data-dependent control flow cannot be captured as a static graph: {text}"
+    return f"{type(e).__name__}: {text}"
+
+
+def trace_step(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    model: torch.nn.Module,
+    log: TraceLog,
+) -> torch.fx.GraphModule:
+    """make_fx(fn)(*args) over FakeTensors, decomposed to Core ATen; errors name the module."""
+    with ExitStack() as stack:
+        _install_module_hooks(model, log, stack)
+        stack.enter_context(fx_traceback.preserve_node_meta())
+        try:
+            return make_fx(fn, tracing_mode="fake", decomposition_table=decompositions())(*args)
+        except CaptureError:
+            raise
+        except Exception as e:  # noqa: BLE001 - re-raised with the module path and cause
+            where = log.stack[-1] if log.stack else f"{type(model).__name__} (outside any submodule)"
+            mod = _module_type(model, where)
+            raise CaptureError(
+                f"cannot capture {type(model).__name__}: in module '{where}'{mod} during {log.phase.value}: "
+                f"{_explain(e)}"
+            ) from e
+
+
+def _module_type(model: torch.nn.Module, path: str) -> str:
+    try:
+        return f" ({type(model.get_submodule(path)).__name__})"
+    except AttributeError:
+        return ""
+
+
+def decompositions() -> dict:
+    """Core ATen decompositions, except in-place ops: they stay in place, as in eager."""
+    return {op: fn for op, fn in core_aten_decompositions().items()
+            if not (isinstance(op, torch._ops.OpOverload) and op._schema.name.endswith("_"))}
+
+
+def new_fake_mode() -> FakeTensorMode:
+    return FakeTensorMode(allow_non_fake_inputs=False)

@@ -1,0 +1,6 @@
+"""Code generation: a graph and an order become a readable, runnable PyTorch program."""
+
+from peakcut.codegen.program import Step, StepBindingError, default_program_dir
+from peakcut.codegen.source import generate_source
+
+__all__ = ["Step", "StepBindingError", "default_program_dir", "generate_source"]

@@ -1,0 +1,210 @@
+"""The Graph: tensors, nodes, caller-visible inputs/outputs, storages and order.
+
+A Graph is the whole training step. Copying is shallow (nodes and tensor
+metas are immutable), so deriving a variant costs one dict copy per field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from peakcut.ir.node import Node, Phase
+from peakcut.ir.registry import argument_names, is_opaque, mutated_arguments
+from peakcut.ir.tensor import Role, TensorMeta
+
+if TYPE_CHECKING:
+    from peakcut.analysis.memory import MemoryProfile
+
+
+class GraphError(ValueError):
+    """The graph breaks one of the IR's rules (raised by Graph.check and loaders)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepSignature:
+    """How the program's flat inputs/outputs map to the caller's objects.
+
+    input names: 'param:<name>', 'buffer:<name>', 'state:<param>.<slot>' or
+    'state:step', 'batch:<i>'. output names: 'loss', 'grad:<param>', 'out:<i>'.
+    """
+
+    batch_spec: str = ""         # pytree treespec of the batch (torch.utils._pytree dumps)
+    output_spec: str = ""        # pytree treespec of the model output (inference only)
+    optimizer: dict[str, Any] = field(default_factory=dict)  # OptimizerSpec as a dict, {} if none
+    mode: str = "train"          # "train" | "grad" | "inference"
+
+
+@dataclass
+class Graph:
+    """A captured step. Build with peakcut.capture; mutate only through methods."""
+
+    tensors: dict[int, TensorMeta]
+    nodes: dict[int, Node]
+    inputs: list[int]                       # program arguments, in order
+    input_names: list[str]
+    outputs: list[int]                      # program results, in order
+    output_names: list[str]
+    storages: dict[int, int]                # storage id -> bytes
+    order: list[int]                        # node ids in capture (eager) order
+    control: dict[int, tuple[int, ...]]     # node id -> nodes it must run after (mutation hazards)
+    device: str = "cpu"
+    signature: StepSignature = field(default_factory=StepSignature)
+    workspace_cache: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+    _producer: dict[int, int] | None = field(default=None, repr=False, compare=False)
+    _users: dict[int, list[int]] | None = field(default=None, repr=False, compare=False)
+
+    # ---------------------------------------------------------------- copying
+    def copy(self) -> Graph:
+        """A variant that can be mutated without touching this graph."""
+        return Graph(
+            tensors=dict(self.tensors), nodes=dict(self.nodes), inputs=list(self.inputs),
+            input_names=list(self.input_names), outputs=list(self.outputs),
+            output_names=list(self.output_names), storages=dict(self.storages),
+            order=list(self.order), control=dict(self.control), device=self.device,
+            signature=self.signature, workspace_cache=dict(self.workspace_cache),
+        )
+
+    def _invalidate(self) -> None:
+        self._producer = None
+        self._users = None
+
+    # ---------------------------------------------------------------- queries
+    def producer(self, tensor: int) -> int | None:
+        """The node that outputs `tensor`, or None for program inputs."""
+        if self._producer is None:
+            self._producer = {t: n.id for n in self.nodes.values() for t in n.output_ids()}
+        return self._producer.get(tensor)
+
+    def users(self, tensor: int) -> list[int]:
+        """Nodes that read `tensor`, in capture order."""
+        if self._users is None:
+            users: dict[int, list[int]] = {}
+            for nid in self.order:
+                for t in self.nodes[nid].input_ids():
+                    users.setdefault(t, []).append(nid)
+            self._users = users
+        return self._users.get(tensor, [])
+
+    def predecessors(self, node: int) -> set[int]:
+        """Nodes that must run before `node`: producers of its inputs and control deps."""
+        preds = {p for t in self.nodes[node].input_ids() if (p := self.producer(t)) is not None}
+        preds.update(self.control.get(node, ()))
+        preds.discard(node)
+        return preds
+
+    def mutated_tensors(self, node: int) -> list[int]:
+        """Input tensors that `node` writes in place (from the op schema)."""
+        n = self.nodes[node]
+        written = mutated_arguments(n.op)
+        if not written:
+            return []
+        names = argument_names(n.op)
+        out: list[int] = []
+        for name, value in zip(names, n.args, strict=False):
+            if name in written:
+                out.extend(r.id for r in _refs(value))
+        for name, value in n.kwargs.items():
+            if name in written:
+                out.extend(r.id for r in _refs(value))
+        return out
+
+    def is_opaque(self, node: int) -> bool:
+        """True when the registry does not know the op: it runs, untransformed."""
+        return is_opaque(self.nodes[node].op)
+
+    def tensors_with_role(self, role: Role) -> list[TensorMeta]:
+        return [t for t in self.tensors.values() if t.role is role]
+
+    def caller_held_storages(self) -> set[int]:
+        """Storages of program inputs: held by the caller for the whole step."""
+        return {self.tensors[t].storage for t in self.inputs}
+
+    def output_storages(self) -> set[int]:
+        return {self.tensors[t].storage for t in self.outputs}
+
+    def storage_owner(self) -> dict[int, int]:
+        """Storage id -> node that allocates it (the first producer in capture order)."""
+        held = self.caller_held_storages()
+        owner: dict[int, int] = {}
+        for nid in self.order:
+            for t in self.nodes[nid].output_ids():
+                s = self.tensors[t].storage
+                if s not in held and s not in owner:
+                    owner[s] = nid
+        return owner
+
+    def param_bytes(self) -> int:
+        return sum(self.storages[s] for s in {t.storage for t in self.tensors_with_role(Role.PARAM)})
+
+    def phase_of(self, node: int) -> Phase:
+        return self.nodes[node].phase
+
+    # ---------------------------------------------------------------- mutation
+    def add_node(self, node: Node, tensors: Iterable[TensorMeta] = ()) -> None:
+        """Add a node and its new output tensors (order is not changed)."""
+        if node.id in self.nodes:
+            raise GraphError(f"node id {node.id} already exists")
+        for t in tensors:
+            self.tensors[t.id] = t
+        self.nodes[node.id] = node
+        self.workspace_cache.pop(node.id, None)
+        self._invalidate()
+
+    def remove_node(self, node: int) -> None:
+        """Remove a node that nobody uses any more (its outputs go too)."""
+        n = self.nodes[node]
+        for t in n.output_ids():
+            if self.users(t) or t in self.outputs:
+                raise GraphError(f"cannot remove {n.name or n.op}: output {t} is still used")
+        for t in n.output_ids():
+            del self.tensors[t]
+        del self.nodes[node]
+        self.workspace_cache.pop(node, None)
+        self.order = [x for x in self.order if x != node]
+        self.control.pop(node, None)
+        self._invalidate()
+
+    def next_id(self) -> int:
+        """A fresh id, unused by any node or tensor."""
+        return max(max(self.nodes, default=0), max(self.tensors, default=0)) + 1
+
+    # ---------------------------------------------------------------- analysis
+    def simulate(self, order: list[int] | None = None, workspace: str | None = "cpu") -> MemoryProfile:
+        """Memory timeline of running the step in `order` (default: capture order)."""
+        from peakcut.analysis.memory import simulate
+
+        return simulate(self, order, workspace=workspace)
+
+    def check(self) -> None:
+        """Validate the graph; raises GraphError naming the first problem found."""
+        from peakcut.ir.check import check_graph
+
+        check_graph(self)
+
+    def to_json(self) -> str:
+        from peakcut.ir.serialize import graph_to_json
+
+        return graph_to_json(self)
+
+    @staticmethod
+    def from_json(text: str) -> Graph:
+        from peakcut.ir.serialize import graph_from_json
+
+        return graph_from_json(text)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "nodes": len(self.nodes),
+            "tensors": len(self.tensors),
+            "storages": len(self.storages),
+            "param_bytes": self.param_bytes(),
+            "opaque_nodes": sum(1 for n in self.nodes if self.is_opaque(n)),
+        }
+
+
+def _refs(value: Any) -> list:
+    from peakcut.ir.node import iter_refs
+
+    return list(iter_refs(value))

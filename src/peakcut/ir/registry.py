@@ -1,0 +1,184 @@
+"""The op registry: per-op facts the analyses and rules rely on.
+
+An op that is not in the registry is *opaque*: it is captured, simulated and
+run like any other op, but no transformation ever touches it.
+
+Facts kept here:
+- flops: from torch.utils.flop_counter's registry where PyTorch knows the op
+  (matmuls, convolutions, attention), else one FLOP per output element for
+  element-wise and reduction ops, else 0 (views, copies);
+- bytes moved: inputs read + outputs written;
+- random: the op draws from the RNG (never duplicated or split, DESIGN inv. 4);
+- mutated arguments: read from the op's schema (alias_info.is_write);
+- workspace: transient bytes beyond outputs (see workspace.py);
+- dimension rules: added by the fission work (issue 4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from functools import cache
+from types import MappingProxyType
+
+import torch
+from torch.utils.flop_counter import flop_registry
+
+aten = torch.ops.aten
+
+
+class OpKind(str, Enum):
+    """Coarse class of an op, used for cost and (later) rule matching."""
+
+    VIEW = "view"              # returns an alias: no data moved
+    ELEMENTWISE = "elementwise"
+    REDUCTION = "reduction"
+    MATMUL = "matmul"
+    CONV = "conv"
+    NORM = "norm"
+    DATA_MOVEMENT = "data_movement"  # copies, concatenation, gathers, scatters
+    FACTORY = "factory"        # creates a tensor from nothing (zeros, full, arange)
+    RANDOM = "random"
+    OPTIMIZER = "optimizer"    # in-place updates typical of optimizer steps
+
+
+@dataclass(frozen=True, slots=True)
+class OpInfo:
+    """What peakcut knows about one op overload (by its 'aten.x.overload' name)."""
+
+    name: str
+    kind: OpKind
+
+    @property
+    def random(self) -> bool:
+        return self.kind is OpKind.RANDOM
+
+
+_VIEW = """alias as_strided detach expand permute select slice squeeze.dim squeeze.dims
+squeeze.default t transpose.int unsqueeze view _unsafe_view unbind.int split.Tensor
+split_with_sizes diagonal view_as_real view_as_complex unfold narrow""".split()
+
+_ELEMENTWISE = """abs acos acosh add.Tensor add.Scalar add_.Tensor add_.Scalar addcdiv addcmul
+addcdiv_ addcmul_ asin atan atan2 bitwise_and.Tensor bitwise_not bitwise_or.Tensor ceil clamp
+clamp_min clamp_max cos cosh div.Tensor div.Scalar div.Tensor_mode div_.Tensor div_.Scalar
+eq.Scalar eq.Tensor erf erfinv exp exp2 expm1 floor fmod.Scalar fmod.Tensor ge.Scalar ge.Tensor
+gelu gelu_backward gt.Scalar gt.Tensor hardtanh hardtanh_backward isinf isnan le.Scalar le.Tensor
+leaky_relu leaky_relu_backward lerp.Scalar lerp.Tensor lerp_.Scalar lerp_.Tensor log log1p log2
+logical_and logical_not logical_or lt.Scalar lt.Tensor maximum minimum mul.Tensor mul.Scalar
+mul_.Tensor mul_.Scalar ne.Scalar ne.Tensor neg pow.Tensor_Scalar pow.Tensor_Tensor pow.Scalar
+reciprocal relu relu_ remainder.Scalar remainder.Tensor round rsqrt rsub.Scalar rsub.Tensor
+sigmoid sigmoid_backward sign silu silu_backward sin sinh sqrt sub.Tensor sub.Scalar sub_.Tensor
+tan tanh tanh_backward threshold_backward trunc where.self where.ScalarSelf where.ScalarOther
+where.Scalar masked_fill.Scalar masked_fill.Tensor fill.Scalar fill_.Scalar fill.Tensor
+sgn square logit_backward _to_copy clone copy copy_ zero_ triu tril""".split()
+
+_REDUCTION = """sum.dim_IntList sum.default mean.dim mean.default amax amin max.dim min.dim
+argmax argmin var.correction var_mean.correction prod.dim_int prod.default cumsum any.dim any.dims
+all.dim logsumexp norm.ScalarOpt_dim _log_softmax _softmax _log_softmax_backward_data
+_softmax_backward_data""".split()
+
+_MATMUL = "mm addmm bmm baddbmm dot mv _scaled_dot_product_efficient_attention".split()
+_CONV = "convolution convolution_backward".split()
+_NORM = """native_layer_norm native_layer_norm_backward native_batch_norm native_batch_norm_backward
+_native_batch_norm_legit _native_batch_norm_legit_no_training _native_batch_norm_legit_functional
+native_group_norm native_group_norm_backward""".split()
+
+_DATA_MOVEMENT = """cat stack constant_pad_nd gather scatter.src scatter.value scatter_add
+scatter_reduce.two index.Tensor index_put index_put_ index_select embedding embedding_dense_backward
+max_pool2d_with_indices max_pool2d_with_indices_backward avg_pool2d avg_pool2d_backward
+_adaptive_avg_pool2d _adaptive_avg_pool2d_backward upsample_nearest2d.vec upsample_bilinear2d.vec
+upsample_nearest2d_backward upsample_bilinear2d_backward nll_loss_forward nll_loss_backward
+select_scatter slice_scatter flip roll repeat sort topk col2im im2col
+reflection_pad2d replication_pad2d""".split()
+
+_FACTORY = """empty.memory_format empty_strided full full_like zeros zeros_like ones ones_like
+empty_like scalar_tensor arange.start_step arange.default arange.start iota new_zeros new_ones
+new_full new_empty new_empty_strided""".split()
+
+_RANDOM = """native_dropout native_dropout_backward bernoulli.p bernoulli.default rand randn
+rand_like randn_like randint randint_like normal_ uniform_ exponential_ multinomial
+randperm""".split()
+
+_OPTIMIZER = "_foreach_add_.List _foreach_mul_.Scalar".split()
+
+
+def _with_default(names: Sequence[str]) -> list[str]:
+    """'mm' -> 'aten.mm.default'; 'add.Tensor' -> 'aten.add.Tensor'."""
+    return [f"aten.{n}" if "." in n else f"aten.{n}.default" for n in names]
+
+
+def _build() -> Mapping[str, OpInfo]:
+    table: dict[str, OpInfo] = {}
+    for kind, names in (
+        (OpKind.VIEW, _VIEW), (OpKind.ELEMENTWISE, _ELEMENTWISE), (OpKind.REDUCTION, _REDUCTION),
+        (OpKind.MATMUL, _MATMUL), (OpKind.CONV, _CONV), (OpKind.NORM, _NORM),
+        (OpKind.DATA_MOVEMENT, _DATA_MOVEMENT), (OpKind.FACTORY, _FACTORY),
+        (OpKind.RANDOM, _RANDOM), (OpKind.OPTIMIZER, _OPTIMIZER),
+    ):
+        for name in _with_default(names):
+            table[name] = OpInfo(name, kind)
+    return MappingProxyType(table)
+
+
+REGISTRY: Mapping[str, OpInfo] = _build()
+
+
+def lookup(op: str) -> OpInfo | None:
+    """The registry entry of an op, or None if the op is opaque to peakcut."""
+    return REGISTRY.get(op)
+
+
+def is_opaque(op: str) -> bool:
+    return op not in REGISTRY
+
+
+@cache
+def mutated_arguments(op: str) -> frozenset[str]:
+    """Names of the op's arguments it writes in place, read from its schema."""
+    from peakcut.ir.node import resolve_op
+
+    schema = resolve_op(op)._schema
+    return frozenset(
+        a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write
+    )
+
+
+@cache
+def argument_names(op: str) -> tuple[str, ...]:
+    from peakcut.ir.node import resolve_op
+
+    return tuple(a.name for a in resolve_op(op)._schema.arguments)
+
+
+def flops(op: str, args: tuple, kwargs: dict, outputs: Sequence[torch.Tensor]) -> int:
+    """FLOPs of one call; tensors in args/outputs are meta tensors."""
+    overload = _overload(op)
+    rule = flop_registry.get(overload.overloadpacket) if overload is not None else None
+    if rule is not None:
+        out = outputs[0] if len(outputs) == 1 else tuple(outputs)
+        try:
+            return int(rule(*args, **kwargs, out_val=out))
+        except (TypeError, ValueError, IndexError, RuntimeError):
+            pass  # fall through to the element count
+    info = lookup(op)
+    if info is None or info.kind in (OpKind.VIEW, OpKind.FACTORY, OpKind.DATA_MOVEMENT):
+        return 0
+    if info.kind is OpKind.REDUCTION:
+        return sum(int(a.numel()) for a in args if isinstance(a, torch.Tensor))
+    return sum(int(o.numel()) for o in outputs)
+
+
+def bytes_moved(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> int:
+    """Bytes read plus bytes written, assuming each tensor is touched once."""
+    return sum(t.numel() * t.element_size() for t in (*inputs, *outputs))
+
+
+@cache
+def _overload(op: str) -> torch._ops.OpOverload | None:
+    from peakcut.ir.node import resolve_op
+
+    try:
+        return resolve_op(op)
+    except ValueError:
+        return None
