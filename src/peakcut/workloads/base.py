@@ -1,0 +1,198 @@
+"""Workload registry: the seven benchmark training steps of the MAGIS paper (Table 2).
+
+A :class:`Workload` describes one benchmark; :meth:`Workload.build` turns it into a
+:class:`WorkloadInstance` holding a model, an example batch and a loss function such that
+``loss_fn(model, batch)`` is one training step's scalar loss.
+
+Two sizes exist for every workload:
+
+* ``"paper"``: the configuration of the paper. The model and batch live on the ``meta`` device
+  (no memory is allocated), cast to the paper dtype. Meant for shape-only capture.
+* ``"tiny"``: the same architecture family, shrunk so that one fp32 forward+backward on CPU
+  takes milliseconds. Weights and batch are real tensors, deterministic in ``seed``.
+
+Model families live in their own modules (:mod:`.resnet`, :mod:`.unet`, :mod:`.hf`,
+:mod:`.btlm`); each exposes ``make_<workload>(size, batch_size) -> (model, batch)`` which
+creates tensors on the ambient default device, and a loss function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from peakcut.workloads import btlm, hf, resnet, unet
+
+Batch = tuple[torch.Tensor, ...]
+LossFn = Callable[[nn.Module, Batch], torch.Tensor]
+MakeFn = Callable[[str, int], tuple[nn.Module, Batch]]
+
+SIZES: tuple[str, ...] = ("paper", "tiny")
+_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class WorkloadInstance:
+    """A built workload: ``loss_fn(model, batch)`` is the scalar training loss."""
+
+    name: str
+    size: str
+    model: nn.Module
+    batch: Batch
+    loss_fn: LossFn
+    dtype: torch.dtype
+    batch_size: int
+    description: str
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmark workload at two sizes (``paper`` and ``tiny``).
+
+    ``paper`` / ``tiny`` are human-readable facts; their ``"batch"``, ``"dtype"`` and
+    ``"input"`` entries are also what :meth:`build` uses for defaults and the description.
+    ``title`` names the model in descriptions; ``make(size, batch_size)`` creates the model
+    and batch on the ambient device; ``loss`` is the instance's ``loss_fn``.
+    """
+
+    name: str
+    summary: str
+    paper: dict
+    tiny: dict
+    title: str = field(kw_only=True, repr=False)
+    make: MakeFn = field(kw_only=True, repr=False, compare=False)
+    loss: LossFn = field(kw_only=True, repr=False, compare=False)
+
+    def facts(self, size: str) -> dict:
+        """The facts dict of ``size`` (``"paper"`` or ``"tiny"``)."""
+        if size not in SIZES:
+            raise ValueError(f"unknown size {size!r}; expected one of {', '.join(SIZES)}")
+        return self.paper if size == "paper" else self.tiny
+
+    def build(
+        self, size: str = "tiny", batch_size: int | None = None, seed: int = 0
+    ) -> WorkloadInstance:
+        """Build model, example batch and loss function at ``size``.
+
+        ``paper`` builds on the ``meta`` device (nothing allocated); ``tiny`` builds real CPU
+        tensors whose values depend only on ``seed``. The model is in ``train()`` mode.
+        """
+        facts = self.facts(size)
+        bs = int(facts["batch"] if batch_size is None else batch_size)
+        if bs < 1:
+            raise ValueError(f"batch_size must be >= 1, got {bs}")
+        dtype = _DTYPES[facts["dtype"]]
+        with _build_context(size, seed):
+            model, batch = self.make(size, bs)
+            model = model.to(dtype=dtype)
+            batch = tuple(t.to(dtype) if t.is_floating_point() else t for t in batch)
+        model.train()
+        description = f"{self.title}, batch {bs}, {facts['input']}, {facts['dtype']}"
+        return WorkloadInstance(
+            name=self.name,
+            size=size,
+            model=model,
+            batch=batch,
+            loss_fn=self.loss,
+            dtype=dtype,
+            batch_size=bs,
+            description=description,
+        )
+
+
+@contextlib.contextmanager
+def _build_context(size: str, seed: int) -> Iterator[None]:
+    """Meta device for ``paper``; a seeded, caller-isolated CPU RNG for ``tiny``."""
+    if size == "paper":
+        with torch.device("meta"):
+            yield
+    else:
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+            torch.manual_seed(seed)
+            yield
+
+
+_WORKLOADS: tuple[Workload, ...] = (
+    Workload(
+        name="resnet50",
+        summary="ResNet-50 image classification (bottleneck, BatchNorm, 1000 classes), CE loss",
+        paper={"batch": 64, "input": "3x224x224", "dtype": "fp32", "params": "25.6M"},
+        tiny={"batch": 4, "input": "3x32x32", "dtype": "fp32", "classes": 10, "width": 8},
+        title="ResNet-50",
+        make=resnet.make_resnet50,
+        loss=resnet.classification_loss,
+    ),
+    Workload(
+        name="bert-base",
+        summary="BERT-base masked-LM (HF BertForMaskedLM, 12x768, 12 heads), MLM loss",
+        paper={"batch": 32, "input": "seq 512", "dtype": "fp32", "params": "110M"},
+        tiny={"batch": 4, "input": "seq 32", "dtype": "fp32", "layers": 2, "hidden": 64},
+        title="BERT-base MLM",
+        make=hf.make_bert_base,
+        loss=hf.masked_lm_loss,
+    ),
+    Workload(
+        name="vit-base",
+        summary="ViT-base/16 image classification (HF ViTForImageClassification), CE loss",
+        paper={"batch": 64, "input": "3x224x224", "dtype": "fp32", "params": "86M"},
+        tiny={"batch": 4, "input": "3x32x32", "dtype": "fp32", "patch": 8, "hidden": 64},
+        title="ViT-base/16",
+        make=hf.make_vit_base,
+        loss=hf.image_classification_loss,
+    ),
+    Workload(
+        name="unet",
+        summary="U-Net segmentation (base 64, depth 4, BatchNorm, transposed-conv up), pixel CE",
+        paper={"batch": 32, "input": "3x256x256", "dtype": "fp32", "params": "31.0M"},
+        tiny={"batch": 2, "input": "3x32x32", "dtype": "fp32", "base": 8, "depth": 3},
+        title="U-Net",
+        make=unet.make_unet,
+        loss=unet.segmentation_loss,
+    ),
+    Workload(
+        name="unetpp",
+        summary="U-Net++ segmentation (nested dense skips, base 32, depth 4), pixel CE",
+        paper={"batch": 16, "input": "3x256x256", "dtype": "fp32", "params": "9.0M"},
+        tiny={"batch": 2, "input": "3x32x32", "dtype": "fp32", "base": 8, "depth": 3},
+        title="U-Net++",
+        make=unet.make_unetpp,
+        loss=unet.segmentation_loss,
+    ),
+    Workload(
+        name="gpt-neo-1.3b",
+        summary="GPT-Neo-1.3B causal LM (HF GPTNeoForCausalLM, local/global attention), LM loss",
+        paper={"batch": 32, "input": "seq 512", "dtype": "bf16", "params": "1.3B"},
+        tiny={"batch": 4, "input": "seq 32", "dtype": "fp32", "layers": 2, "hidden": 64},
+        title="GPT-Neo-1.3B",
+        make=hf.make_gpt_neo_1_3b,
+        loss=hf.causal_lm_loss,
+    ),
+    Workload(
+        name="btlm-3b",
+        summary="BTLM-3B-8K causal LM (ALiBi, SwiGLU, muP, tied head), LM loss",
+        paper={"batch": 32, "input": "seq 512", "dtype": "bf16", "params": "2.6B"},
+        tiny={"batch": 4, "input": "seq 32", "dtype": "fp32", "layers": 2, "hidden": 64},
+        title="BTLM-3B-8K",
+        make=btlm.make_btlm_3b,
+        loss=btlm.causal_lm_loss,
+    ),
+)
+
+WORKLOAD_NAMES: tuple[str, ...] = tuple(w.name for w in _WORKLOADS)
+
+
+def list_workloads() -> list[Workload]:
+    """All workloads in the order of the paper's Table 2."""
+    return list(_WORKLOADS)
+
+
+def get_workload(name: str) -> Workload:
+    """The workload called ``name``; raises ``ValueError`` listing valid names otherwise."""
+    for workload in _WORKLOADS:
+        if workload.name == name:
+            return workload
+    raise ValueError(f"unknown workload {name!r}; valid names: {', '.join(WORKLOAD_NAMES)}")
