@@ -43,7 +43,7 @@ class BoundModel:
         self._state = state
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return functional_call(self._model, self._state, args, kwargs, tie_weights=False, strict=False)
+        return functional_call(self._model, self._state, args, kwargs, strict=False)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)

@@ -115,10 +115,11 @@ def fx_to_graph(
             if len(flat) != len(output_names):
                 raise CaptureError(f"internal: {len(flat)} outputs for {len(output_names)} names")
         elif fx_node.op == "get_attr":
-            raise CaptureError(
-                f"the step captured a constant tensor ({fx_node.target}); peakcut needs every tensor to be "
-                "a parameter, a buffer, a batch input or computed in the step"
-            )
+            nid = b.new_id()
+            node, tid = _constant_node(b, nid, fx_node, getattr(gm, fx_node.target), device, log.attribution(index))
+            env[fx_node] = tid
+            nodes[nid] = node
+            order.append(nid)
         else:
             raise CaptureError(f"unsupported FX node {fx_node.op} {fx_node.target}")
 
@@ -139,6 +140,24 @@ def fx_to_graph(
     )
     g.control = mutation_hazards(g)
     return g
+
+
+def _constant_node(b: _Builder, nid: int, fx_node: torch.fx.Node, value: Any, device: str,
+                   where: tuple[str, Phase]) -> tuple[Node, int]:
+    """A 0-dim constant captured from the model (e.g. torch.tensor(-inf)) becomes aten.scalar_tensor."""
+    if not isinstance(value, torch.Tensor) or value.dim() != 0:
+        shape = tuple(getattr(value, "shape", ()))
+        raise CaptureError(
+            f"the step captured a constant tensor {fx_node.target} of shape {shape} in module "
+            f"'{where[0]}'; only 0-dim constants are supported: register it as a buffer instead"
+        )
+    tid = b.tensor(value, Role.ACTIVATION, fx_node.name)
+    node = Node(
+        id=nid, op="aten.scalar_tensor.default", args=(value.item(),),
+        kwargs={"dtype": value.dtype, "layout": torch.strided, "device": torch.device(device)},
+        outputs=(tid,), module=where[0], phase=where[1], name=fx_node.name,
+    )
+    return node, tid
 
 
 def _with_role(t: TensorMeta, role: Role) -> TensorMeta:

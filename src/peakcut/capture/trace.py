@@ -69,7 +69,7 @@ def _install_module_hooks(model: torch.nn.Module, log: TraceLog, stack: ExitStac
             log.mark()
 
         stack.callback(mod.register_forward_pre_hook(pre).remove)
-        stack.callback(mod.register_forward_hook(post, always_call=True).remove)
+        stack.callback(mod.register_forward_hook(post).remove)
 
 
 def _explain(e: BaseException) -> str:
@@ -95,7 +95,7 @@ def trace_step(
         _install_module_hooks(model, log, stack)
         stack.enter_context(fx_traceback.preserve_node_meta())
         try:
-            return make_fx(fn, tracing_mode="fake", decomposition_table=decompositions())(*args)
+            return make_fx(fn, tracing_mode="fake", decomposition_table=_TABLE)(*args)
         except CaptureError:
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with the module path and cause
@@ -112,6 +112,9 @@ def _module_type(model: torch.nn.Module, path: str) -> str:
         return f" ({type(model.get_submodule(path)).__name__})"
     except AttributeError:
         return ""
+
+
+_TABLE: dict = {}
 
 
 def decompositions() -> dict:

@@ -6,7 +6,7 @@ import rustworkx as rx
 import torch
 
 from peakcut.ir.graph import Graph, GraphError
-from peakcut.ir.node import TensorRef, map_refs
+from peakcut.ir.node import map_refs
 from peakcut.ir.tensor import Role
 
 
@@ -101,31 +101,43 @@ def _check_order(g: Graph) -> None:
 
 
 def _check_shapes(g: Graph) -> None:
-    """Re-run every known op on meta tensors and compare output shapes and dtypes."""
-    for nid in g.order:
-        if g.is_opaque(nid):
+    """Re-run every known op on FakeTensors of the graph's device; compare output shapes and dtypes.
+
+    FakeTensors (not meta tensors) because some output dtypes are device-specific
+    (e.g. layer-norm statistics of bf16 input are bf16 on CPU, fp32 on meta/CUDA).
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        for nid in g.order:
+            if not g.is_opaque(nid):
+                _check_node_shapes(g, nid)
+
+
+def _fake(meta: object, device: str) -> torch.Tensor:
+    return torch.empty_strided(meta.shape, meta.stride, dtype=meta.torch_dtype, device=device)
+
+
+def _check_node_shapes(g: Graph, nid: int) -> None:
+    n = g.nodes[nid]
+    fakes = {t: _fake(g.tensors[t], g.device) for t in n.input_ids()}
+    args = map_refs(n.args, lambda ref: fakes[ref.id])
+    kwargs = map_refs(n.kwargs, lambda ref: fakes[ref.id])
+    try:
+        result = n.overload()(*args, **kwargs)
+    except NotImplementedError:
+        return  # no fake/meta kernel: the shape cannot be re-derived here
+    except RuntimeError as e:
+        raise GraphError(f"{_describe(g, nid)} fails on its input shapes: {e}") from None
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    if len(results) != len(n.outputs):
+        raise GraphError(f"{_describe(g, nid)} returns {len(results)} values, graph says {len(n.outputs)}")
+    for out_id, r in zip(n.outputs, results, strict=True):
+        if out_id is None or not isinstance(r, torch.Tensor):
             continue
-        n = g.nodes[nid]
-        meta = {t: g.tensors[t].to_meta() for t in n.input_ids()}
-
-        def to_meta(ref: TensorRef, meta: dict = meta) -> torch.Tensor:
-            return meta[ref.id]
-
-        try:
-            result = n.overload()(*map_refs(n.args, to_meta), **map_refs(n.kwargs, to_meta))
-        except (NotImplementedError, RuntimeError) as e:
-            if "meta" in str(e).lower() or isinstance(e, NotImplementedError):
-                continue  # no meta kernel: shape cannot be re-derived here
-            raise GraphError(f"{_describe(g, nid)} fails on its input shapes: {e}") from None
-        results = list(result) if isinstance(result, (tuple, list)) else [result]
-        if len(results) != len(n.outputs):
-            raise GraphError(f"{_describe(g, nid)} returns {len(results)} values, graph says {len(n.outputs)}")
-        for out_id, r in zip(n.outputs, results, strict=True):
-            if out_id is None or not isinstance(r, torch.Tensor):
-                continue
-            t = g.tensors[out_id]
-            if tuple(r.shape) != t.shape or r.dtype != t.torch_dtype:
-                raise GraphError(
-                    f"{_describe(g, nid)}: output {t.name or out_id} is {tuple(r.shape)}/{r.dtype}, "
-                    f"graph says {t.shape}/{t.dtype}"
-                )
+        t = g.tensors[out_id]
+        if tuple(r.shape) != t.shape or r.dtype != t.torch_dtype:
+            raise GraphError(
+                f"{_describe(g, nid)}: output {t.name or out_id} is {tuple(r.shape)}/{r.dtype}, "
+                f"graph says {t.shape}/{t.dtype}"
+            )

@@ -55,7 +55,7 @@ class OpInfo:
         return self.kind is OpKind.RANDOM
 
 
-_VIEW = """alias as_strided detach expand permute select slice squeeze.dim squeeze.dims
+_VIEW = """alias as_strided detach expand permute select.int slice.Tensor squeeze.dim squeeze.dims
 squeeze.default t transpose.int unsqueeze view _unsafe_view unbind.int split.Tensor
 split_with_sizes diagonal view_as_real view_as_complex unfold narrow""".split()
 
@@ -89,6 +89,7 @@ scatter_reduce.two index.Tensor index_put index_put_ index_select embedding embe
 max_pool2d_with_indices max_pool2d_with_indices_backward avg_pool2d avg_pool2d_backward
 _adaptive_avg_pool2d _adaptive_avg_pool2d_backward upsample_nearest2d.vec upsample_bilinear2d.vec
 upsample_nearest2d_backward upsample_bilinear2d_backward nll_loss_forward nll_loss_backward
+nll_loss2d_forward nll_loss2d_backward slice_backward select_backward lift_fresh_copy
 select_scatter slice_scatter flip roll repeat sort topk col2im im2col
 reflection_pad2d replication_pad2d""".split()
 
@@ -133,15 +134,21 @@ def is_opaque(op: str) -> bool:
     return op not in REGISTRY
 
 
+# Ops that write arguments their schema does not mark as written (alias_info.is_write).
+# native_batch_norm updates running_mean/running_var in training mode.
+_UNDECLARED_WRITES: Mapping[str, frozenset[str]] = MappingProxyType({
+    "aten.native_batch_norm.default": frozenset({"running_mean", "running_var"}),
+})
+
+
 @cache
 def mutated_arguments(op: str) -> frozenset[str]:
-    """Names of the op's arguments it writes in place, read from its schema."""
+    """Names of the op's arguments it writes in place: the schema's, plus known undeclared ones."""
     from peakcut.ir.node import resolve_op
 
     schema = resolve_op(op)._schema
-    return frozenset(
-        a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write
-    )
+    declared = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    return frozenset(declared | _UNDECLARED_WRITES.get(op, frozenset()))
 
 
 @cache

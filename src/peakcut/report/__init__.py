@@ -1,0 +1,1 @@
+"""Human-facing output: tables, profiles and plots."""
