@@ -1,0 +1,40 @@
+"""Shared fixtures: generated programs go to a temporary cache; small models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+
+@pytest.fixture(autouse=True)
+def _program_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PEAKCUT_CACHE", str(tmp_path_factory.getbasetemp() / "peakcut-cache"))
+
+
+class SmallCNN(nn.Module):
+    """Conv (no bias) + BatchNorm + ReLU + Linear + LayerNorm: in-place buffers and multi-output ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4 * 8 * 8, 5)
+        self.ln = nn.LayerNorm(5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.ln(self.fc(y.flatten(1)))
+
+
+def cnn_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return nn.functional.cross_entropy(model(x), y)
+
+
+@pytest.fixture
+def small_cnn() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = SmallCNN()
+    batch = (torch.randn(2, 3, 8, 8), torch.randint(0, 5, (2,)))
+    return model, batch
