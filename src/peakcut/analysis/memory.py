@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from peakcut.ir.graph import Graph, GraphError
 from peakcut.analysis.workspace import node_workspace
+from peakcut.ir.graph import Graph, GraphError
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class Hotspot:
     tensor: str            # name of the tensor that allocated it
     module: str            # module that produced it ('' for caller-held)
     role: str
+    phase: str = ""        # phase of the producing node ('' for caller-held)
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class MemoryProfile:
         """Bytes live at the peak grouped by producing module, largest first."""
         acc: dict[str, int] = {}
         for h in self.hotspots:
-            key = h.module or f"<{h.role}>"
+            key = h.module or f"<{h.phase or h.role}>"
             acc[key] = acc.get(key, 0) + h.bytes
         return sorted(acc.items(), key=lambda kv: -kv[1])
 
@@ -82,7 +83,6 @@ def simulate(g: Graph, order: list[int] | None = None, workspace: str | None = "
     n = len(order_t)
     held = g.caller_held_storages()
     outs = g.output_storages()
-    pos = {nid: i for i, nid in enumerate(order_t)}
 
     alloc: dict[int, int] = {}
     free: dict[int, int] = {}
@@ -128,9 +128,9 @@ def simulate(g: Graph, order: list[int] | None = None, workspace: str | None = "
                 storage=s, bytes=g.storages[s], tensor=meta.name if meta else str(s),
                 module=g.nodes[prod].module if prod is not None else "",
                 role=meta.role.value if meta else "",
+                phase=g.nodes[prod].phase.value if prod is not None else "",
             ))
     hot.sort(key=lambda h: -h.bytes)
-    del pos
     return MemoryProfile(order_t, timeline, peak, peak_index, baseline, lifetime, ws, tuple(hot))
 
 

@@ -36,7 +36,7 @@ def plot_timeline(g: Graph, profile: MemoryProfile, path: str | Path, title: str
     ax.set_xlabel("op (execution order)")
     ax.set_ylabel("GiB (simulated)")
     ax.set_title(title)
-    ax.legend(loc="upper left", fontsize=7, ncol=2)
+    ax.legend(loc="upper right", fontsize=7, ncol=2)
     ax.margins(x=0)
     fig.tight_layout()
     out = Path(path)
