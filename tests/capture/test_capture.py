@@ -154,3 +154,25 @@ def test_paper_size_model_on_meta_captures_without_memory():
     g = peakcut.capture(model, batch, lambda m, b: m(b[0]).mean(), "adamw")
     assert g.device == "cpu"
     assert g.param_bytes() == sum(p.numel() * 4 for p in model.parameters())
+
+
+class PartlyUsed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = nn.Linear(4, 2)
+        self.unused = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+def test_parameters_without_gradient_get_no_state_and_no_update():
+    torch.manual_seed(0)
+    model, batch = PartlyUsed(), (torch.randn(3, 4),)
+    loss_fn = lambda m, b: m(b[0]).square().mean()  # noqa: E731
+    spec = peakcut.AdamW(lr=0.1)
+    g = peakcut.capture(model, batch, loss_fn, spec)
+    assert not [n for n in g.input_names if n.startswith("state:unused")]
+    report = peakcut.check_equivalence(
+        model, batch, loss_fn, spec, lambda m: peakcut.build(peakcut.capture(m, batch, loss_fn, spec, keep_grads=True)))
+    assert report.ok, str(report)

@@ -113,3 +113,16 @@ def test_registry_facts():
     assert is_opaque("aten.definitely_not_an_op.default")
     assert mutated_arguments("aten.add_.Tensor") == {"self"}
     assert {"running_mean", "running_var"} <= mutated_arguments("aten.native_batch_norm.default")
+
+
+def test_registry_flops_and_bytes():
+    import torch
+
+    from peakcut.ir.registry import bytes_moved, flops
+
+    a, b = torch.empty(8, 16, device="meta"), torch.empty(16, 4, device="meta")
+    out = torch.empty(8, 4, device="meta")
+    assert flops("aten.mm.default", (a, b), {}, [out]) == 2 * 8 * 16 * 4
+    assert flops("aten.relu.default", (a,), {}, [a]) == 8 * 16
+    assert flops("aten.view.default", (a, [128]), {}, [a]) == 0
+    assert bytes_moved([a, b], [out]) == (8 * 16 + 16 * 4 + 8 * 4) * 4

@@ -2,13 +2,14 @@
 
 One training step (forward, loss, backward, optimizer update) is traced with
 make_fx over FakeTensors, so paper-size models trace without their memory.
-Op set: Core ATen (torch._decomp.core_aten_decompositions) plus the in-place
-ops the optimizer update and BatchNorm statistics use; see docs/ir.md.
+Op set: the ATen ops eager PyTorch dispatches (after its implicit
+decompositions), in-place ops included; see docs/ir.md for why not Core ATen.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,9 +18,9 @@ from torch.utils import _pytree as pytree
 
 from peakcut.capture.convert import fx_to_graph
 from peakcut.capture.optimizers import (
+    SGD,
     AdamW,
     OptimizerSpec,
-    SGD,
     apply_update,
     init_state,
     parse_optimizer,
@@ -102,7 +103,55 @@ def capture(
 
     param_items = list(model.named_parameters(remove_duplicate=True))
     buffer_items = list(model.named_buffers(remove_duplicate=True))
-    trainable = [p.requires_grad and mode != "inference" for _, p in param_items]
+    frozen: set[str] = set()
+    while True:  # parameters that get no gradient are re-traced as frozen (torch.optim skips them)
+        traced = _trace(model, param_items, buffer_items, batch_leaves, batch_spec, loss_fn, spec, mode,
+                        dev, frozen)
+        unused = traced.unused_params()
+        if not unused:
+            break
+        frozen |= unused
+    gm, log, output_info, input_names, roles, train_names = (
+        traced.gm, traced.log, traced.output_info, traced.input_names, traced.roles, traced.train_names)
+
+    if mode == "inference":
+        n_out = len([n for n in gm.graph.nodes if n.op == "output"][0].args[0])
+        out_names = [f"out:{i}" for i in range(n_out)]
+        out_roles = [Role.ACTIVATION] * n_out
+        keep = [True] * n_out
+        out_spec = pytree.treespec_dumps(output_info["spec"])
+    else:
+        used_names = [n for n, u in zip(train_names, output_info["used"], strict=True) if u]
+        out_names = ["loss", *[f"grad:{n}" for n in used_names]]
+        out_roles = [Role.ACTIVATION, *[Role.GRAD] * len(used_names)]
+        keep = [True, *[spec is None or keep_grads] * len(used_names)]
+        out_spec = ""
+    signature = StepSignature(
+        batch_spec=pytree.treespec_dumps(batch_spec), output_spec=out_spec,
+        optimizer=spec_to_dict(spec), mode=mode,
+    )
+    return fx_to_graph(gm, input_names, roles, out_names, out_roles, keep, log, str(dev), signature)
+
+
+@dataclass
+class _Traced:
+    gm: torch.fx.GraphModule
+    log: TraceLog
+    output_info: dict[str, Any]
+    input_names: list[str]
+    roles: list[Role]
+    train_names: list[str]
+
+    def unused_params(self) -> set[str]:
+        used = self.output_info.get("used", [])
+        return {n for n, u in zip(self.train_names, used, strict=True) if not u}
+
+
+def _trace(model: torch.nn.Module, param_items: list, buffer_items: list, batch_leaves: list,
+           batch_spec: Any, loss_fn: LossFn | None, spec: OptimizerSpec | None, mode: str,
+           dev: torch.device, frozen: set[str]) -> _Traced:
+    """make_fx of one step; parameters named in `frozen` get no gradient and no update."""
+    trainable = [p.requires_grad and mode != "inference" and n not in frozen for n, p in param_items]
 
     fake_mode = new_fake_mode()
     params = [_fake_like(fake_mode, p, dev) for _, p in param_items]
@@ -165,24 +214,8 @@ def capture(
     )
     # make_fx flattens the nested arguments in this same order
     gm = trace_step(step, (params, buffers, flat_slots, shared, fbatch), model, log)
+    return _Traced(gm, log, output_info, input_names, roles, train_names)
 
-    if mode == "inference":
-        n_out = len([n for n in gm.graph.nodes if n.op == "output"][0].args[0])
-        out_names = [f"out:{i}" for i in range(n_out)]
-        out_roles = [Role.ACTIVATION] * n_out
-        keep = [True] * n_out
-        out_spec = pytree.treespec_dumps(output_info["spec"])
-    else:
-        used_names = [n for n, u in zip(train_names, output_info["used"], strict=True) if u]
-        out_names = ["loss", *[f"grad:{n}" for n in used_names]]
-        out_roles = [Role.ACTIVATION, *[Role.GRAD] * len(used_names)]
-        keep = [True, *[spec is None or keep_grads] * len(used_names)]
-        out_spec = ""
-    signature = StepSignature(
-        batch_spec=pytree.treespec_dumps(batch_spec), output_spec=out_spec,
-        optimizer=spec_to_dict(spec), mode=mode,
-    )
-    return fx_to_graph(gm, input_names, roles, out_names, out_roles, keep, log, str(dev), signature)
 
 
 def _hook_backward_meta(loss: torch.Tensor) -> None:

@@ -174,7 +174,7 @@ def _map_args(value: Any, env: dict) -> Any:
         return TensorRef(tid)
     if isinstance(value, (list, tuple)):
         mapped = [_map_args(v, env) for v in value]
-        return mapped if isinstance(value, list) or type(value).__name__ == "immutable_list" else tuple(mapped)
+        return mapped if isinstance(value, list) else tuple(mapped)  # FX's immutable_list is a list
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         raise CaptureError("symbolic shapes are not supported: capture with static shapes")
     return value

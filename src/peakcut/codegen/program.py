@@ -68,23 +68,22 @@ class Step:
             )
 
     def ensure_state(self, model: torch.nn.Module) -> None:
-        """Create the optimizer state (zeros) if this step has not run yet."""
+        """Create the optimizer state (zeros, step 0) if this step has not run yet."""
         if self.state or self.optimizer is None:
             return
         params = dict(model.named_parameters())
-        names = [n for n in self.graph.input_names if n.startswith("state:")]
-        slots = self.optimizer.slots()
-        for name in names:
-            key = name.removeprefix("state:")
-            if key in self.optimizer.shared_slots():
-                device = next(iter(params.values())).device
-                _, shared = init_state(self.optimizer, [torch.empty(0, device=device)])
-                self.state[name] = shared[self.optimizer.shared_slots().index(key)]
-                continue
-            pname, _, slot = key.rpartition(".")
-            if slot not in slots or pname not in params:
-                raise StepBindingError(f"optimizer state {name} does not match the model")
-            self.state[name] = torch.zeros_like(params[pname], memory_format=torch.preserve_format).detach()
+        names = [n.removeprefix("state:") for n in self.graph.input_names if n.startswith("state:")]
+        shared_slots = self.optimizer.shared_slots()
+        owners = list(dict.fromkeys(n.rpartition(".")[0] for n in names if n not in shared_slots))
+        missing = [p for p in owners if p not in params]
+        if missing:
+            raise StepBindingError(f"optimizer state for {missing[:3]} does not match the model's parameters")
+        per_param, shared = init_state(self.optimizer, [params[p] for p in owners])
+        for owner, slots in zip(owners, per_param, strict=True):
+            for slot, tensor in zip(self.optimizer.slots(), slots, strict=True):
+                self.state[f"state:{owner}.{slot}"] = tensor
+        for slot, tensor in zip(shared_slots, shared, strict=True):
+            self.state[f"state:{slot}"] = tensor
 
     def bind(self, model: torch.nn.Module, batch: Any) -> list[torch.Tensor]:
         """The program's positional inputs for this model and batch, checked against the capture."""

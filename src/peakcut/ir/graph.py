@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from peakcut.ir.node import Node, Phase
+from peakcut.ir.node import Node
 from peakcut.ir.registry import argument_names, is_opaque, mutated_arguments
 from peakcut.ir.tensor import Role, TensorMeta
 
@@ -137,9 +137,6 @@ class Graph:
 
     def param_bytes(self) -> int:
         return sum(self.storages[s] for s in {t.storage for t in self.tensors_with_role(Role.PARAM)})
-
-    def phase_of(self, node: int) -> Phase:
-        return self.nodes[node].phase
 
     # ---------------------------------------------------------------- mutation
     def add_node(self, node: Node, tensors: Iterable[TensorMeta] = ()) -> None:
