@@ -176,3 +176,11 @@ def test_parameters_without_gradient_get_no_state_and_no_update():
     report = peakcut.check_equivalence(
         model, batch, loss_fn, spec, lambda m: peakcut.build(peakcut.capture(m, batch, loss_fn, spec, keep_grads=True)))
     assert report.ok, str(report)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+def test_cuda_target_without_cuda_is_a_clear_error():
+    with torch.device("meta"):
+        model = nn.Linear(4, 4)
+    with pytest.raises(ValueError, match="no usable CUDA device"):
+        peakcut.capture(model, (torch.empty(2, 4, device="meta"),), lambda m, b: m(b[0]).sum(), "sgd", device="cuda")

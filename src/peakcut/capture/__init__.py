@@ -64,7 +64,12 @@ def _fake_like(fake_mode: Any, t: torch.Tensor, device: torch.device) -> torch.T
 
 def _model_device(model: torch.nn.Module, batch_leaves: Sequence[torch.Tensor], device: Any) -> torch.device:
     if device is not None:
-        return torch.device(device)
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            # FakeTensors on CUDA abort the process on a CPU-only PyTorch build
+            raise ValueError(f"device={device!r}: this PyTorch has no usable CUDA device; capture with "
+                             "device='cpu' (CPU kernels decide output dtypes and workspaces) or on a GPU machine")
+        return dev
     for t in (*model.parameters(), *model.buffers(), *batch_leaves):
         if t.device.type != "meta":
             return t.device
