@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 import time
 import weakref
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -73,18 +74,25 @@ def _restored(step: Step, model: torch.nn.Module, enabled: bool):
                 v.copy_(state[k])
 
 
-def profiler_peak(fn: Any) -> tuple[int, Any]:
-    """(peak of the CPU allocator's running byte count while fn() runs, fn's result)."""
+def allocator_events(fn: Callable[[], Any]) -> tuple[list[int], Any]:
+    """Signed sizes of the c10 CPU allocator's alloc (+) / free (-) events while fn() runs, in time
+    order, and fn's result. Read from torch.profiler's raw kineto events (profile_memory=True)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    events = [e for e in events if e.device_type() == torch.autograd.DeviceType.CPU]
+    events = [e for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
     events.sort(key=lambda e: e.start_ns())
+    return [e.nbytes() for e in events], result
+
+
+def profiler_peak(fn: Callable[[], Any]) -> tuple[int, Any]:
+    """(peak of the CPU allocator's running byte count while fn() runs, fn's result)."""
+    sizes, result = allocator_events(fn)
     live = peak = 0
-    for e in events:
-        live += e.nbytes()
+    for n in sizes:
+        live += n
         peak = max(peak, live)
     return peak, result
 
