@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 from torch.utils._pytree import tree_flatten, tree_map
 
 from peakcut.ir.workspace import cpu_workspace_bytes
+from peakcut.runtime.measure import allocator_events
 
 aten = torch.ops.aten
 TOLERANCE_BYTES = 256
@@ -76,12 +76,7 @@ def to_meta(x: Any) -> Any:
 
 def memory_events(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[list[int], Any]:
     """Signed sizes of the CPU allocator events during one call (in time order) and its result."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = op(*args, **kwargs)
-    events = [e for e in prof.profiler.kineto_results.events()
-              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
-    events.sort(key=lambda e: e.start_ns())
-    return [e.nbytes() for e in events], out
+    return allocator_events(lambda: op(*args, **kwargs))
 
 
 def output_bytes(real_out: Any, meta_out: Any, args: tuple, kwargs: dict) -> int:
@@ -199,6 +194,43 @@ def _conv_cases() -> Iterator[Case]:
     yield Case("conv non-contiguous input", aten.convolution.default, lambda: (
         (R(8, 28, 28, 64).permute(0, 3, 1, 2), R(64, 64, 3, 3), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {}),
         approx=True)
+    # 1x1 convs with ic < 16 run oneDNN's 1x1 kernel (blocked src), not the first-conv kernel; a
+    # bias with oc % 16 is copied to a 16-padded scratch buffer; the 1x1 weight gradient books a
+    # bias reducer (tiny U-Net output head: 8 -> 2 channels).
+    yield Case("conv 1x1 oc2 bias", aten.convolution.default, lambda: (
+        (R(2, 8, 32, 32), R(2, 8, 1, 1), R(2), [1, 1], [0, 0], [1, 1], False, [0, 0], 1), {}))
+    yield Case("conv 1x1 oc2 bias bwd", aten.convolution_backward.default, lambda: (
+        (R(2, 2, 32, 32), R(2, 8, 32, 32), R(2, 8, 1, 1), [2], [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+         [True, True, True]), {}))
+    yield Case("conv 1x1 ic3 stride 2 bias", aten.convolution.default, lambda: (
+        (R(2, 3, 32, 32), R(24, 3, 1, 1), R(24), [2, 2], [0, 0], [1, 1], False, [0, 0], 1), {}))
+    yield Case("conv 1x1 oc16 wgrad+bias", aten.convolution_backward.default, lambda: (
+        (R(4, 16, 32, 32), R(4, 16, 32, 32), R(16, 16, 1, 1), [16], [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+         [False, True, True]), {}))
+    yield Case("conv 1x1 ic8 bf16 bias", aten.convolution.default, lambda: (
+        (R(2, 8, 32, 32, dtype=torch.bfloat16), R(2, 8, 1, 1, dtype=torch.bfloat16), R(2, dtype=torch.bfloat16),
+         [1, 1], [0, 0], [1, 1], False, [0, 0], 1), {}))
+    # 1x1 kernels with padding run the gemm kernel.
+    yield Case("conv 1x1 padded (gemm)", aten.convolution.default, lambda: (
+        (R(2, 64, 16, 16), R(64, 64, 1, 1), R(64), [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {}))
+    yield Case("conv 1x1 padded (gemm) bwd", aten.convolution_backward.default, lambda: (
+        (R(2, 64, 18, 18), R(2, 64, 16, 16), R(64, 64, 1, 1), [64], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+         [True, True, True]), {}))
+    # First conv with 4 <= ic < 16: AVX2 weight-gradient kernel with cpu_reducer_t weight/bias reducers.
+    yield Case("conv first ic8 wgrad+bias (avx2)", aten.convolution_backward.default, lambda: (
+        (R(8, 8, 28, 28), R(8, 8, 28, 28), R(8, 8, 3, 3), [8], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+         [False, True, True]), {}))
+    yield Case("conv first ic8 oc12 wgrad+bias (avx2)", aten.convolution_backward.default, lambda: (
+        (R(2, 12, 32, 32), R(2, 8, 32, 32), R(12, 8, 3, 3), [12], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+         [False, True, True]), {}))
+    # Transposed convs of the tiny U-Net (upsampling 2x2 stride 2).
+    yield Case("convT s2 U-Net 64->32", aten.convolution.default, lambda: (
+        (R(2, 64, 4, 4), R(64, 32, 2, 2), R(32), [2, 2], [0, 0], [1, 1], True, [0, 0], 1), {}), approx=True)
+    yield Case("convT s2 U-Net 32->16", aten.convolution.default, lambda: (
+        (R(2, 32, 8, 8), R(32, 16, 2, 2), R(16), [2, 2], [0, 0], [1, 1], True, [0, 0], 1), {}), approx=True)
+    yield Case("convT s2 U-Net 16->8 bwd", aten.convolution_backward.default, lambda: (
+        (R(2, 8, 32, 32), R(2, 16, 16, 16), R(16, 8, 2, 2), [8], [2, 2], [0, 0], [1, 1], True, [0, 0], 1,
+         [True, True, True]), {}))
     yield Case("convT s1", aten.convolution.default, lambda: (
         (R(8, 64, 14, 14), R(64, 32, 3, 3), None, [1, 1], [1, 1], [1, 1], True, [0, 0], 1), {}))
     yield Case("convT s2", aten.convolution.default, lambda: (

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 from torch.utils._pytree import tree_flatten, tree_map
 
 from peakcut.ir.workspace import WORKSPACE_OPS, cpu_workspace_bytes
+from peakcut.runtime.measure import allocator_events
 
 aten = torch.ops.aten
 R = torch.randn
@@ -27,12 +27,8 @@ def _meta(x: Any) -> Any:
 
 
 def _alloc_events(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[list[int], Any]:
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = op(*args, **kwargs)
-    events = [e for e in prof.profiler.kineto_results.events()
-              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
-    events.sort(key=lambda e: e.start_ns())
-    return [e.nbytes() for e in events], out
+    """Signed sizes of the CPU allocator events during one call (in time order) and its result."""
+    return allocator_events(lambda: op(*args, **kwargs))
 
 
 def _new_output_bytes(real: Any, meta: Any, args: tuple, kwargs: dict) -> int:
@@ -153,6 +149,21 @@ CONV_CASES: list[tuple[str, torch._ops.OpOverload, Make]] = [
     ("conv_bwd padded channels", aten.convolution_backward.default, _conv_bwd((8, 64, 28, 28), (100, 64, 3, 3), 1, 1, ALL)),
     ("conv_bwd channels-last", aten.convolution_backward.default,
      _conv_bwd((8, 64, 28, 28), (64, 64, 3, 3), 1, 1, ALL, cl=True)),
+    # 1x1 with ic < 16 and oc < 16 (U-Net head): 1x1 kernel on blocked src, 16-padded bias copy,
+    # bias reducer in the weight gradient
+    ("conv 1x1 oc2 with bias", aten.convolution.default,
+     lambda: ((R(2, 8, 32, 32), R(2, 8, 1, 1), R(2), [1, 1], [0, 0], [1, 1], False, [0, 0], 1), {})),
+    ("conv_bwd 1x1 oc2 with bias", aten.convolution_backward.default,
+     lambda: ((R(2, 2, 32, 32), R(2, 8, 32, 32), R(2, 8, 1, 1), [2], [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+               [True, True, True]), {})),
+    ("conv 1x1 padded (gemm)", aten.convolution.default, _conv((2, 64, 16, 16), (64, 64, 1, 1), 1, 1)),
+    ("conv_bwd 1x1 padded (gemm) weight only", aten.convolution_backward.default,
+     _conv_bwd((2, 64, 16, 16), (64, 64, 1, 1), 1, 1, (False, True, False))),
+    ("conv_bwd first conv ic8 weight+bias (avx2 reducers)", aten.convolution_backward.default,
+     _conv_bwd((8, 8, 28, 28), (8, 8, 3, 3), 1, 1, (False, True, True))),
+    ("convT_bwd 2x2 stride 2", aten.convolution_backward.default,
+     lambda: ((R(2, 8, 32, 32), R(2, 16, 16, 16), R(16, 8, 2, 2), [8], [2, 2], [0, 0], [1, 1], True, [0, 0], 1,
+               [True, True, True]), {})),
 ]
 
 
@@ -169,6 +180,20 @@ def test_convolution_matches_allocator(label: str, op: torch._ops.OpOverload, ma
     torch.manual_seed(0)
     args, kwargs = make()
     assert_close(*measure(op, args, kwargs))
+
+
+@onednn
+def test_bias_reducer_follows_threads() -> None:
+    """1x1 weight gradient with bias, one 16-channel block: the bias reducer splits the minibatch
+    over all threads (2 threads: 64 B of partials + 12288 B of page-aligned space and barriers)."""
+    from peakcut.ir.workspace import _bias_reducer, _Conv
+
+    g = _Conv(n=2, ic=16, oc=16, ins=(32, 32), outs=(32, 32), ks=(1, 1), stride=(1, 1), padding=(0, 0),
+              dilation=(1, 1), groups=1, isz=4)
+    assert _bias_reducer(g, 1) == 0
+    assert _bias_reducer(g, 2) == 64 + 12288
+    assert _bias_reducer(g, 3) == 64 + 12288  # nthr_per_group = min(3, mb=2)
+    assert _bias_reducer(_Conv(**{**g.__dict__, "oc": 32}), 2) == 0  # two jobs: one per thread
 
 
 def test_thnn_conv_columns() -> None:

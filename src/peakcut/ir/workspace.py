@@ -19,7 +19,10 @@ What allocates beyond its outputs on CPU (everything not listed measured 0, or a
   grad to blocked or NHWC layouts, a blocked result converted to the dense output, and scratchpads.
   The activation- and weight-sized buffers are exact; the scratchpads are exact where oneDNN's
   booking was identified (1x1 stride reduce, im2col, weight-gradient reduction buffer chosen by
-  oneDNN's thread balancer) and otherwise an approximation (see ``_brg_strided_scratch``).
+  oneDNN's thread balancer, ``cpu_reducer_t`` bias/weight reducers, the 16-padded bias copy when
+  ``oc % 16``) and otherwise an approximation (see ``_brg_strided_scratch``).  1x1 kernels are
+  never oneDNN's "first conv" (ic < 16): unpadded ones run the 1x1 kernel on blocked src (input
+  channels padded to 16), padded ones the gemm kernel.
   Slow (THNN) paths allocate an im2col ``columns`` buffer.
 * bf16 ``mm``/``bmm``/``addmm`` go through oneDNN matmul (per-thread scratch, approximate); fp32
   matmuls copy an operand only when neither of its last two strides is 1.
@@ -718,7 +721,9 @@ def _blocked_weight(g: _Conv) -> int:
 
 
 def _first_conv(g: _Conv) -> bool:
-    return g.groups == 1 and g.ic < 16
+    """oneDNN's "first convolution" (plain src, ic < 16).  Not for 1x1 kernels: unpadded ones take
+    the 1x1 kernel with blocked src (input channels padded to 16), padded ones the gemm kernel."""
+    return g.groups == 1 and g.ic < 16 and g.k > 1
 
 
 def _fwd_kind(g: _Conv) -> str:
@@ -727,6 +732,8 @@ def _fwd_kind(g: _Conv) -> str:
         return "dw"
     if g.groups > 1 and (g.ic_g % 16 or g.oc_g % 16):
         return "gemm"
+    if g.k == 1 and not g.pointwise:
+        return "gemm"  # 1x1 kernel with padding: no jit kernel takes it
     if _first_conv(g):
         return "first"
     return "1x1" if g.pointwise else "direct"
@@ -740,12 +747,33 @@ def _gemm_col(g: _Conv, nthreads: int) -> int:
     return nthreads * g.ic_g * g.k * g.out_sp * 4 + ONEDNN_ENTRY_PAD
 
 
-def _conv_fwd_events(g: _Conv, nthreads: int) -> list[int]:
+def _padded_bias(oc: int, bias_isz: int) -> int:
+    """oneDNN ``key_conv_padded_bias``: a bias whose channels are not a multiple of 16 is copied
+    into a 16-padded buffer (``bias_isz``: bytes per bias element; 0 without bias)."""
+    return _pad16(oc) * bias_isz + ONEDNN_ENTRY_PAD if bias_isz and oc % 16 else 0
+
+
+def _gemm_wgrad_scratch(g: _Conv, nthreads: int) -> int:
+    """fp32 gemm backward-weights scratchpad: im2col per thread plus a weight-reduction buffer of
+    ``4 * nthr * weight bytes`` (oneDNN multiplies a byte size by ``sizeof(float)``), where ``nthr``
+    is all threads when ``out_spatial / nthreads < 256`` (and batch > 1 or groups > 2), else 1
+    (measured exact for 1x1 padded and 32-group convs)."""
+    os_ = _prod(g.outs[-2:])
+    outer = os_ // max(nthreads, 1) < 256 and (g.n != 1 or g.groups > 2)
+    nthr = nthreads if outer else 1
+    im2col = 0 if g.k == 1 and not g.strided and all(p == 0 for p in g.padding) else g.ic_g * g.k * g.out_sp
+    col = nthr * im2col * 4 + ONEDNN_ENTRY_PAD if im2col else 0
+    return col + 4 * nthr * g.weight_bytes() + ONEDNN_ENTRY_PAD
+
+
+def _conv_fwd_events(g: _Conv, nthreads: int, bias_isz: int = 0) -> list[int]:
     """Allocation sequence of oneDNN convolution forward on plain tensors (incl. the dense output).
 
     Measured: ``[scratch, src reorder, weight reorder, blocked dst, -w, -src, -scratch, output,
-    -blocked dst]``.  Blocked layouts pad channels to 16; the first conv (ic < 16) reads the plain
-    src; depthwise pads groups to 16; the gemm kernel uses plain layouts plus im2col.
+    -blocked dst]``.  Blocked layouts pad channels to 16; the first conv (ic < 16, kernel > 1x1)
+    reads the plain src; depthwise pads groups to 16; the gemm kernel (also any 1x1 kernel with
+    padding) uses plain layouts plus im2col.  The scratchpad holds a 16-padded copy of the bias when
+    ``oc % 16`` (``_padded_bias``; ``bias_isz``: bias element size, 0 without bias).
     """
     kind = _fwd_kind(g)
     out = g.act(g.oc, g.out_sp)
@@ -753,15 +781,16 @@ def _conv_fwd_events(g: _Conv, nthreads: int) -> list[int]:
         scratch = _gemm_col(g, nthreads)
         return [scratch, out, -scratch, out, -out]
     dst = g.act(_pad16(g.oc), g.out_sp)
+    bias_pad = _padded_bias(g.oc, bias_isz)
     if kind == "first":
         ic = g.ic if g.isz == 4 else _rnd(g.ic, 2)
         w_r = _pad16(g.oc) * ic * g.k * g.isz
-        return [w_r, dst, -w_r, out, -dst]
+        return [bias_pad, w_r, dst, -w_r, -bias_pad, out, -dst]
     src = g.act(_pad16(g.ic), g.in_sp)
     w_r = _pad16(g.groups) * g.k * g.isz if kind == "dw" else _blocked_weight(g)
-    scratch = 0
+    scratch = bias_pad
     if kind == "1x1" and g.isz == 2:
-        scratch = nthreads * _pad16(g.oc) * g.out_sp * 4 + ONEDNN_ENTRY_PAD
+        scratch += nthreads * _pad16(g.oc) * g.out_sp * 4 + ONEDNN_ENTRY_PAD
     if kind == "1x1" and g.strided:
         scratch += nthreads * _pad16(g.ic) * g.out_sp * g.isz + ONEDNN_ENTRY_PAD
     return [scratch, src, w_r, dst, -w_r, -src, -scratch, out, -dst]
@@ -917,15 +946,16 @@ def _wgrad_events(g: _Conv, nthreads: int, bias_channels: int, channels_last: bo
     gradient, then the dense grad_weight (always produced, even if only grad_bias is requested; for
     channels-last also its ``.to(channels_last)`` copy).  Scratchpad: when oneDNN's balancer splits
     the minibatch over ``nthr_mb > 1`` threads, ``(nthr_mb - 1)`` extra fp32 weight(+bias) copies
-    plus 8320 bytes; 1x1 kernels with stride also keep a per-thread reduced-stride input
-    (``_wgrad_scratch``).
+    plus 8320 bytes; 1x1 kernels with stride also keep a per-thread reduced-stride input, 1x1
+    kernels with bias a bias reducer; the AVX2 kernel (first conv, 4 <= ic < 16) weight and bias
+    reducers; gemm an im2col and weight-reduction buffer (``_wgrad_scratch``).
     """
     with_bias = bias_channels > 0
     gw = g.weight_bytes()
     gb = gb_b = bias_channels * g.isz
     kind = _fwd_kind(g)
     if kind == "gemm":
-        col = _gemm_col(g, nthreads)
+        col = _gemm_wgrad_scratch(g, nthreads) if g.isz == 4 else _gemm_col(g, nthreads)
         return [gw, col, gb_b, -col, gb, gw, -gw, -gb_b]
     block = 16
     if _first_conv(g) and g.ic not in (1, 2, 3) and g.isz == 4 and not channels_last:
@@ -948,31 +978,82 @@ def _wgrad_events(g: _Conv, nthreads: int, bias_channels: int, channels_last: bo
     return [gy_r, x_r, gw_b, scratch, gb_b, -scratch, -x_r, -gy_r, *tail]
 
 
+def _reducer(nthr: int, job: int, njobs: int, reduction: int, max_buffer: int) -> int:
+    """Scratchpad of a oneDNN ``cpu_reducer_t`` (``reduce_balancer_t::balance``, lock-free).
+
+    Threads are split into ``ngroups`` groups of ``nthr_per_group`` over ``njobs`` jobs of ``job``
+    floats reduced over ``reduction``; only with ``nthr_per_group > 1`` it books
+    ``ngroups * (nthr_per_group - 1) * njobs_per_group * job`` floats plus barriers:
+    ``space + 8192 + 4096 * ngroups`` bytes (the constants measured: page-aligned space and barrier
+    contexts; exact on 1-4 threads, 1-3 groups).
+    """
+    if nthr <= 1 or njobs <= 0 or reduction <= 0:
+        return 0
+    max_njobs = max(1, max_buffer // (nthr * job))
+    min_njobs = max(1, njobs // nthr)
+    ngroups = min(njobs // min_njobs, nthr)
+    per_group = min(nthr // ngroups, reduction)
+    ub = _cdiv(njobs, ngroups)
+    complexity = njobs * job * reduction
+    for c_njobs in range(min_njobs, njobs):
+        c_ngroups = min(njobs // c_njobs, nthr)
+        c_per_group = min(nthr // c_ngroups, reduction)
+        c_ub = _cdiv(njobs, c_ngroups)
+        if c_per_group > 1 and c_ub > max_njobs:
+            continue
+        c_complexity = job * c_ub * (_cdiv(reduction, c_per_group) + (c_per_group != 1))
+        if c_complexity < complexity:
+            ngroups, per_group, ub, complexity = c_ngroups, c_per_group, c_ub, c_complexity
+    if per_group == 1:
+        return 0
+    return ngroups * (per_group - 1) * ub * job * 4 + 8192 + 4096 * ngroups
+
+
+def _bias_reducer(g: _Conv, nthreads: int) -> int:
+    """1x1 backward-weights bias reducer: jobs of 16 channels, reduced over the minibatch."""
+    return _reducer(nthreads, 16, g.groups * _cdiv(g.oc_g, 16), g.n, nthreads * 3 * 5 * 5 * 16 * 16)
+
+
+def _avx2_wgrad_scratch(g: _Conv, nthreads: int, with_bias: bool) -> int:
+    """AVX2 backward-weights kernel (8-channel blocks, oneDNN's fallback for the first conv with
+    4 <= ic < 16): a weight reducer (jobs of one 8o8i kernel block, reduced over minibatch x depth)
+    and a bias reducer (jobs of 8 channels, over the minibatch), both ``cpu_reducer_t``."""
+    od = g.outs[0] if len(g.outs) == 3 else 1
+    njobs_w = g.groups * _cdiv(g.ic_g, 8) * _cdiv(g.oc_g, 8)
+    wei = _reducer(nthreads, g.k * 64, njobs_w, g.n * od, 1 << 21)
+    bias = _reducer(nthreads, 8, g.groups * _cdiv(g.oc_g, 8), g.n, 1 << 21) if with_bias else 0
+    return wei + bias
+
+
 def _wgrad_scratch(g: _Conv, nthreads: int, gw_b: int, block: int, with_bias: bool, channels_last: bool) -> int:
     """oneDNN backward-weights scratchpad (``gw_b``: bytes of the blocked weight gradient).
 
     fp32: ``(nthr_mb - 1)`` weight(+bias) reduction copies + 8320 bytes when the balancer splits
     the minibatch (exact), a padded bias when oc is not a multiple of the block, and for strided 1x1
-    kernels a per-thread reduced-stride input.  bf16 (approximate): fp32 accumulators and per-thread
+    kernels a per-thread reduced-stride input.  1x1 kernels with bias also book the padded bias and
+    the bias reducer (``_bias_reducer``).  bf16 (approximate): fp32 accumulators and per-thread
     transposed copies of one image of input and grad_output.
     """
     one_by_one = _fwd_kind(g) == "1x1"
+    bias_1x1 = _padded_bias(g.oc, 4) + _bias_reducer(g, nthreads) if one_by_one and with_bias else 0
     if g.isz == 2 and one_by_one:
         strided = nthreads * _pad16(g.oc) * g.out_sp * 4 if g.strided else 0
-        return nthreads * gw_b * 2 + BF16_WGRAD_1X1_OVERHEAD + strided
+        return nthreads * gw_b * 2 + BF16_WGRAD_1X1_OVERHEAD + strided + bias_1x1
     if g.isz == 2:
         nthr_mb = _wgrad_balance(g, nthreads, block, two_d=not channels_last)
         transposed = 2 * (_pad16(g.ic) * g.in_sp + _pad16(g.oc) * g.out_sp)
         return nthr_mb * (gw_b * 2 + transposed + BF16_WGRAD_PER_THREAD)
+    padded_bias = _rnd(g.oc, block) * 4 + ONEDNN_ENTRY_PAD if with_bias and g.oc % block else 0
+    if block == 8:
+        return _avx2_wgrad_scratch(g, nthreads, with_bias) + padded_bias
     if one_by_one:
         nthr_mb = _wgrad_balance_1x1(g, nthreads)
         reduction = (nthr_mb - 1) * gw_b + WGRAD_REDUCTION_OVERHEAD if nthr_mb > 1 else 0
         rtus = nthreads * _pad16(g.ic) * g.out_sp * 4 + ONEDNN_ENTRY_PAD if g.strided else 0
-        return reduction + rtus
+        return reduction + rtus + bias_1x1
     nthr_mb = _wgrad_balance(g, nthreads, block, two_d=not channels_last)
     bias_pad = g.groups * _rnd(g.oc_g, block) * 4
     reduction = (nthr_mb - 1) * (gw_b + bias_pad) + WGRAD_REDUCTION_OVERHEAD if nthr_mb > 1 else 0
-    padded_bias = _rnd(g.oc, block) * 4 + ONEDNN_ENTRY_PAD if with_bias and g.oc % block else 0
     return reduction + padded_bias
 
 
@@ -1058,7 +1139,9 @@ def _convolution(c: _Call) -> int:
     elif channels_last:
         events = _conv_fwd_cl_events(_conv_geometry(x, w, a, out_sp), c.nthreads)
     else:
-        events = _conv_fwd_events(_conv_geometry(x, w, a, out_sp), c.nthreads)
+        bias = c.tensor("bias")
+        bias_isz = 0 if bias is None else bias.element_size()
+        events = _conv_fwd_events(_conv_geometry(x, w, a, out_sp), c.nthreads, bias_isz)
     return copies + max(_peak(events) - out_bytes, 0)
 
 
