@@ -33,7 +33,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from peakcut.ir.workspace import cpu_workspace_bytes
-from peakcut.runtime.measure import allocator_events
+from peakcut.runtime.measure import allocator_events, profiler_peak
 
 aten = torch.ops.aten
 TOLERANCE_BYTES = 256
@@ -106,11 +106,7 @@ def measure(op: torch._ops.OpOverload, args: tuple, kwargs: dict, warmup: int = 
                                 [t for t in tree_flatten(meta_out)[0] if isinstance(t, torch.Tensor)])
     for _ in range(warmup):
         op(*args, **kwargs)
-    events, out = memory_events(op, args, kwargs)
-    peak = run = 0
-    for b in events:
-        run += b
-        peak = max(peak, run)
+    peak, out = profiler_peak(lambda: op(*args, **kwargs))
     return peak - output_bytes(out, meta_out, args, kwargs), model
 
 

@@ -10,7 +10,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from peakcut.ir.workspace import WORKSPACE_OPS, cpu_workspace_bytes
-from peakcut.runtime.measure import allocator_events
+from peakcut.runtime.measure import allocator_events, profiler_peak
 
 aten = torch.ops.aten
 R = torch.randn
@@ -52,11 +52,7 @@ def measure(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = None) 
     mout = op(*margs, **mkwargs)
     model = cpu_workspace_bytes(op, margs, mkwargs, [t for t in tree_flatten(mout)[0] if isinstance(t, torch.Tensor)])
     op(*args, **kwargs)  # warm-up
-    events, out = _alloc_events(op, args, kwargs)
-    peak = run = 0
-    for b in events:
-        run += b
-        peak = max(peak, run)
+    peak, out = profiler_peak(lambda: op(*args, **kwargs))
     return peak - _new_output_bytes(out, mout, args, kwargs), model
 
 

@@ -1057,6 +1057,15 @@ def _wgrad_scratch(g: _Conv, nthreads: int, gw_b: int, block: int, with_bias: bo
     return reduction + padded_bias
 
 
+def _slow_path_columns(x: torch.Tensor, w: torch.Tensor, a: Mapping[str, Any], out_sp: Sequence[int],
+                       backend: str, transposed: bool) -> int:
+    """im2col columns of the slow (THNN) convolution paths, forward and backward alike."""
+    if transposed:
+        g = _transposed_as_conv(x, w, a, out_sp)
+        return g.ic_g * g.k * _prod(x.shape[2:]) * g.isz
+    return _slow_columns(_conv_geometry(x, w, a, out_sp), backend)
+
+
 def _slow_columns(g: _Conv, backend: str) -> int:
     """THNN im2col/col2im ``columns``: whole batch for slow_conv2d/3d, one image for the dilated and
     transposed kernels; none for 1x1 / stride 1 / no padding."""
@@ -1122,12 +1131,7 @@ def _convolution(c: _Call) -> int:
         return 0
     if backend != "mkldnn":
         copies = _input_copies((x, w), _slow_format(x, w, backend))
-        if transposed:
-            g = _transposed_as_conv(x, w, a, out_sp)
-            cols = g.ic_g * g.k * _prod(x.shape[2:]) * g.isz
-        else:
-            g = _conv_geometry(x, w, a, out_sp)
-            cols = _slow_columns(g, backend)
+        cols = _slow_path_columns(x, w, a, out_sp, backend, transposed)
         group_tmp = out_bytes if int(a["groups"]) > 1 else 0
         return copies + cols + group_tmp
     channels_last = _use_channels_last(x, w) and not transposed
@@ -1183,12 +1187,7 @@ def _convolution_backward(c: _Call) -> int:
     requested += bias_channels * gy.element_size() if mask[2] else 0
     if backend != "mkldnn":
         copies = _input_copies((gy, x, w), _slow_format(x, w, backend))
-        if transposed:
-            g = _transposed_as_conv(x, w, a, out_sp)
-            cols = g.ic_g * g.k * _prod(x.shape[2:]) * g.isz
-        else:
-            g = _conv_geometry(x, w, a, out_sp)
-            cols = _slow_columns(g, backend)
+        cols = _slow_path_columns(x, w, a, out_sp, backend, transposed)
         return copies + (cols if (mask[0] or mask[1]) else 0)
     channels_last = _use_channels_last(x, w) and not transposed
     fmt = _cl_format(x) if channels_last else torch.contiguous_format
