@@ -6,6 +6,7 @@ Semantics (the same as the generated program's):
 - caller-held storages (batch, parameters, buffers, optimizer state) count for
   the whole step; storages of program outputs live to the end;
 - views and in-place results share their base's storage and add nothing;
+- host storages (swap-outs, peakcut.store) are not device memory and count nothing;
 - while a node runs, its inputs, its new outputs and its transient workspace
   are all live (Python frees an argument only after the call returns).
 """
@@ -83,6 +84,7 @@ def simulate(g: Graph, order: list[int] | None = None, workspace: str | None = "
     n = len(order_t)
     held = g.caller_held_storages()
     outs = g.output_storages()
+    host = g.host_storages()
 
     alloc: dict[int, int] = {}
     free: dict[int, int] = {}
@@ -90,7 +92,7 @@ def simulate(g: Graph, order: list[int] | None = None, workspace: str | None = "
         node = g.nodes[nid]
         for t in node.output_ids():
             s = g.tensors[t].storage
-            if s not in held and s not in alloc:
+            if s not in held and s not in alloc and s not in host:
                 alloc[s] = i
                 free[s] = i
         for t in node.input_ids():

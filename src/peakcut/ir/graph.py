@@ -121,6 +121,12 @@ class Graph:
         """Storages of program inputs: held by the caller for the whole step."""
         return {self.tensors[t].storage for t in self.inputs}
 
+    def host_storages(self) -> set[int]:
+        """Storages in host memory: the outputs of swap-out (peakcut.store) nodes."""
+        from peakcut.ir.ops import STORE_OP
+
+        return {self.tensors[t].storage for n in self.nodes.values() if n.op == STORE_OP for t in n.output_ids()}
+
     def output_storages(self) -> set[int]:
         return {self.tensors[t].storage for t in self.outputs}
 

@@ -41,6 +41,7 @@ class OpKind(str, Enum):
     FACTORY = "factory"        # creates a tensor from nothing (zeros, full, arange)
     RANDOM = "random"
     OPTIMIZER = "optimizer"    # in-place updates typical of optimizer steps
+    SWAP = "swap"              # peakcut.store / peakcut.load: copies between device and host
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,10 @@ def _build() -> Mapping[str, OpInfo]:
     ):
         for name in _with_default(names):
             table[name] = OpInfo(name, kind)
+    from peakcut.ir.ops import LOAD_OP, STORE_OP
+
+    for name in (STORE_OP, LOAD_OP):
+        table[name] = OpInfo(name, OpKind.SWAP)
     return MappingProxyType(table)
 
 
@@ -139,7 +144,7 @@ def flops(op: str, args: tuple, kwargs: dict, outputs: Sequence[torch.Tensor]) -
         except (TypeError, ValueError, IndexError, RuntimeError):
             pass  # fall through to the element count
     info = lookup(op)
-    if info is None or info.kind in (OpKind.VIEW, OpKind.FACTORY, OpKind.DATA_MOVEMENT):
+    if info is None or info.kind in (OpKind.VIEW, OpKind.FACTORY, OpKind.DATA_MOVEMENT, OpKind.SWAP):
         return 0
     if info.kind is OpKind.REDUCTION:
         return sum(int(a.numel()) for a in args if isinstance(a, torch.Tensor))

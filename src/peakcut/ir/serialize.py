@@ -84,7 +84,7 @@ def graph_to_json(g: Graph) -> str:
             {
                 "id": n.id, "op": n.op, "args": _enc(n.args), "kwargs": {k: _enc(x) for k, x in n.kwargs.items()},
                 "outputs": list(n.outputs), "multi": n.multi_output, "module": n.module,
-                "phase": n.phase.value, "name": n.name,
+                "phase": n.phase.value, "name": n.name, **({"extra": n.extra} if n.extra else {}),
             }
             for n in g.nodes.values()
         ],
@@ -122,7 +122,7 @@ def graph_from_json(text: str) -> Graph:
                     kwargs={k: _dec(x) for k, x in n["kwargs"].items()},
                     outputs=tuple(None if o is None else int(o) for o in n["outputs"]),
                     multi_output=bool(n["multi"]), module=str(n["module"]), phase=Phase(n["phase"]),
-                    name=str(n["name"]),
+                    name=str(n["name"]), extra=dict(n.get("extra", {})),
                 )
                 for n in doc["nodes"]
             },
