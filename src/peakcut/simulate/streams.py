@@ -1,0 +1,112 @@
+"""Event timing: when each node starts and ends on the compute and copy streams.
+
+One compute stream runs compute nodes in issue order. When the cost model
+overlaps copies, swap-outs (peakcut.store) run on a device->host stream and
+swap-ins (peakcut.load) on a host->device stream; they never block the compute
+stream, only a consumer waiting for a copy's completion does. Otherwise every
+node, copies included, runs on the compute stream in issue order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from peakcut.ir.graph import Graph
+from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.simulate.order import Schedule
+from peakcut.simulate.protocol import CostModel
+
+COMPUTE = "compute"
+D2H = "d2h"
+H2D = "h2d"
+STREAMS = (COMPUTE, D2H, H2D)
+
+
+@dataclass(frozen=True)
+class StreamTiming:
+    """Start/end seconds and stream of each node, aligned with the schedule's order.
+
+    exposed_copy_seconds: time copies cost the compute stream. With overlapped
+    copies, the total time compute nodes waited for a copy (a load, or a store they
+    depend on) to complete; with inline copies, the total time of the copies
+    themselves, since the compute stream runs them.
+    """
+
+    start: np.ndarray          # float64, seconds
+    end: np.ndarray            # float64, seconds
+    stream: tuple[str, ...]
+    exposed_copy_seconds: float
+
+    @property
+    def latency_seconds(self) -> float:
+        """End of the last node on any stream (0 for an empty graph)."""
+        return float(self.end.max()) if len(self.end) else 0.0
+
+
+def node_stream(op: str, overlap_copies: bool) -> str:
+    """The stream a node with op `op` runs on."""
+    if overlap_copies:
+        if op == STORE_OP:
+            return D2H
+        if op == LOAD_OP:
+            return H2D
+    return COMPUTE
+
+
+def node_seconds(g: Graph, order: tuple[int, ...], cost: CostModel) -> np.ndarray:
+    """The cost model's latency of each node in order, checked to be finite and >= 0."""
+    seconds = np.fromiter((cost.node_seconds(g, nid) for nid in order), dtype=np.float64,
+                          count=len(order))
+    bad = np.flatnonzero(~np.isfinite(seconds) | (seconds < 0))
+    if len(bad):
+        nid = order[int(bad[0])]
+        node = g.nodes[nid]
+        raise ValueError(
+            f"cost model {cost.name!r} gives node {node.name or nid} ({node.op}) "
+            f"a latency of {seconds[bad[0]]} s; expected a finite number >= 0"
+        )
+    return seconds
+
+
+def time_streams(g: Graph, schedule: Schedule, cost: CostModel) -> StreamTiming:
+    """Start and end of every node when issued in `schedule.order`."""
+    overlap = bool(cost.overlap_copies)
+    n = len(schedule.order)
+    seconds = node_seconds(g, schedule.order, cost).tolist()
+    start = [0.0] * n
+    end = [0.0] * n
+    streams: list[str] = []
+    on_copy_stream = [False] * n
+    stream_free = dict.fromkeys(STREAMS, 0.0)
+    exposed = 0.0
+    for i, nid in enumerate(schedule.order):
+        op = g.nodes[nid].op
+        stream = node_stream(op, overlap)
+        compute_free = stream_free[COMPUTE]
+        if stream == COMPUTE:
+            # compute predecessors ran earlier on this stream: only copies can hold it back
+            begin = compute_free
+            for p in schedule.preds[i]:
+                if on_copy_stream[p] and end[p] > begin:
+                    begin = end[p]
+            exposed += begin - compute_free
+            if not overlap and op in (STORE_OP, LOAD_OP):
+                exposed += seconds[i]
+        else:
+            # issued once the compute node before it in order has finished
+            begin = max(stream_free[stream], compute_free)
+            for p in schedule.preds[i]:
+                begin = max(begin, end[p])
+            on_copy_stream[i] = True
+        start[i] = begin
+        end[i] = begin + seconds[i]
+        stream_free[stream] = end[i]
+        streams.append(stream)
+    return StreamTiming(
+        start=np.asarray(start, dtype=np.float64),
+        end=np.asarray(end, dtype=np.float64),
+        stream=tuple(streams),
+        exposed_copy_seconds=float(exposed),
+    )
