@@ -1,0 +1,161 @@
+"""Long-range moves: hill climbing by moving small blocks of nodes far in the order.
+
+Windows (peakcut.schedule.dp) only reorder nodes locally. Some of the best
+changes are global: an optimizer update run as soon as its gradient exists
+frees the gradient for the rest of the backward pass (ROAM's weight-update
+placement); a node whose output is only needed much later is best run just
+before that use. Both are block moves:
+
+- a *sink block* is a node with its few descendants (e.g. a parameter's whole
+  update chain); it moves as early as its outside predecessors allow;
+- a *source block* is a node with its few ancestors; it moves as late as its
+  outside successors allow.
+
+A move is kept when it lowers (peak, area under the memory curve); the
+memory of every candidate order is evaluated exactly (Problem.curve).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from peakcut.schedule.problem import Problem
+from peakcut.schedule.reach import Reachability
+
+BLOCK_LIMIT = 48  # largest block moved as one piece (nodes)
+
+
+@dataclass(frozen=True)
+class Block:
+    nodes: frozenset[int]
+    early: bool  # True: move as early as possible; False: as late as possible
+
+
+def candidate_blocks(problem: Problem, reach: Reachability, limit: int = BLOCK_LIMIT) -> list[Block]:
+    """Maximal small sink blocks and source blocks of the graph."""
+    n = problem.n
+    des_count = [reach.des[v].bit_count() for v in range(n)]
+    anc_count = [reach.anc[v].bit_count() for v in range(n)]
+    blocks: list[Block] = []
+    for v in range(n):
+        if des_count[v] < limit and all(des_count[p] >= limit for p in problem.preds[v]):
+            blocks.append(Block(frozenset(_members(reach.des[v]) + [v]), early=True))
+        if anc_count[v] < limit and all(anc_count[s] >= limit for s in problem.succs[v]):
+            blocks.append(Block(frozenset(_members(reach.anc[v]) + [v]), early=False))
+    return blocks
+
+
+def _members(mask: int) -> list[int]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
+def moved(problem: Problem, order: list[int], pos: np.ndarray, block: Block) -> list[int] | None:
+    """`order` with the block moved as far as allowed, or None if it cannot move."""
+    members = block.nodes
+    if block.early:
+        limit = -1
+        for v in members:
+            for p in problem.preds[v]:
+                if p not in members:
+                    limit = max(limit, int(pos[p]))
+        first = min(int(pos[v]) for v in members)
+        if limit + 1 >= first:
+            return None
+        inside = [v for v in order[limit + 1:] if v in members]
+        rest = [v for v in order[limit + 1:] if v not in members]
+        return order[:limit + 1] + inside + rest
+    limit = problem.n
+    for v in members:
+        for s in problem.succs[v]:
+            if s not in members:
+                limit = min(limit, int(pos[s]))
+    last = max(int(pos[v]) for v in members)
+    if limit - 1 <= last:
+        return None
+    head = order[:limit]
+    inside = [v for v in head if v in members]
+    rest = [v for v in head if v not in members]
+    return rest + inside + order[limit:]
+
+
+def hoist_blocks(problem: Problem, order: list[int], reach: Reachability, peak_index: int,
+                 limit: int = BLOCK_LIMIT) -> list[list[int]]:
+    """Blocks that could run before the peak node but run after it.
+
+    For each node w after the peak node p that does not depend on p, the block
+    is w with its ancestors that also run after p (in order). Run just before
+    p, such a block can free tensors that only it still reads (e.g. the parts
+    of an activation's backward that do not need the incoming gradient).
+    """
+    p = order[peak_index]
+    after = order[peak_index + 1:]
+    later = 0
+    for v in after:
+        later |= 1 << v
+    blocks = []
+    for w in after:
+        if reach.des[p] >> w & 1:
+            continue
+        members = (reach.anc[w] & later) | (1 << w)
+        if members.bit_count() <= limit:
+            blocks.append([v for v in after if members >> v & 1])
+    return blocks
+
+
+def hoisted(order: list[int], peak_index: int, block: list[int]) -> list[int]:
+    """`order` with `block` (nodes after the peak, closed under ancestors after it) run before the peak."""
+    members = set(block)
+    return order[:peak_index] + block + [v for v in order[peak_index:] if v not in members]
+
+
+def improve_by_hoisting(problem: Problem, order: Sequence[int], reach: Reachability,
+                        deadline: float, floor: int = 0) -> list[int]:
+    """Hoist blocks over the peak while that lowers (peak, area)."""
+    best = list(order)
+    curve = problem.curve(best)
+    score = (curve.peak_bytes, int(curve.timeline.sum()))
+    improved = True
+    while improved and time.perf_counter() < deadline and score[0] > floor:
+        improved = False
+        for block in hoist_blocks(problem, best, reach, curve.peak_index):
+            if time.perf_counter() > deadline:
+                break
+            candidate = hoisted(best, curve.peak_index, block)
+            c = problem.curve(candidate)
+            new = (c.peak_bytes, int(c.timeline.sum()))
+            if new < score:
+                best, score, curve, improved = candidate, new, c, True
+                break
+    return best
+
+
+def improve_by_moves(problem: Problem, order: Sequence[int], reach: Reachability,
+                     deadline: float, floor: int = 0) -> list[int]:
+    """Hill-climb over block moves until no move helps, `floor` is reached, or the deadline."""
+    best = list(order)
+    curve = problem.curve(best)
+    score = (curve.peak_bytes, int(curve.timeline.sum()))
+    blocks = candidate_blocks(problem, reach)
+    improved = True
+    while improved and time.perf_counter() < deadline and score[0] > floor:
+        improved = False
+        for block in blocks:
+            if time.perf_counter() > deadline:
+                break
+            candidate = moved(problem, best, problem.to_positions(best), block)
+            if candidate is None:
+                continue
+            c = problem.curve(candidate)
+            new = (c.peak_bytes, int(c.timeline.sum()))
+            if new < score:
+                best, score, improved = candidate, new, True
+    return best
