@@ -82,15 +82,20 @@ class Node:
     phase: Phase = Phase.FORWARD
     name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    _inputs: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
-    def input_ids(self) -> list[int]:
-        """Tensor ids read by this node, in argument order, without repeats."""
+    def __post_init__(self) -> None:
+        # computed once: every analysis asks for a node's inputs, often many times
         seen: dict[int, None] = {}
         for ref in iter_refs(self.args):
             seen.setdefault(ref.id)
         for ref in iter_refs(self.kwargs):
             seen.setdefault(ref.id)
-        return list(seen)
+        object.__setattr__(self, "_inputs", tuple(seen))
+
+    def input_ids(self) -> list[int]:
+        """Tensor ids read by this node, in argument order, without repeats."""
+        return list(self._inputs)
 
     def output_ids(self) -> list[int]:
         return [t for t in self.outputs if t is not None]

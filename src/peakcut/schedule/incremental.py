@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from peakcut.ir.graph import Graph
+from peakcut.ir.graph import Graph, GraphError
 from peakcut.schedule.full import Schedule, schedule
 from peakcut.schedule.interval import IntervalSettings, IntervalStats, schedule_interval
 from peakcut.schedule.problem import Problem
@@ -103,9 +103,9 @@ def incremental_schedule(old_order: Sequence[int], narrow_waist: dict[int, int],
         return _full(new_graph, t0, settings, time_limit, "the change touched nodes the old order does not know")
     middle = _with_added(new_graph, middle, added)
     spliced = before + middle + after
-    new_graph = _with_order(new_graph, spliced)
-    problem = Problem(new_graph)
-    if not problem.is_topological(problem.indices(spliced)):
+    try:
+        problem = Problem(_with_order(new_graph, spliced))
+    except GraphError:  # the splice is not topological
         return _full(new_graph, t0, settings, time_limit, "the change reaches outside the interval")
     order = problem.eager_order()  # == spliced, as node indices
     lo, hi = len(before), len(before) + len(middle)
@@ -115,12 +115,18 @@ def incremental_schedule(old_order: Sequence[int], narrow_waist: dict[int, int],
 
 
 def _with_added(g: Graph, middle: list[int], added: list[int]) -> list[int]:
-    """Insert new nodes into the interval: each just before its first user inside it, else at its end."""
+    """Insert new nodes into the interval: each just before its first user in it, else after its
+    last predecessor in it, else first. Rules list added nodes producers first, so they are
+    placed last to first (a load before its user, then its store before the load)."""
     out = list(middle)
-    for a in added:
-        users = {u for t in g.nodes[a].output_ids() for u in g.users(t)}
-        users |= {n for n, deps in g.control.items() if a in deps}
-        at = next((i for i, nid in enumerate(out) if nid in users), len(out))
+    for a in reversed(added):
+        outputs = set(g.nodes[a].output_ids())
+        users = {nid for nid in out if outputs.intersection(g.nodes[nid].input_ids())
+                 or a in g.control.get(nid, ())}
+        at = next((i for i, nid in enumerate(out) if nid in users), None)
+        if at is None:
+            preds = g.predecessors(a)
+            at = max((i + 1 for i, nid in enumerate(out) if nid in preds), default=0)
         out.insert(at, a)
     return out
 

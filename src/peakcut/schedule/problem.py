@@ -47,6 +47,9 @@ class Problem:
             self.preds.append(tuple(sorted(self.index[p] for p in g.predecessors(nid))))
         succs: list[list[int]] = [[] for _ in range(n)]
         for v, ps in enumerate(self.preds):
+            if ps and ps[-1] >= v:
+                raise GraphError(f"graph order runs node {self.ids[v]} before its predecessor "
+                                 f"{self.ids[ps[-1]]}; Problem needs a topological graph order")
             for p in ps:
                 succs[p].append(v)
         self.succs: list[tuple[int, ...]] = [tuple(s) for s in succs]
