@@ -30,12 +30,20 @@ import time
 
 import peakcut
 from peakcut.ir.graph import Graph
+from peakcut.ir.ops import LOAD_OP
 from peakcut.schedule import IntervalSettings, Problem, Reachability, incremental_schedule
 from peakcut.schedule.interval import IntervalStats, schedule_interval
 from peakcut.transform import (
-    Rewrite, deremat, deswap, remat, swap, why_not_deremat, why_not_deswap, why_not_remat, why_not_swap,
+    Rewrite,
+    deremat,
+    deswap,
+    remat,
+    swap,
+    why_not_deremat,
+    why_not_deswap,
+    why_not_remat,
+    why_not_swap,
 )
-from peakcut.ir.ops import LOAD_OP
 from peakcut.workloads.nasnet import random_nasnet
 
 NETWORKS = 10

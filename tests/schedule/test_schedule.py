@@ -160,3 +160,52 @@ def test_rescheduled_program_gives_the_same_numbers(small_cnn):
 
     report = check_equivalence(model, batch, cnn_loss, spec, build, steps=2, rtol=1e-5, atol=1e-6)
     assert report.ok, str(report)
+
+
+def test_incremental_after_a_local_change_is_valid_and_matches_full(nasnet_graph):
+    from peakcut.schedule import incremental_schedule
+    from peakcut.schedule.interval import IntervalSettings, IntervalStats, schedule_interval
+    from peakcut.transform import why_not_remat
+
+    g = nasnet_graph
+    problem = Problem(g)
+    settings = IntervalSettings()
+    order = problem.node_ids(schedule_interval(problem, problem.eager_order(), 0, problem.n, settings,
+                                               IntervalStats()))
+    nw = {problem.ids[v]: x for v, x in Reachability(problem).narrow_waist().items()}
+    pos = {nid: i for i, nid in enumerate(order)}
+    done = 0
+    for nid in order:
+        outs = g.nodes[nid].output_ids()
+        readers = sorted(set(g.users(outs[0])), key=pos.__getitem__) if outs else []
+        if len(readers) < 2 or why_not_remat(g, order, nid, readers[1:]) is not None:
+            continue
+        from peakcut.transform import remat
+
+        rw = remat(g, order, nid, readers[1:])
+        new = rw.graph.copy()
+        new.order = list(rw.order)
+        result = incremental_schedule(order, nw, new, set(rw.changed) | {nid}, rw.added)
+        assert sorted(result.order) == sorted(new.nodes)
+        assert Problem(new).is_topological(Problem(new).indices(result.order))
+        assert new.simulate(result.order).peak_bytes == result.peak_bytes
+        full_problem = Problem(new)
+        full = full_problem.peak(schedule_interval(full_problem, full_problem.eager_order(), 0,
+                                                   full_problem.n, settings, IntervalStats()))
+        assert result.peak_bytes <= full
+        done += 1
+        if done == 3:
+            break
+    assert done == 3
+
+
+def test_reschedule_interval_uses_narrow_waist_boundaries():
+    from peakcut.schedule.incremental import IntervalRule, reschedule_interval
+
+    order = list(range(100))
+    nw = dict.fromkeys(order, 50)
+    nw[30] = 2   # a good boundary on the left, within reach
+    nw[75] = 8   # only an acceptable one on the right
+    assert reschedule_interval(order, nw, [50, 55], IntervalRule()) == (30, 76)
+    nw[75] = 50  # nothing acceptable on the right: full scheduling
+    assert reschedule_interval(order, nw, [50, 55], IntervalRule()) is None

@@ -14,6 +14,7 @@ from torch.utils import _pytree as pytree
 
 from peakcut.capture.optimizers import init_state, spec_from_dict
 from peakcut.codegen.source import generate_source
+from peakcut.codegen.swap import HostPool, has_swaps
 from peakcut.ir.graph import Graph
 from peakcut.ir.tensor import TensorMeta
 
@@ -42,6 +43,10 @@ class Step:
 
     Optimizer state lives here (created as zeros on the first call, like a fresh
     torch.optim optimizer) and is exposed as `step.state` (name -> tensor).
+
+    A step with swaps owns a HostPool (`step.host`) that its program allocates host copies
+    from, outside the device memory that runtime.measure sees; `step.host_peak_bytes` is the
+    peak of host copies alive during the last run (0 without swaps).
     """
 
     def __init__(self, graph: Graph, order: list[int] | None = None, path: str | Path | None = None,
@@ -59,6 +64,14 @@ class Step:
         self._fn = _load(target)
         self.state: dict[str, torch.Tensor] = {}
         self.optimizer = spec_from_dict(graph.signature.optimizer)
+        self.host = HostPool()
+        self._swaps = has_swaps(graph)
+
+    @property
+    def host_peak_bytes(self) -> int:
+        """Peak bytes of host copies (swap-outs) alive during the last run; measured by the
+        HostPool, apart from device memory."""
+        return self.host.peak_bytes
 
     # ------------------------------------------------------------ binding
     def _check(self, name: str, t: torch.Tensor, meta: TensorMeta) -> None:
@@ -115,7 +128,10 @@ class Step:
     def run(self, inputs: list[torch.Tensor], device: str) -> tuple:
         """Call the generated function on already-bound inputs."""
         with torch.no_grad():
-            return self._fn(*inputs, device=device)
+            if not self._swaps:
+                return self._fn(*inputs, device=device)
+            self.host.reset_peak()
+            return self._fn(*inputs, device=device, host=self.host)
 
     # ------------------------------------------------------------ calling
     def __call__(self, model: torch.nn.Module, batch: Any) -> Any:

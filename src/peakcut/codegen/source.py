@@ -5,6 +5,11 @@ buffers, optimizer state, batch leaves) and a keyword `device`; it runs the
 ops in the given order, frees every tensor right after its last use, and
 updates parameters, buffers and optimizer state in place through the in-place
 ops of the graph. It returns the program outputs as a tuple.
+
+Recomputed nodes (extra 'remat_of') are ordinary ATen calls under a `# recompute of <name>`
+comment. A graph with swaps (peakcut.store / peakcut.load) gets a keyword `host` (a
+codegen.swap.HostPool) for its host copies; codegen.swap emits those copies (side-stream
+copies with explicit events on CUDA).
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from typing import Any
 
 import torch
 
+from peakcut.codegen.swap import SwapCode, has_swaps
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
+from peakcut.ir.ops import LOAD_OP, STORE_OP
 
 HEADER = '''"""{title}
 
@@ -44,13 +51,18 @@ class _Names:
 
     def __init__(self, g: Graph) -> None:
         self.by_tensor: dict[int, str] = {}
-        self._used: set[str] = {"aten", "torch", "device", "step", "_"}
+        self._used: set[str] = {"aten", "torch", "device", "step", "_", "host", "compute", "d2h",
+                                "h2d"}
         for tid, name in zip(g.inputs, g.input_names, strict=True):
             kind, _, rest = name.partition(":")
             self.by_tensor[tid] = self._fresh(f"{_PREFIX.get(kind, kind)}_{rest}")
         for nid in g.order:
             for tid in g.nodes[nid].output_ids():
                 self.by_tensor[tid] = self._fresh(g.tensors[tid].name or f"t{tid}")
+
+    def fresh(self, text: str) -> str:
+        """A new unique identifier made from `text` (for helper variables such as events)."""
+        return self._fresh(text)
 
     def _fresh(self, text: str) -> str:
         base = _ident(text)
@@ -124,9 +136,14 @@ def generate_source(g: Graph, order: list[int] | None = None, title: str = "", p
         order_kind="capture (eager)" if order == g.order else "rescheduled",
         n_nodes=len(order), peak=peak,
     )]
+    swaps = SwapCode(g, order, names) if has_swaps(g) else None
     args = ", ".join(names.by_tensor[t] for t in g.inputs)
-    lines.append(f"\ndef step({args}, *, device={g.device!r}):" if g.inputs else f"\ndef step(*, device={g.device!r}):")
+    extra = swaps.signature_extra() if swaps else ""
+    lines.append(f"\ndef step({args}, *, device={g.device!r}{extra}):" if g.inputs
+                 else f"\ndef step(*, device={g.device!r}{extra}):")
     lines.append('    """Run the step; updates parameters, buffers and optimizer state in place."""')
+    if swaps:
+        lines.extend(swaps.prologue())
     section = None
     for nid in order:
         node = g.nodes[nid]
@@ -134,6 +151,19 @@ def generate_source(g: Graph, order: list[int] | None = None, title: str = "", p
         if where != section:
             section = where
             lines.append(f"    # -- {node.phase.value}{': ' + node.module if node.module else ''}")
+        if swaps:
+            lines.extend(swaps.before(nid))
+        dead = [t for t in frees.get(nid, []) if not (swaps and swaps.keeps(t))]
+        if swaps and node.op in (STORE_OP, LOAD_OP):
+            lines.extend(swaps.emit(node))
+            if dead:
+                lines.append("    del " + ", ".join(names.by_tensor[t] for t in dead))
+            continue
+        original = node.extra.get("remat_of")
+        if original in g.nodes:
+            lines.append(f"    # recompute of {g.nodes[original].name or original}")
+        elif original is not None:
+            lines.append(f"    # recompute of node {original}")
         outs = [names.by_tensor[t] if t is not None else "_" for t in node.outputs]
         call = _call(node, names, g.device)
         if node.multi_output:
@@ -143,7 +173,6 @@ def generate_source(g: Graph, order: list[int] | None = None, title: str = "", p
                 lines.append("    del _")
         else:
             lines.append(f"    {outs[0]} = {call}")
-        dead = frees.get(nid)
         if dead:
             lines.append("    del " + ", ".join(names.by_tensor[t] for t in dead))
     outs = ", ".join(names.by_tensor[t] for t in g.outputs)

@@ -1,0 +1,331 @@
+"""Re-materialization (MAGIS §5.2, Fig. 8a-d): later users read a recomputed copy A' of an op A
+instead of A's outputs, so A's outputs can be freed early; and its dual, de-re-materialization.
+
+Safety (DESIGN invariants 2 and 4, and the MAGIS reference code's bugs, notes §4):
+- only ops the registry knows, that are not views, swap ops, random ops (a recompute would
+  draw new numbers) or uninitialized allocations, and that write nothing in place;
+- every output of A lives in a storage A allocates, nobody writes later, and that is not a
+  program output;
+- A' reads A's inputs later than A did. Every node M that writes one of those inputs' storages
+  in place and does not run before A (an optimizer update of a parameter A reads, say) gets a
+  control edge "M after A'", and A' is placed before M; A' inherits A's own control edges (the
+  writes it must see). Without this a recompute could read an already-updated parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from peakcut.ir.graph import Graph
+from peakcut.ir.node import Node
+from peakcut.ir.registry import OpKind, argument_names, lookup
+from peakcut.ir.tensor import Role, TensorMeta
+from peakcut.transform.rewrite import (
+    IdAllocator,
+    Rewrite,
+    RuleError,
+    StorageMove,
+    alias_closure,
+    ancestors,
+    apply_moves,
+    check_order_matches,
+    describe_node,
+    describe_tensor,
+    positions,
+    program_output_storages,
+    reads_any,
+    replace_node,
+    rewire,
+    splice,
+    why_not_move,
+    writers_of,
+)
+
+REMAT_OF = "remat_of"
+
+# Ops whose output is uninitialized memory: a second call would not return the same values.
+_UNINITIALIZED = frozenset({
+    "aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default",
+    "aten.new_empty.default", "aten.new_empty_strided.default",
+})
+
+
+@dataclass(frozen=True)
+class _Plan:
+    users: tuple[int, ...]         # the users, in order
+    hazards: tuple[int, ...]       # later in-place writers of A's inputs: must run after A'
+    position: int                  # index in `order` to insert A' at
+    capture_position: int          # index in g.order to insert A' at
+
+
+def _dropout_p(g: Graph, nid: int) -> float:
+    """The op's dropout_p argument (attention kernels draw random numbers when it is > 0)."""
+    n = g.nodes[nid]
+    names = argument_names(n.op)
+    values = dict(zip(names, n.args, strict=False)) | n.kwargs
+    p = values.get("dropout_p", 0.0)
+    return float(p) if isinstance(p, (int, float)) else 0.0
+
+
+def _why_not_op(g: Graph, node: int) -> str | None:
+    n = g.nodes[node]
+    what = describe_node(g, node)
+    info = lookup(n.op)
+    if info is None:
+        return f"{what} is opaque to peakcut (not in the op registry): it is never transformed"
+    if info.kind is OpKind.SWAP:
+        return f"{what} is a swap op (store/load): de-swap it instead of recomputing it"
+    if info.kind is OpKind.VIEW:
+        return (f"{what} is a view: its output aliases its input and frees nothing; recompute "
+                "the op that allocates the storage")
+    if info.random or _dropout_p(g, node) > 0:
+        return (f"{what} draws random numbers: a recompute would not give the same result "
+                "(DESIGN invariant 4)")
+    if n.op in _UNINITIALIZED:
+        return f"{what} returns uninitialized memory: a recompute would not give the same values"
+    written = g.mutated_tensors(node)
+    if written:
+        return (f"{what} writes {describe_tensor(g, written[0])} in place: a recompute would write "
+                "it again")
+    return None
+
+
+def _why_not_outputs(g: Graph, node: int) -> str | None:
+    n = g.nodes[node]
+    what = describe_node(g, node)
+    outs = n.output_ids()
+    if not outs:
+        return f"{what} has no tensor outputs"
+    input_storages = {g.tensors[t].storage for t in n.input_ids()}
+    held = g.caller_held_storages()
+    owners = g.storage_owner()
+    results = program_output_storages(g)
+    for t in outs:
+        s = g.tensors[t].storage
+        if s in held or s in input_storages or owners.get(s) != node:
+            return (f"output {describe_tensor(g, t)} of {what} lives in memory the node does not "
+                    "allocate (an alias of an input)")
+        if s in results:
+            return (f"output {describe_tensor(g, t)} of {what} is (or shares storage with) a "
+                    "program output: it lives to the end of the step anyway")
+    written = writers_of(g, {g.tensors[t].storage for t in outs})
+    for s, ms in written.items():
+        t = next(t for t in outs if g.tensors[t].storage == s)
+        return (f"output {describe_tensor(g, t)} of {what} is written in place later by "
+                f"{describe_node(g, ms[0])}: a recompute would miss that write")
+    return None
+
+
+def _why_not_users(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> str | None:
+    what = describe_node(g, node)
+    if not users:
+        return f"no users given to read a recompute of {what}"
+    outs = g.nodes[node].output_ids()
+    for u in users:
+        if u not in g.nodes:
+            return f"user {u} is not a node of the graph"
+        if u == node:
+            return f"{what} cannot read its own recompute"
+        if not reads_any(g.nodes[u], outs):
+            return f"{describe_node(g, u)} does not read an output of {what}"
+    pos = positions(order)
+    late = [u for u in users if pos[u] < pos[node]]
+    if late:
+        return f"{describe_node(g, late[0])} runs before {what} in this order"
+    return None
+
+
+def _insert_index(g: Graph, order: Sequence[int], node: int, users: Sequence[int],
+                  hazards: Sequence[int]) -> int | str:
+    """Where A' goes in `order`: just before its first user, or before the first later writer
+    of its inputs if that comes sooner; a reason string if that is before A's dependencies."""
+    pos = positions(order)
+    first = min(users, key=pos.__getitem__)
+    blocker = min([first, *hazards], key=pos.__getitem__)
+    preds = g.predecessors(node)
+    last_pred = max(preds, key=pos.__getitem__, default=None)
+    if last_pred is not None and pos[last_pred] >= pos[blocker]:
+        return (f"a recompute of {describe_node(g, node)} would have to run after "
+                f"{describe_node(g, last_pred)} but before {describe_node(g, blocker)}, which "
+                "comes first in this order")
+    return pos[blocker]
+
+
+def _plan(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> _Plan | str:
+    if node not in g.nodes:
+        return f"node {node} is not in the graph"
+    stale = check_order_matches(g, order)
+    if stale:
+        return stale
+    reason = _why_not_op(g, node) or _why_not_outputs(g, node)
+    if reason:
+        return reason
+    users = tuple(dict.fromkeys(users))
+    reason = _why_not_users(g, order, node, users)
+    if reason:
+        return reason
+    for t in g.nodes[node].output_ids():
+        s = g.tensors[t].storage
+        views = [v for v in alias_closure(g, s, users) if v != t]
+        reason = why_not_move(g, views, g.storages[s], 0)
+        if reason:
+            return reason
+    n = g.nodes[node]
+    before = ancestors(g, node)
+    written = writers_of(g, {g.tensors[t].storage for t in n.input_ids()})
+    hazards = tuple(sorted({m for ms in written.values() for m in ms
+                            if m not in before and m != node}))
+    position = _insert_index(g, order, node, users, hazards)
+    if isinstance(position, str):
+        return position
+    capture_position = _insert_index(g, g.order, node, users, hazards)
+    if isinstance(capture_position, str):
+        return capture_position + " (capture order)"
+    pos = positions(order)
+    return _Plan(tuple(sorted(users, key=pos.__getitem__)), hazards, position, capture_position)
+
+
+def why_not_remat(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> str | None:
+    """Why `users` cannot read a recompute of `node` (None when remat applies)."""
+    plan = _plan(g, order, node, users)
+    return plan if isinstance(plan, str) else None
+
+
+def remat(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> Rewrite:
+    """`users` read a recomputed copy A' of `node` (A), placed just before the first of them.
+
+    A' is a new node with A's op and arguments, fresh outputs in fresh storages of the same
+    sizes, name '<A>_remat' and extra {'remat_of': A}. Views that the users make of A's
+    outputs move with them into A''s storages. Raises RuleError (why_not_remat's reason) when
+    the rule does not apply.
+    """
+    plan = _plan(g, order, node, users)
+    if isinstance(plan, str):
+        raise RuleError(plan)
+    a = g.nodes[node]
+    new = g.copy()
+    fresh = IdAllocator(g)
+    storage_map: dict[int, int] = {}
+    out_map: dict[int, int] = {}
+    metas: list[TensorMeta] = []
+    outputs: list[int | None] = []
+    for t in a.outputs:
+        if t is None:
+            outputs.append(None)
+            continue
+        meta = g.tensors[t]
+        if meta.storage not in storage_map:
+            storage_map[meta.storage] = fresh()
+            new.storages[storage_map[meta.storage]] = g.storages[meta.storage]
+        t2 = fresh()
+        metas.append(TensorMeta(t2, meta.shape, meta.stride, meta.dtype, storage_map[meta.storage],
+                                meta.storage_offset, Role.ACTIVATION, f"{meta.name or t}_remat"))
+        out_map[t] = t2
+        outputs.append(t2)
+    first_user = g.nodes[plan.users[0]]
+    a2 = Node(id=fresh(), op=a.op, args=a.args, kwargs=dict(a.kwargs), outputs=tuple(outputs),
+              multi_output=a.multi_output, module=a.module, phase=first_user.phase,
+              name=f"{a.name or a.id}_remat", extra={REMAT_OF: a.id})
+    moves = [StorageMove(s, s2, 0, tuple(v for v in alias_closure(g, s, plan.users)
+                                         if v not in out_map))
+             for s, s2 in storage_map.items()]
+    new.add_node(a2, metas)
+    for u in plan.users:
+        replace_node(new, rewire(g.nodes[u], out_map))
+    apply_moves(new, moves)
+    if node in g.control:
+        new.control[a2.id] = g.control[node]
+    for m in plan.hazards:
+        new.control[m] = tuple(sorted({*g.control.get(m, ()), a2.id}))
+    new.order = splice(g.order, a2.id, plan.capture_position)
+    new._invalidate()
+    names = ", ".join(g.nodes[u].name or str(u) for u in plan.users[:4])
+    more = f" and {len(plan.users) - 4} more" if len(plan.users) > 4 else ""
+    guard = (f"; runs before in-place writer(s) {', '.join(g.nodes[m].name for m in plan.hazards)}"
+             if plan.hazards else "")
+    return Rewrite(
+        graph=new, order=splice(order, a2.id, plan.position), added=(a2.id,),
+        changed=tuple(dict.fromkeys((*plan.users, *plan.hazards))), removed=(),
+        description=f"recompute {describe_node(g, node)} for {names}{more}{guard}",
+    )
+
+
+# ------------------------------------------------------------------ de-remat
+def _why_not_deremat(g: Graph, order: Sequence[int], remat_node: int) -> str | None:
+    if remat_node not in g.nodes:
+        return f"node {remat_node} is not in the graph"
+    stale = check_order_matches(g, order)
+    if stale:
+        return stale
+    n2 = g.nodes[remat_node]
+    what = describe_node(g, remat_node)
+    orig = n2.extra.get(REMAT_OF)
+    if orig is None:
+        return f"{what} is not a recompute (no '{REMAT_OF}' mark)"
+    if orig not in g.nodes:
+        return f"the original node {orig} of {what} is no longer in the graph"
+    a = g.nodes[orig]
+    same = (a.op == n2.op and a.args == n2.args and a.kwargs == n2.kwargs
+            and [t is None for t in a.outputs] == [t is None for t in n2.outputs])
+    if not same:
+        return f"{what} no longer computes the same as its original {describe_node(g, orig)}"
+    pos = positions(order)
+    readers = _readers(g, n2)
+    early = [u for u in readers if pos[u] < pos[orig]]
+    if early:
+        return (f"{describe_node(g, early[0])} runs before the original {describe_node(g, orig)} "
+                "in this order: it cannot read the original's outputs")
+    written = writers_of(g, {g.tensors[t].storage for t in a.output_ids()})
+    if written:
+        m = next(iter(written.values()))[0]
+        return f"{describe_node(g, m)} writes an output of {describe_node(g, orig)} in place"
+    if any(t in g.outputs for t in n2.output_ids()):
+        return f"an output of {what} is a program output"
+    return None
+
+
+def _readers(g: Graph, n: Node) -> list[int]:
+    return list(dict.fromkeys(u for t in n.output_ids() for u in g.users(t)))
+
+
+def why_not_deremat(g: Graph, order: Sequence[int], remat_node: int) -> str | None:
+    """Why the users of recompute `remat_node` cannot read its original again (None: applies)."""
+    return _why_not_deremat(g, order, remat_node)
+
+
+def deremat(g: Graph, order: Sequence[int], remat_node: int) -> Rewrite:
+    """The dual of remat: the users of A' read A's outputs again and A' is removed, with its
+    control edges; views moved into A''s storages move back. Raises RuleError when not
+    applicable (why_not_deremat's reason)."""
+    reason = _why_not_deremat(g, order, remat_node)
+    if reason:
+        raise RuleError(reason)
+    n2 = g.nodes[remat_node]
+    a = g.nodes[n2.extra[REMAT_OF]]
+    out_map = {t2: t for t, t2 in zip(a.outputs, n2.outputs, strict=True) if t2 is not None}
+    storage_map = {g.tensors[t2].storage: g.tensors[t].storage for t2, t in out_map.items()}
+    readers = _readers(g, n2)
+    moves = [StorageMove(s2, s, 0, tuple(v for v in alias_closure(g, s2, readers)
+                                         if v not in out_map))
+             for s2, s in storage_map.items()]
+    new = g.copy()
+    for u in readers:
+        replace_node(new, rewire(g.nodes[u], out_map))
+    apply_moves(new, moves)
+    guarded = [m for m, preds in g.control.items() if remat_node in preds and m != remat_node]
+    for m in guarded:
+        rest = tuple(p for p in new.control[m] if p != remat_node)
+        if rest:
+            new.control[m] = rest
+        else:
+            del new.control[m]
+    new.remove_node(remat_node)
+    for s2 in storage_map:
+        del new.storages[s2]
+    return Rewrite(
+        graph=new, order=[x for x in order if x != remat_node], added=(),
+        changed=tuple(dict.fromkeys((*readers, *guarded))), removed=(remat_node,),
+        description=f"drop recompute {describe_node(g, remat_node)}: its users read "
+                    f"{describe_node(g, a.id)} again",
+    )

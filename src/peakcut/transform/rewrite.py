@@ -1,0 +1,231 @@
+"""What every rule returns (Rewrite), how it refuses (RuleError), and the graph helpers the
+scheduling-based rules share: fresh ids, ancestry, in-place writers of a storage, rewiring a
+node's tensor arguments and moving the views a rewired node creates into a new storage.
+
+Rules are pure: they copy the graph (Graph.copy is shallow; nodes and tensor metas are
+immutable and are replaced, never edited) and never touch their input. The new graph's own
+Graph.order (its capture/default order) gets the new nodes spliced in by the same rule as the
+Rewrite's order, so both stay valid topological orders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from peakcut.ir.graph import Graph
+from peakcut.ir.node import Node, TensorRef, map_refs
+from peakcut.ir.tensor import TensorMeta
+
+
+class RuleError(ValueError):
+    """A rule was applied where it does not apply; the message says why (tensor, node, module)."""
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """The result of applying a rule.
+
+    graph: the new graph (the input graph is untouched).
+    order: a valid topological order of the new graph: the input order with the new nodes
+        spliced in and the removed ones taken out.
+    added: ids of the nodes the rule added.
+    changed: ids of existing nodes whose dependencies changed: inputs rewired or control
+        edges added/removed (what an incremental scheduler must look at again).
+    removed: ids of the nodes the rule removed.
+    description: one line saying what was done, naming tensors, nodes and modules.
+    """
+
+    graph: Graph
+    order: list[int]
+    added: tuple[int, ...]
+    changed: tuple[int, ...]
+    removed: tuple[int, ...]
+    description: str
+
+
+# ------------------------------------------------------------------ naming
+def describe_node(g: Graph, nid: int) -> str:
+    """'node mm_3 (aten.mm.default) in encoder.layer.0' for messages."""
+    n = g.nodes[nid]
+    where = f" in {n.module}" if n.module else ""
+    return f"node {n.name or nid} ({n.op}){where}"
+
+
+def describe_tensor(g: Graph, tid: int) -> str:
+    """'tensor mm_3 (id 17, activation, 4x64 float32)' for messages."""
+    t = g.tensors[tid]
+    shape = "x".join(str(s) for s in t.shape) or "scalar"
+    return f"tensor {t.name or tid} (id {tid}, {t.role.value}, {shape} {t.dtype})"
+
+
+# ------------------------------------------------------------------ ids
+class IdAllocator:
+    """Fresh ids for nodes, tensors and storages of one derived graph.
+
+    Graph.next_id covers nodes and tensors only; storage ids share the numbering of
+    captured graphs, so fresh ids start above all three.
+    """
+
+    def __init__(self, g: Graph) -> None:
+        self._next = max(g.next_id(), max(g.storages, default=0) + 1)
+
+    def __call__(self) -> int:
+        value = self._next
+        self._next += 1
+        return value
+
+
+# ------------------------------------------------------------------ structure
+def ancestors(g: Graph, nid: int) -> set[int]:
+    """Every node that must run before `nid` (data and control dependencies, transitively)."""
+    seen: set[int] = set()
+    stack = list(g.predecessors(nid))
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        stack.extend(g.predecessors(p))
+    return seen
+
+
+def writers_of(g: Graph, storages: Iterable[int]) -> dict[int, list[int]]:
+    """Storage -> nodes that write it in place (in capture order), for the given storages."""
+    wanted = set(storages)
+    out: dict[int, list[int]] = {}
+    for nid in g.order:
+        for t in g.mutated_tensors(nid):
+            s = g.tensors[t].storage
+            if s in wanted and nid not in out.get(s, []):
+                out.setdefault(s, []).append(nid)
+    return out
+
+
+def positions(order: Sequence[int]) -> dict[int, int]:
+    return {nid: i for i, nid in enumerate(order)}
+
+
+def check_order_matches(g: Graph, order: Sequence[int]) -> str | None:
+    """Why `order` cannot be an order of `g` (None when it is a permutation of g's nodes)."""
+    if len(order) != len(g.nodes) or set(order) != set(g.nodes):
+        return f"the order has {len(order)} nodes but the graph has {len(g.nodes)} (a stale order?)"
+    return None
+
+
+def program_output_storages(g: Graph) -> set[int]:
+    return {g.tensors[t].storage for t in g.outputs}
+
+
+# ------------------------------------------------------------------ rewiring
+def rewire(node: Node, mapping: Mapping[int, int]) -> Node:
+    """The same node reading mapping[t] in place of every tensor t in `mapping`."""
+
+    def swap_ref(ref: TensorRef) -> TensorRef:
+        return TensorRef(mapping.get(ref.id, ref.id))
+
+    return Node(
+        id=node.id, op=node.op, args=map_refs(node.args, swap_ref),
+        kwargs=map_refs(node.kwargs, swap_ref), outputs=node.outputs,
+        multi_output=node.multi_output, module=node.module, phase=node.phase, name=node.name,
+        extra=node.extra,
+    )
+
+
+def replace_node(g: Graph, node: Node) -> None:
+    """Put `node` in place of the node with its id (g is a copy owned by the rule)."""
+    g.nodes[node.id] = node
+    g._invalidate()  # Graph has no public replace; its caches (producer/users) must be rebuilt
+
+
+def reads_any(node: Node, tensors: Iterable[int]) -> bool:
+    wanted = set(tensors)
+    return any(t in wanted for t in node.input_ids())
+
+
+@dataclass(frozen=True)
+class StorageMove:
+    """Tensors created by rewired nodes as views of an old storage, to live in a new one.
+
+    When a rewired user is a view op (t, view, expand, ...), its output aliases the tensor it
+    reads; once it reads the recomputed/loaded copy, that view (and views of it) live in the
+    copy's storage, at the same position relative to the copy as before relative to the
+    original: their byte offset drops by shift_bytes (0 for a recompute, the original's byte
+    offset for a load, whose copy starts at offset 0).
+    """
+
+    old_storage: int
+    new_storage: int
+    shift_bytes: int       # new byte offset = old byte offset - shift_bytes
+    tensors: tuple[int, ...]
+
+
+def alias_closure(g: Graph, storage: int, seeds: Iterable[int]) -> list[int]:
+    """Tensors in `storage` produced by the nodes `seeds` or, transitively, by nodes reading
+    such tensors (views of views), in a stable order. In-place writers are excluded by the rules
+    before this is called, so these are the views a rewired node creates."""
+    found: dict[int, None] = {}
+    frontier = list(seeds)
+    seen_nodes: set[int] = set()
+    while frontier:
+        nid = frontier.pop(0)
+        if nid in seen_nodes:
+            continue
+        seen_nodes.add(nid)
+        for t in g.nodes[nid].output_ids():
+            if g.tensors[t].storage == storage and t not in found:
+                found[t] = None
+                frontier.extend(g.users(t))
+    return list(found)
+
+
+def moved_meta(meta: TensorMeta, new_storage: int, shift_bytes: int) -> TensorMeta | None:
+    """meta re-homed to new_storage with its byte offset reduced by shift_bytes; None when the
+    shift is not a whole number of elements or the offset would become negative."""
+    if shift_bytes % meta.itemsize:
+        return None
+    offset = meta.storage_offset - shift_bytes // meta.itemsize
+    if offset < 0:
+        return None
+    return TensorMeta(meta.id, meta.shape, meta.stride, meta.dtype, new_storage, offset, meta.role,
+                      meta.name)
+
+
+def extent_bytes(meta: TensorMeta) -> int:
+    """Bytes from the start of the storage to one past the tensor's last element."""
+    if meta.numel == 0:
+        return 0
+    last = meta.storage_offset + sum((s - 1) * abs(st) for s, st in zip(meta.shape, meta.stride,
+                                                                         strict=True))
+    return (last + 1) * meta.itemsize
+
+
+def why_not_move(g: Graph, tensors: Iterable[int], new_bytes: int, shift_bytes: int) -> str | None:
+    """Why these views cannot be re-homed into a storage of new_bytes (None when they can)."""
+    for t in tensors:
+        meta = g.tensors[t]
+        moved = moved_meta(meta, -1, shift_bytes)
+        if moved is None or extent_bytes(moved) > new_bytes:
+            return (f"{describe_tensor(g, t)} is a view reaching outside the copied tensor; "
+                    "it cannot follow the copy")
+        if t in g.outputs:
+            return f"{describe_tensor(g, t)} is a view of it and a program output"
+    return None
+
+
+def apply_moves(g: Graph, moves: Iterable[StorageMove]) -> None:
+    """Re-home the tensors of each move (mutates `g`, a copy owned by the rule)."""
+    for move in moves:
+        for t in move.tensors:
+            meta = moved_meta(g.tensors[t], move.new_storage, move.shift_bytes)
+            if meta is None:  # guarded by why_not_move in every rule
+                raise RuleError(f"internal: {describe_tensor(g, t)} cannot be re-homed")
+            g.tensors[t] = meta
+    g._invalidate()
+
+
+def splice(order: Sequence[int], node: int, before: int) -> list[int]:
+    """`order` with `node` inserted at position `before` (0 = first)."""
+    out = list(order)
+    out.insert(before, node)
+    return out

@@ -1,0 +1,274 @@
+"""Swapping (MAGIS §5.2, Fig. 8e-f): a tensor is copied to host memory right after it is
+produced (Store, peakcut.store) and copied back right before the first of some later users
+(Load, peakcut.load), which then read the loaded copy; and its dual, de-swapping.
+
+Safety (DESIGN invariants 1-3, notes §4):
+- never a caller-held tensor (parameter, buffer, optimizer state, batch): the optimizer's
+  in-place update of a swapped parameter would land on the copy (the MAGIS reference code
+  lost 6 of 20 parameter updates on UNet this way);
+- never a program output, a tensor that swap ops produced, or one that is not
+  non-overlapping and dense (the copies keep strides, so the copy must be a plain memcpy);
+- nothing may write the tensor's storage after its producer: the host copy would be stale;
+- views that the users make of the tensor move into the loaded copy's storage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from peakcut.ir.graph import Graph
+from peakcut.ir.node import Node, TensorRef
+from peakcut.ir.ops import LOAD_OP, STORE_OP, is_swap_op
+from peakcut.ir.tensor import Role, TensorMeta
+from peakcut.transform.rewrite import (
+    IdAllocator,
+    Rewrite,
+    RuleError,
+    StorageMove,
+    alias_closure,
+    ancestors,
+    apply_moves,
+    check_order_matches,
+    describe_node,
+    describe_tensor,
+    positions,
+    program_output_storages,
+    reads_any,
+    replace_node,
+    rewire,
+    why_not_move,
+    writers_of,
+)
+
+SWAP_OF = "swap_of"
+
+
+def is_dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """True when the elements exactly fill numel consecutive slots, in some dimension order
+    (non-overlapping and dense, like torch's internal check): a copy with the same strides is
+    then one memcpy of numel * itemsize bytes."""
+    expected = 1
+    for size, step in sorted(zip(shape, stride, strict=True), key=lambda d: d[1]):
+        if size == 1:
+            continue
+        if step != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _why_not_tensor(g: Graph, tensor: int) -> str | None:
+    meta = g.tensors[tensor]
+    what = describe_tensor(g, tensor)
+    if meta.role.caller_held:
+        return (f"{what} is held by the caller ({meta.role.value}): parameters, buffers, optimizer "
+                "state and batch tensors are never swapped (an in-place update would land on the "
+                "copy and be lost)")
+    if meta.storage in g.host_storages():
+        return f"{what} already lives in host memory"
+    prod = g.producer(tensor)
+    if prod is None:
+        return f"{what} has no producer"
+    if is_swap_op(g.nodes[prod].op):
+        return f"{what} is made by a swap op ({describe_node(g, prod)}): de-swap instead"
+    if tensor in g.outputs or meta.storage in program_output_storages(g):
+        return f"{what} is (or shares storage with) a program output: it lives to the end anyway"
+    if meta.numel == 0:
+        return f"{what} is empty: there is nothing to swap"
+    if not is_dense(meta.shape, meta.stride):
+        return (f"{what} is not non-overlapping and dense (stride {meta.stride}): its copy would "
+                "not be a plain memcpy; swap a dense tensor instead")
+    return _why_not_stale(g, tensor)
+
+
+def _why_not_stale(g: Graph, tensor: int) -> str | None:
+    """A node writing the tensor's storage after its producer would make the host copy stale."""
+    meta = g.tensors[tensor]
+    prod = g.producer(tensor)
+    written = writers_of(g, {meta.storage}).get(meta.storage, [])
+    if not written:
+        return None
+    before = ancestors(g, prod) if prod is not None else set()
+    late = [m for m in written if m != prod and m not in before]
+    if late:
+        return (f"{describe_node(g, late[0])} writes the storage of {describe_tensor(g, tensor)} "
+                "in place after it is produced: the host copy would be stale")
+    return None
+
+
+def _why_not_users(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> str | None:
+    what = describe_tensor(g, tensor)
+    if not users:
+        return f"no users given to read a loaded copy of {what}"
+    pos = positions(order)
+    prod = g.producer(tensor)
+    for u in users:
+        if u not in g.nodes:
+            return f"user {u} is not a node of the graph"
+        if not reads_any(g.nodes[u], (tensor,)):
+            return f"{describe_node(g, u)} does not read {what}"
+        if is_swap_op(g.nodes[u].op):
+            return f"{describe_node(g, u)} is a swap op: it keeps reading the original"
+        if prod is not None and pos[u] <= pos[prod]:
+            return f"{describe_node(g, u)} runs before the producer of {what} in this order"
+    return None
+
+
+def _why_not_swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> str | None:
+    if tensor not in g.tensors:
+        return f"tensor {tensor} is not in the graph"
+    stale = check_order_matches(g, order)
+    if stale:
+        return stale
+    reason = _why_not_tensor(g, tensor) or _why_not_users(g, order, tensor, users)
+    if reason:
+        return reason
+    meta = g.tensors[tensor]
+    views = [v for v in alias_closure(g, meta.storage, users) if v != tensor]
+    return why_not_move(g, views, meta.nbytes, meta.storage_offset * meta.itemsize)
+
+
+def why_not_swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> str | None:
+    """Why `users` cannot read a swapped-out-and-in copy of `tensor` (None when swap applies)."""
+    return _why_not_swap(g, order, tensor, list(dict.fromkeys(users)))
+
+
+def _spliced(order: Sequence[int], producer: int, first_user: int, store: int,
+             load: int) -> list[int]:
+    out = list(order)
+    out.insert(out.index(producer) + 1, store)
+    out.insert(out.index(first_user), load)
+    return out
+
+
+def swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> Rewrite:
+    """Store `tensor` to host right after its producer; Load it back right before the first of
+    `users`, which read the loaded copy.
+
+    Store: peakcut.store(x) -> host tensor, new storage of the tensor's dense span
+    (numel * itemsize, offset 0), same shape/stride/dtype. Load: peakcut.load(host,
+    device=torch.device(g.device)) -> device tensor in a new storage. Both carry
+    extra {'swap_of': tensor}. Raises RuleError (why_not_swap's reason) when not applicable.
+    """
+    users = list(dict.fromkeys(users))
+    reason = _why_not_swap(g, order, tensor, users)
+    if reason:
+        raise RuleError(reason)
+    meta = g.tensors[tensor]
+    prod = g.nodes[g.producer(tensor)]
+    pos = positions(order)
+    users = sorted(users, key=pos.__getitem__)
+    first = g.nodes[users[0]]
+    capture_pos = positions(g.order)
+    capture_first = min(users, key=capture_pos.__getitem__)
+
+    new = g.copy()
+    fresh = IdAllocator(g)
+    label = meta.name or str(tensor)
+    host_storage, device_storage = fresh(), fresh()
+    new.storages[host_storage] = meta.nbytes
+    new.storages[device_storage] = meta.nbytes
+    host = TensorMeta(fresh(), meta.shape, meta.stride, meta.dtype, host_storage, 0,
+                      Role.ACTIVATION, f"{label}_host")
+    loaded = TensorMeta(fresh(), meta.shape, meta.stride, meta.dtype, device_storage, 0,
+                        Role.ACTIVATION, f"{label}_loaded")
+    store = Node(id=fresh(), op=STORE_OP, args=(TensorRef(tensor),), kwargs={},
+                 outputs=(host.id,), module=prod.module, phase=prod.phase,
+                 name=f"store_{label}", extra={SWAP_OF: tensor})
+    load = Node(id=fresh(), op=LOAD_OP, args=(TensorRef(host.id),),
+                kwargs={"device": torch.device(g.device)}, outputs=(loaded.id,),
+                module=first.module, phase=first.phase, name=f"load_{label}",
+                extra={SWAP_OF: tensor})
+    views = tuple(v for v in alias_closure(g, meta.storage, users) if v != tensor)
+    new.add_node(store, [host])
+    new.add_node(load, [loaded])
+    for u in users:
+        replace_node(new, rewire(g.nodes[u], {tensor: loaded.id}))
+    apply_moves(new, [StorageMove(meta.storage, device_storage,
+                                  meta.storage_offset * meta.itemsize, views)])
+    new.order = _spliced(g.order, prod.id, capture_first, store.id, load.id)
+    new._invalidate()
+    names = ", ".join(g.nodes[u].name or str(u) for u in users[:4])
+    more = f" and {len(users) - 4} more" if len(users) > 4 else ""
+    return Rewrite(
+        graph=new, order=_spliced(order, prod.id, first.id, store.id, load.id),
+        added=(store.id, load.id), changed=tuple(users), removed=(),
+        description=(f"swap {describe_tensor(g, tensor)} out after {describe_node(g, prod.id)}, "
+                     f"in before {names}{more}"),
+    )
+
+
+# ------------------------------------------------------------------ de-swap
+def _why_not_deswap(g: Graph, order: Sequence[int], load_node: int) -> str | None:
+    if load_node not in g.nodes:
+        return f"node {load_node} is not in the graph"
+    stale = check_order_matches(g, order)
+    if stale:
+        return stale
+    load = g.nodes[load_node]
+    what = describe_node(g, load_node)
+    if load.op != LOAD_OP:
+        return f"{what} is not a load (peakcut.load)"
+    tensor = load.extra.get(SWAP_OF)
+    if tensor is None:
+        return f"{what} carries no '{SWAP_OF}' mark"
+    if tensor not in g.tensors:
+        return f"the original tensor {tensor} of {what} is no longer in the graph"
+    if len(load.input_ids()) != 1 or len(load.output_ids()) != 1:
+        return f"{what} does not read one host tensor and make one device tensor"
+    (host,) = load.input_ids()
+    store = g.producer(host)
+    if store is None or g.nodes[store].op != STORE_OP or g.nodes[store].input_ids() != [tensor]:
+        return f"{what} does not load a store of {describe_tensor(g, tensor)}"
+    reason = _why_not_stale(g, tensor)
+    if reason:
+        return reason
+    meta = g.tensors[tensor]
+    (loaded,) = load.output_ids()
+    if loaded in g.outputs:
+        return f"the loaded {describe_tensor(g, loaded)} is a program output"
+    readers = g.users(loaded)
+    views = [v for v in alias_closure(g, g.tensors[loaded].storage, readers) if v != loaded]
+    return why_not_move(g, views, g.storages[meta.storage], -meta.storage_offset * meta.itemsize)
+
+
+def why_not_deswap(g: Graph, order: Sequence[int], load_node: int) -> str | None:
+    """Why the readers of `load_node`'s copy cannot read the original again (None: applies)."""
+    return _why_not_deswap(g, order, load_node)
+
+
+def deswap(g: Graph, order: Sequence[int], load_node: int) -> Rewrite:
+    """The dual of swap: readers of the loaded copy read the original tensor again; the load is
+    removed, and its store too when no other load reads that host copy."""
+    reason = _why_not_deswap(g, order, load_node)
+    if reason:
+        raise RuleError(reason)
+    load = g.nodes[load_node]
+    tensor = load.extra[SWAP_OF]
+    meta = g.tensors[tensor]
+    (host,) = load.input_ids()
+    (loaded,) = load.output_ids()
+    store = g.producer(host)
+    readers = list(g.users(loaded))
+    loaded_storage = g.tensors[loaded].storage
+    views = tuple(v for v in alias_closure(g, loaded_storage, readers) if v != loaded)
+
+    new = g.copy()
+    for u in readers:
+        replace_node(new, rewire(g.nodes[u], {loaded: tensor}))
+    apply_moves(new, [StorageMove(loaded_storage, meta.storage,
+                                  -meta.storage_offset * meta.itemsize, views)])
+    new.remove_node(load_node)
+    del new.storages[loaded_storage]
+    removed = [load_node]
+    if not new.users(host):
+        new.remove_node(store)
+        del new.storages[g.tensors[host].storage]
+        removed.append(store)
+    return Rewrite(
+        graph=new, order=[x for x in order if x not in removed], added=(),
+        changed=tuple(readers), removed=tuple(removed),
+        description=f"un-swap {describe_tensor(g, tensor)}: {len(readers)} reader(s) read it again",
+    )

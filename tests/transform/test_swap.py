@@ -1,0 +1,280 @@
+"""Swapping and its dual: every reason it does not apply, the rewrite itself (store right after
+the producer, load right before the first user, views follow the loaded copy), and round trips."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+import peakcut
+from peakcut.codegen.program import Step
+from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.ir.tensor import Role, TensorMeta
+from peakcut.transform import RuleError, deswap, swap, why_not_deswap, why_not_swap
+from peakcut.transform.rewrite import why_not_move
+from peakcut.transform.swap import is_dense
+from tests.conftest import cnn_loss
+from tests.transform.conftest import (
+    SliceMLP,
+    TwoScales,
+    mlp_batch,
+    mlp_loss,
+    node_with_op,
+    square_loss,
+)
+
+
+def out(g, op, nth=0):
+    return g.nodes[node_with_op(g, op, nth)].outputs[0]
+
+
+def with_meta(g, tid, **changes):
+    """A copy of g with tensor tid's meta changed."""
+    bad = g.copy()
+    bad.tensors[tid] = dataclasses.replace(g.tensors[tid], **changes)
+    return bad
+
+
+def input_named(g, name):
+    return g.inputs[g.input_names.index(name)]
+
+
+# ---------------------------------------------------------------- reasons
+def test_applies_to_an_activation(cnn_graph):
+    g = cnn_graph
+    conv = out(g, "convolution")
+    assert why_not_swap(g, g.order, conv, [node_with_op(g, "native_batch_norm_backward")]) is None
+
+
+@pytest.mark.parametrize("name", ["param:conv.weight", "state:conv.weight.exp_avg", "state:step",
+                                  "buffer:bn.running_mean", "batch:0"])
+def test_never_swaps_caller_held_tensors(cnn_graph, name):
+    g = cnn_graph
+    t = input_named(g, name)
+    reason = why_not_swap(g, g.order, t, g.users(t))
+    assert "held by the caller" in reason and "never swapped" in reason
+    with pytest.raises(RuleError, match="held by the caller"):
+        swap(g, g.order, t, g.users(t))
+
+
+def test_refuses_unknown_tensor_and_stale_order(cnn_graph):
+    g = cnn_graph
+    conv = out(g, "convolution")
+    assert "not in the graph" in why_not_swap(g, g.order, 10**9, [g.order[0]])
+    assert "stale order" in why_not_swap(g, g.order[:-1], conv, g.users(conv))
+
+
+def test_refuses_swap_results(cnn_graph):
+    g = cnn_graph
+    conv = out(g, "convolution")
+    r = swap(g, g.order, conv, [node_with_op(g, "native_batch_norm_backward")])
+    store, load = (r.graph.nodes[n] for n in r.added)
+    (host,) = store.output_ids()
+    (loaded,) = load.output_ids()
+    assert "host memory" in why_not_swap(r.graph, r.order, host, [load.id])
+    assert "made by a swap op" in why_not_swap(r.graph, r.order, loaded, r.graph.users(loaded))
+    # the store keeps reading the original: it is not a user to rewire
+    assert "swap op" in why_not_swap(r.graph, r.order, conv, [store.id])
+
+
+def test_refuses_tensor_without_producer(cnn_graph):
+    g = cnn_graph.copy()
+    m = g.tensors[out(g, "relu")]
+    orphan = TensorMeta(10**6, m.shape, m.stride, m.dtype, m.storage, 0, Role.ACTIVATION, "orphan")
+    g.tensors[orphan.id] = orphan
+    assert "no producer" in why_not_swap(g, g.order, orphan.id, [node_with_op(g, "view")])
+
+
+def test_refuses_program_outputs(cnn_graph):
+    g = cnn_graph  # keep_grads: gradients are outputs
+    loss = g.outputs[0]
+    assert "program output" in why_not_swap(g, g.order, loss, [g.order[-1]])
+    grad = g.outputs[g.output_names.index("grad:conv.weight")]
+    assert "program output" in why_not_swap(g, g.order, grad, g.users(grad) or [g.order[-1]])
+
+
+def test_refuses_empty_tensor(cnn_graph):
+    g = cnn_graph
+    relu = out(g, "relu")
+    bad = with_meta(g, relu, shape=(0, 4, 8, 8))
+    assert "empty" in why_not_swap(bad, bad.order, relu, [node_with_op(g, "view")])
+
+
+def test_refuses_non_dense_tensor():
+    torch.manual_seed(0)
+    g = peakcut.capture(TwoScales(), (torch.randn(4, 8),), square_loss, "adamw")
+    expand = out(g, "expand")
+    assert not is_dense(g.tensors[expand].shape, g.tensors[expand].stride)
+    assert "not non-overlapping and dense" in why_not_swap(g, g.order, expand, g.users(expand))
+
+
+def test_refuses_tensor_overwritten_later(inplace_graph):
+    g = inplace_graph
+    hidden = out(g, "addmm")  # then relu_ writes it in place
+    users = g.users(hidden)
+    assert "relu_ (aten.relu_.default) in act writes the storage" in why_not_swap(
+        g, g.order, hidden, users)
+    # the in-place op's own result is fine: nothing writes it afterwards
+    relu = out(g, "relu_")
+    assert why_not_swap(g, g.order, relu, g.users(relu)[1:]) is None
+
+
+def test_refuses_bad_users(cnn_graph):
+    g = cnn_graph
+    conv = out(g, "convolution")
+    bnb = node_with_op(g, "native_batch_norm_backward")
+    assert "no users" in why_not_swap(g, g.order, conv, [])
+    assert "not a node" in why_not_swap(g, g.order, conv, [10**9])
+    assert "does not read" in why_not_swap(g, g.order, conv, [node_with_op(g, "mm")])
+    order = [bnb] + [n for n in g.order if n != bnb]
+    assert "runs before the producer" in why_not_swap(g, order, conv, [bnb])
+
+
+def test_refuses_a_view_that_cannot_follow(cnn_graph):
+    g = cnn_graph
+    relu = out(g, "relu")
+    view = node_with_op(g, "view")
+    bad = with_meta(g, g.nodes[view].outputs[0], storage_offset=10**6)
+    assert "reaching outside" in why_not_swap(bad, bad.order, relu, [view])
+
+
+def test_view_output_guard(cnn_graph):
+    """Views of a rewired tensor that are program outputs never move (the storage-level output
+    check refuses first; the guard itself is checked here)."""
+    g = cnn_graph.copy()
+    v = out(g, "view")
+    g.outputs = [*g.outputs, v]
+    assert "program output" in why_not_move(g, [v], g.storages[g.tensors[v].storage], 0)
+
+
+# ---------------------------------------------------------------- the rewrite
+def test_rewrite_shape(cnn_graph):
+    g = cnn_graph
+    conv = out(g, "convolution")
+    producer = g.producer(conv)
+    bnb = node_with_op(g, "native_batch_norm_backward")
+    r = swap(g, g.order, conv, [bnb])
+    new = r.graph
+    new.check()
+    store, load = (new.nodes[n] for n in r.added)
+    assert store.op == STORE_OP and load.op == LOAD_OP
+    assert store.extra == load.extra == {"swap_of": conv}
+    assert load.kwargs == {"device": torch.device("cpu")}
+    (host,) = store.output_ids()
+    (loaded,) = load.output_ids()
+    meta = g.tensors[conv]
+    for t in (host, loaded):
+        m = new.tensors[t]
+        assert (m.shape, m.stride, m.dtype) == (meta.shape, meta.stride, meta.dtype)
+        assert m.storage_offset == 0
+        assert new.storages[m.storage] == meta.nbytes
+    assert new.host_storages() == {new.tensors[host].storage}
+    assert r.order.index(store.id) == r.order.index(producer) + 1
+    assert r.order.index(load.id) == r.order.index(bnb) - 1
+    assert loaded in new.nodes[bnb].input_ids() and conv not in new.nodes[bnb].input_ids()
+    assert r.changed == (bnb,) and r.removed == ()
+    assert "swap tensor convolution" in r.description
+    # the host copy is not device memory; the original is freed after its last forward reader
+    prof_before, prof_after = g.simulate(g.order), new.simulate(r.order)
+    storage = meta.storage
+    assert prof_after.storage_lifetime[storage][1] < prof_before.storage_lifetime[storage][1]
+    assert new.tensors[host].storage not in prof_after.storage_lifetime
+
+
+def test_views_follow_the_loaded_copy_at_the_right_offset(slice_graph):
+    g = slice_graph
+    bottom = out(g, "slice.Tensor")  # h[3:], storage offset 48
+    assert g.tensors[bottom].storage_offset == 48
+    view = node_with_op(g, "view")
+    r = swap(g, g.order, bottom, [view])
+    r.graph.check()
+    (loaded,) = r.graph.nodes[r.added[1]].output_ids()
+    v = r.graph.tensors[g.nodes[view].outputs[0]]
+    assert v.storage == r.graph.tensors[loaded].storage and v.storage_offset == 0
+
+
+def test_swapped_steps_match_eager(cnn, cnn_graph):
+    model, batch = cnn
+    g = cnn_graph
+    r1 = swap(g, g.order, out(g, "convolution"), [node_with_op(g, "native_batch_norm_backward")])
+    r2 = swap(r1.graph, r1.order, out(g, "relu"), [node_with_op(g, "view")])
+    report = peakcut.check_equivalence(copy.deepcopy(model), batch, cnn_loss, peakcut.AdamW(),
+                                       lambda _m: Step(r2.graph, r2.order), steps=2)
+    assert report.ok, str(report)
+
+
+def test_offset_views_match_eager(slice_graph):
+    torch.manual_seed(0)
+    model, batch = SliceMLP(), mlp_batch()
+    g = slice_graph
+    r = swap(g, g.order, out(g, "slice.Tensor"), [node_with_op(g, "view")])
+    report = peakcut.check_equivalence(model, batch, mlp_loss, peakcut.AdamW(),
+                                       lambda _m: Step(r.graph, r.order), steps=2)
+    assert report.ok, str(report)
+
+
+# ---------------------------------------------------------------- de-swap
+@pytest.mark.parametrize(("op", "user"), [("convolution", "native_batch_norm_backward"),
+                                          ("relu", "view")])
+def test_round_trip_gives_back_the_graph(cnn_graph, op, user):
+    g = cnn_graph
+    r = swap(g, g.order, out(g, op), [node_with_op(g, user)])
+    back = deswap(r.graph, r.order, r.added[1])
+    back.graph.check()
+    assert back.graph.to_json() == g.to_json()
+    assert back.order == g.order and set(back.removed) == set(r.added)
+
+
+def test_round_trip_with_offset(slice_graph):
+    g = slice_graph
+    r = swap(g, g.order, out(g, "slice.Tensor"), [node_with_op(g, "view")])
+    back = deswap(r.graph, r.order, r.added[1])
+    assert back.graph.to_json() == g.to_json()
+
+
+def test_deswap_reasons(cnn_graph):
+    g = cnn_graph
+    conv = out(g, "convolution")
+    r = swap(g, g.order, conv, [node_with_op(g, "native_batch_norm_backward")])
+    new, order = r.graph, r.order
+    store, load = r.added
+    assert why_not_deswap(new, order, load) is None
+    assert "not in the graph" in why_not_deswap(new, order, 10**9)
+    assert "stale order" in why_not_deswap(new, order[:-1], load)
+    assert "not a load" in why_not_deswap(new, order, store)
+
+    def edited(**changes):
+        bad = new.copy()
+        bad.nodes[load] = dataclasses.replace(new.nodes[load], **changes)
+        bad._invalidate()
+        return bad
+
+    assert "no 'swap_of' mark" in why_not_deswap(edited(extra={}), order, load)
+    assert "no longer in the graph" in why_not_deswap(edited(extra={"swap_of": 10**9}), order, load)
+    relu = out(g, "relu")
+    other = edited(extra={"swap_of": relu})
+    assert "does not load a store of" in why_not_deswap(other, order, load)
+    assert "one host tensor" in why_not_deswap(edited(args=()), order, load)
+    writer = new.copy()  # pretend a later node writes the original in place
+    bnb = node_with_op(g, "native_batch_norm")
+    writer.nodes[bnb] = dataclasses.replace(writer.nodes[bnb], op="aten.relu_.default",
+                                            args=writer.nodes[bnb].args[:1], kwargs={})
+    writer._invalidate()
+    assert "stale" in why_not_deswap(writer, order, load)
+    (loaded,) = new.nodes[load].output_ids()
+    as_output = new.copy()
+    as_output.outputs = [*as_output.outputs, loaded]
+    as_output.output_names = [*as_output.output_names, "out:extra"]
+    assert "program output" in why_not_deswap(as_output, order, load)
+    with pytest.raises(RuleError, match="not a load"):
+        deswap(new, order, store)
+
+
+def test_inputs_are_untouched(cnn_graph):
+    g = cnn_graph
+    before = g.to_json()
+    swap(g, g.order, out(g, "convolution"), [node_with_op(g, "native_batch_norm_backward")])
+    assert g.to_json() == before
