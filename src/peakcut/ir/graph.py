@@ -169,9 +169,30 @@ class Graph:
         self.control.pop(node, None)
         self._invalidate()
 
+    def replace_node(self, node: Node) -> None:
+        """Put `node` in place of the node with the same id (its outputs must stay the same)."""
+        if node.id not in self.nodes:
+            raise GraphError(f"cannot replace node {node.id}: no such node")
+        self.nodes[node.id] = node
+        self.workspace_cache.pop(node.id, None)
+        self._invalidate()
+
+    def set_tensor(self, meta: TensorMeta) -> None:
+        """Add or replace a tensor's metadata (e.g. a view that moves to another storage)."""
+        self.tensors[meta.id] = meta
+        self._invalidate()
+
+    def changed(self) -> None:
+        """Tell the graph that nodes, tensors or control edges were edited directly.
+
+        Cached producers/users are rebuilt; cached workspaces are kept (they depend
+        on a node's op and shapes only; replace_node drops the replaced node's).
+        """
+        self._invalidate()
+
     def next_id(self) -> int:
-        """A fresh id, unused by any node or tensor."""
-        return max(max(self.nodes, default=0), max(self.tensors, default=0)) + 1
+        """A fresh id, unused by any node, tensor or storage (they share one numbering)."""
+        return max(max(self.nodes, default=0), max(self.tensors, default=0), max(self.storages, default=0)) + 1
 
     # ---------------------------------------------------------------- analysis
     def simulate(self, order: list[int] | None = None, workspace: str | None = "cpu") -> MemoryProfile:

@@ -70,7 +70,8 @@ _DATA_MOVEMENT = ["cat", "stack", "constant_pad_nd", "gather", "scatter.src", "s
 
 _FACTORY = ["empty.memory_format", "empty_strided", "full", "full_like", "zeros", "zeros_like", "ones", "ones_like", "empty_like", "scalar_tensor", "arange.start_step", "arange.default", "arange.start", "iota", "new_zeros", "new_ones", "new_full", "new_empty", "new_empty_strided"]
 
-_RANDOM = ["native_dropout", "native_dropout_backward", "bernoulli.p", "bernoulli.default", "rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "normal_", "uniform_", "exponential_", "multinomial", "randperm"]
+_RANDOM = ["native_dropout", "native_dropout_backward", "bernoulli.p", "bernoulli.default", "bernoulli_.float",
+           "bernoulli_.Tensor", "rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "normal_", "uniform_", "exponential_", "multinomial", "randperm"]
 
 _OPTIMIZER = ["_foreach_add_.List", "_foreach_mul_.Scalar"]
 

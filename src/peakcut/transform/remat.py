@@ -239,7 +239,7 @@ def remat(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> Re
     for m in plan.hazards:
         new.control[m] = tuple(sorted({*g.control.get(m, ()), a2.id}))
     new.order = splice(g.order, a2.id, plan.capture_position)
-    new._invalidate()
+    new.changed()
     names = ", ".join(g.nodes[u].name or str(u) for u in plan.users[:4])
     more = f" and {len(plan.users) - 4} more" if len(plan.users) > 4 else ""
     guard = (f"; runs before in-place writer(s) {', '.join(g.nodes[m].name for m in plan.hazards)}"

@@ -61,14 +61,10 @@ def describe_tensor(g: Graph, tid: int) -> str:
 
 # ------------------------------------------------------------------ ids
 class IdAllocator:
-    """Fresh ids for nodes, tensors and storages of one derived graph.
-
-    Graph.next_id covers nodes and tensors only; storage ids share the numbering of
-    captured graphs, so fresh ids start above all three.
-    """
+    """Fresh ids for nodes, tensors and storages of one derived graph (one shared numbering)."""
 
     def __init__(self, g: Graph) -> None:
-        self._next = max(g.next_id(), max(g.storages, default=0) + 1)
+        self._next = g.next_id()
 
     def __call__(self) -> int:
         value = self._next
@@ -134,8 +130,7 @@ def rewire(node: Node, mapping: Mapping[int, int]) -> Node:
 
 def replace_node(g: Graph, node: Node) -> None:
     """Put `node` in place of the node with its id (g is a copy owned by the rule)."""
-    g.nodes[node.id] = node
-    g._invalidate()  # Graph has no public replace; its caches (producer/users) must be rebuilt
+    g.replace_node(node)
 
 
 def reads_any(node: Node, tensors: Iterable[int]) -> bool:
@@ -220,8 +215,7 @@ def apply_moves(g: Graph, moves: Iterable[StorageMove]) -> None:
             meta = moved_meta(g.tensors[t], move.new_storage, move.shift_bytes)
             if meta is None:  # guarded by why_not_move in every rule
                 raise RuleError(f"internal: {describe_tensor(g, t)} cannot be re-homed")
-            g.tensors[t] = meta
-    g._invalidate()
+            g.set_tensor(meta)
 
 
 def splice(order: Sequence[int], node: int, before: int) -> list[int]:

@@ -189,7 +189,7 @@ def swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> R
     apply_moves(new, [StorageMove(meta.storage, device_storage,
                                   meta.storage_offset * meta.itemsize, views)])
     new.order = _spliced(g.order, prod.id, capture_first, store.id, load.id)
-    new._invalidate()
+    new.changed()
     names = ", ".join(g.nodes[u].name or str(u) for u in users[:4])
     more = f" and {len(users) - 4} more" if len(users) > 4 else ""
     return Rewrite(
