@@ -69,3 +69,4 @@ def test_remat_and_swap_keep_numbers_and_memory_agreement(name: str) -> None:
     assert abs(simulated - measured.peak_bytes) <= 0.05 * measured.peak_bytes, (
         name, simulated, measured.peak_bytes)
     assert step.host_peak_bytes == host > 0
+    assert measured.host_peak_bytes == host

@@ -43,6 +43,7 @@ class Measurement:
     device: str
     input_bytes: int
     times: tuple[float, ...] = ()
+    host_peak_bytes: int = 0   # swap-outs alive at once in host memory (not in peak_bytes)
 
     def describe(self) -> str:
         return f"measured ({self.method} on {self.device})"
@@ -144,7 +145,8 @@ def measure(
         else:
             delta, _ = profiler_peak(lambda: step.run(inputs, dev))
             peak = input_bytes + delta
-    return Measurement(peak, statistics.median(times), method, str(device), input_bytes, tuple(times))
+    return Measurement(peak, statistics.median(times), method, str(device), input_bytes, tuple(times),
+                       host_peak_bytes=getattr(step, "host_peak_bytes", 0))
 
 
 def _device(model: torch.nn.Module, batch: Any) -> torch.device:
