@@ -1,0 +1,21 @@
+"""Per-op latency models behind one interface (CostModel), from two sources.
+
+    cost = get_cost_model("h200")            # analytic, from vendor figures
+    cost = get_cost_model("measured")        # timed on this machine, cached on disk
+    cost.node_seconds(g, nid); cost.copy_seconds(nbytes, "d2h"); step_seconds(cost, g, order)
+
+See docs/cost.md.
+"""
+
+from peakcut.cost.analytic import AnalyticCostModel
+from peakcut.cost.cache import SCHEMA_VERSION, CostCache, default_cache_dir
+from peakcut.cost.measured import MeasuredCostModel
+from peakcut.cost.model import KNOWN_SPECS, CostModel, get_cost_model, step_seconds
+from peakcut.cost.profiles import PROFILE_NAMES, DeviceProfile, get_profile
+from peakcut.cost.timer import TimingSettings
+
+__all__ = [
+    "KNOWN_SPECS", "PROFILE_NAMES", "SCHEMA_VERSION", "AnalyticCostModel", "CostCache",
+    "CostModel", "DeviceProfile", "MeasuredCostModel", "TimingSettings", "default_cache_dir",
+    "get_cost_model", "get_profile", "step_seconds",
+]

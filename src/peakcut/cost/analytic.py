@@ -1,0 +1,85 @@
+"""The analytic cost model: a roofline with a utilization curve, from a DeviceProfile.
+
+latency = launch + max(flops / achieved_flop_rate, bytes / achieved_bandwidth), where an op
+with work w (FLOPs for compute, bytes for memory) achieves peak * w / (w + w_half), i.e. its
+time is (w + w_half) / peak. Small ops -- like the slices fission produces -- therefore cost
+more per FLOP and per byte than large ones. Views cost the profile's view_seconds only; ops
+that only allocate (empty*) cost one launch; swap nodes cost launch + bytes / host bandwidth.
+FLOPs and bytes come from peakcut.ir.registry (flops, bytes_moved) on meta tensors.
+"""
+
+from __future__ import annotations
+
+from peakcut.cost.calls import NodeWork, call_key, is_swap, node_work, swap_transfer
+from peakcut.cost.profiles import DeviceProfile
+from peakcut.ir.graph import Graph
+from peakcut.ir.registry import OpKind
+
+ALLOCATION_ONLY_OPS: frozenset[str] = frozenset({
+    "aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default",
+    "aten.new_empty.default", "aten.new_empty_strided.default",
+})
+"""Factories that allocate without writing: no bandwidth, one launch."""
+
+_TENSOR_CORE_KINDS = (OpKind.MATMUL, OpKind.CONV)
+
+
+def ramp_seconds(work: float, peak: float, half: float) -> float:
+    """Time of `work` at rate peak * work / (work + half); 0 for no work."""
+    if work <= 0:
+        return 0.0
+    return (work + half) / peak
+
+
+class AnalyticCostModel:
+    """Per-op latency from a DeviceProfile's peak figures (see the module docstring).
+
+    tf32: price fp32 matmuls and convolutions at the TF32 tensor-core rate (what
+    torch.backends.cuda.matmul.allow_tf32 enables) instead of the FP32 rate.
+    """
+
+    def __init__(self, profile: DeviceProfile, *, tf32: bool = False) -> None:
+        self.profile = profile
+        self.tf32 = tf32
+        self.name = f"analytic:{profile.name}"
+        self.overlap_copies = profile.overlap_copies
+        self._seconds: dict[str, float] = {}  # call key -> seconds, for this instance only
+
+    def node_seconds(self, g: Graph, nid: int) -> float:
+        """Latency of node `nid`; swap nodes cost their host<->device transfer."""
+        if is_swap(g, nid):
+            return self.copy_seconds(*swap_transfer(g, nid))
+        key = call_key(g, nid)
+        seconds = self._seconds.get(key)
+        if seconds is None:
+            seconds = self._node_estimate(g, nid)
+            self._seconds[key] = seconds
+        return seconds
+
+    def _node_estimate(self, g: Graph, nid: int) -> float:
+        if g.nodes[nid].op in ALLOCATION_ONLY_OPS:
+            return self.profile.launch_seconds
+        return self.work_seconds(node_work(g, nid))
+
+    def work_seconds(self, work: NodeWork) -> float:
+        """Latency of a call doing `work` on this profile's device."""
+        p = self.profile
+        if work.kind is OpKind.VIEW:
+            return p.view_seconds
+        if work.kind in _TENSOR_CORE_KINDS:
+            rate = p.matmul_rate(work.dtype, self.tf32)
+        else:
+            rate = p.vector_rate(work.dtype)
+        compute = ramp_seconds(work.flops, rate, p.compute_half(rate))
+        memory = ramp_seconds(work.bytes, p.memory_bandwidth, p.memory_half_bytes)
+        return p.launch_seconds + max(compute, memory)
+
+    def copy_seconds(self, nbytes: int, direction: str) -> float:
+        """launch + nbytes / effective host-link bandwidth in `direction` ("d2h" | "h2d")."""
+        bandwidth = self.profile.host_bandwidth(direction)
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        return self.profile.launch_seconds + nbytes / bandwidth
+
+    def __repr__(self) -> str:
+        return f"AnalyticCostModel({self.name!r}, tf32={self.tf32})"

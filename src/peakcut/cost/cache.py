@@ -1,0 +1,152 @@
+"""The on-disk cache of measured latencies: one JSON file per fingerprint.
+
+Location: ``$PEAKCUT_CACHE/costs/`` (default ``~/.cache/peakcut/costs/``), file
+``<device kind>-<hash of the fingerprint>.json``. Format::
+
+    {
+      "schema": 1,
+      "fingerprint": {"device": "cpu: AMD EPYC (2 threads, AVX512)", "torch": "2.13.0+cpu",
+                      "schema": 1},
+      "line_overhead_seconds": 5e-08,            # or null: not calibrated yet
+      "entries": {
+        "aten.mm.default(T[4,64;64,1;float32], T[64,64;1,64;float32])":
+            {"seconds": 5.1e-06, "estimated": false, "reason": ""},
+        ...
+      }
+    }
+
+An entry is ``estimated`` when the call could not be timed standalone and its seconds come
+from the analytic profile; ``reason`` says why. On load, a file that is not valid JSON, has
+wrong types, another schema or another fingerprint is reported with warnings.warn (naming the
+file and the reason) and rebuilt from scratch: it is never trusted silently. Writes go to a
+temporary file in the same directory, then os.replace: readers see the old or the new file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from peakcut.cost.fingerprint import Fingerprint
+
+SCHEMA_VERSION = 1
+
+
+def default_cache_dir() -> Path:
+    """$PEAKCUT_CACHE/costs, or ~/.cache/peakcut/costs."""
+    root = os.environ.get("PEAKCUT_CACHE") or Path.home() / ".cache" / "peakcut"
+    return Path(root) / "costs"
+
+
+@dataclass(frozen=True)
+class CostEntry:
+    """Seconds of one call key; estimated entries come from the analytic fallback."""
+
+    seconds: float
+    estimated: bool = False
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "estimated": self.estimated, "reason": self.reason}
+
+
+@dataclass
+class CostTable:
+    """What one cache file holds: per-key entries and the calibrated per-line overhead."""
+
+    entries: dict[str, CostEntry] = field(default_factory=dict)
+    line_overhead_seconds: float | None = None
+
+
+class CacheFormatError(ValueError):
+    """A cache file's content is not what this schema writes."""
+
+
+def _seconds(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CacheFormatError(f"{what} is {type(value).__name__}, expected a number")
+    if not math.isfinite(value) or value < 0:
+        raise CacheFormatError(f"{what} is {value}, expected a finite number >= 0")
+    return float(value)
+
+
+def _entry(key: str, value: Any) -> CostEntry:
+    if not isinstance(value, dict):
+        raise CacheFormatError(f"entry {key!r} is {type(value).__name__}, expected an object")
+    estimated, reason = value.get("estimated"), value.get("reason")
+    if not isinstance(estimated, bool) or not isinstance(reason, str):
+        raise CacheFormatError(f"entry {key!r} has a non-bool 'estimated' or non-str 'reason'")
+    return CostEntry(_seconds(value.get("seconds"), f"entry {key!r} seconds"), estimated, reason)
+
+
+def parse_table(data: Any, fingerprint: Fingerprint) -> CostTable:
+    """The table in decoded JSON `data`; CacheFormatError says what is wrong with it."""
+    if not isinstance(data, dict):
+        raise CacheFormatError(f"top level is {type(data).__name__}, expected an object")
+    if data.get("schema") != SCHEMA_VERSION:
+        raise CacheFormatError(f"schema {data.get('schema')!r}, expected {SCHEMA_VERSION}")
+    if data.get("fingerprint") != fingerprint.as_dict():
+        raise CacheFormatError(
+            f"fingerprint {data.get('fingerprint')!r} is not this machine's "
+            f"{fingerprint.as_dict()!r}"
+        )
+    overhead = data.get("line_overhead_seconds")
+    if overhead is not None:
+        overhead = _seconds(overhead, "line_overhead_seconds")
+    entries = data.get("entries")
+    if not isinstance(entries, dict):
+        raise CacheFormatError(f"'entries' is {type(entries).__name__}, expected an object")
+    return CostTable({str(k): _entry(str(k), v) for k, v in entries.items()}, overhead)
+
+
+class CostCache:
+    """The cache file of one fingerprint in `directory`."""
+
+    def __init__(self, fingerprint: Fingerprint, directory: Path | None = None) -> None:
+        self.fingerprint = fingerprint
+        self.directory = Path(directory) if directory is not None else default_cache_dir()
+        self.path = self.directory / fingerprint.file_name()
+
+    def load(self) -> CostTable:
+        """The stored table; empty when there is no file, or (with a warning) a bad one."""
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return CostTable()
+        except OSError as e:
+            return self._rebuild(f"cannot be read ({e})")
+        try:
+            return parse_table(json.loads(text), self.fingerprint)
+        except json.JSONDecodeError as e:
+            return self._rebuild(f"is not valid JSON ({e})")
+        except CacheFormatError as e:
+            return self._rebuild(str(e))
+
+    def _rebuild(self, reason: str) -> CostTable:
+        warnings.warn(f"peakcut cost cache {self.path}: {reason}; rebuilding it",
+                      RuntimeWarning, stacklevel=3)
+        return CostTable()
+
+    def save(self, table: CostTable) -> None:
+        """Write `table` atomically (temporary file + os.replace)."""
+        data = {
+            "schema": SCHEMA_VERSION,
+            "fingerprint": self.fingerprint.as_dict(),
+            "line_overhead_seconds": table.line_overhead_seconds,
+            "entries": {k: e.as_dict() for k, e in sorted(table.entries.items())},
+        }
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

@@ -1,0 +1,112 @@
+"""What a node's call looks like to a cost model: its key, its meta tensors, its work.
+
+A *call key* names everything that decides an op's latency: the op overload, every tensor
+argument's shape, stride and dtype, and the repr of every other argument. Two nodes with
+the same key cost the same, so both cost models cache per key. Devices are rendered as
+``device``: a cost model prices a call on its own device, whatever the graph was captured on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from peakcut.ir.graph import Graph
+from peakcut.ir.node import TensorRef, map_refs
+from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.ir.registry import OpKind, bytes_moved, flops, lookup
+from peakcut.ir.tensor import TensorMeta
+
+
+def tensor_layout(meta: TensorMeta) -> str:
+    """'T[4,64;64,1;float32]': shape; stride; dtype."""
+    shape = ",".join(str(s) for s in meta.shape)
+    stride = ",".join(str(s) for s in meta.stride)
+    return f"T[{shape};{stride};{meta.dtype}]"
+
+
+def _render(value: Any, g: Graph) -> str:
+    """Deterministic text of one argument, tensors by layout."""
+    if isinstance(value, TensorRef):
+        return tensor_layout(g.tensors[value.id])
+    if isinstance(value, torch.device):
+        return "device"
+    if isinstance(value, list):
+        return "[" + ", ".join(_render(v, g) for v in value) + "]"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_render(v, g) for v in value) + ")"
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda kv: str(kv[0]))
+        return "{" + ", ".join(f"{k}: {_render(v, g)}" for k, v in items) + "}"
+    return repr(value)
+
+
+def call_key(g: Graph, nid: int) -> str:
+    """The cost key of node `nid`: op, tensor layouts, other arguments."""
+    node = g.nodes[nid]
+    args = [_render(a, g) for a in node.args]
+    kwargs = [f"{k}={_render(v, g)}" for k, v in sorted(node.kwargs.items())]
+    return f"{node.op}({', '.join(args + kwargs)})"
+
+
+def copy_key(nbytes: int, direction: str) -> str:
+    """The cost key of a host<->device copy of `nbytes` bytes."""
+    return f"copy:{direction}:{nbytes}"
+
+
+def is_swap(g: Graph, nid: int) -> bool:
+    """True for peakcut.store / peakcut.load nodes."""
+    return g.nodes[nid].op in (STORE_OP, LOAD_OP)
+
+
+def swap_transfer(g: Graph, nid: int) -> tuple[int, str]:
+    """(bytes copied, "d2h" | "h2d") of a peakcut.store / peakcut.load node."""
+    node = g.nodes[nid]
+    if node.op not in (STORE_OP, LOAD_OP):
+        raise ValueError(f"node {nid} ({node.op}) is not a swap node")
+    moved = sum(g.tensors[t].nbytes for t in node.input_ids())
+    return moved, "d2h" if node.op == STORE_OP else "h2d"
+
+
+@dataclass(frozen=True)
+class NodeWork:
+    """The work of one call: what kind of op, FLOPs, bytes moved, the dtype it computes in."""
+
+    kind: OpKind | None  # None: an opaque op (not in the registry)
+    flops: int
+    bytes: int
+    dtype: str
+
+
+def node_work(g: Graph, nid: int) -> NodeWork:
+    """FLOPs and bytes of node `nid` from the op registry, evaluated on meta tensors."""
+    node = g.nodes[nid]
+
+    def to_meta(ref: TensorRef) -> torch.Tensor:
+        return g.tensors[ref.id].to_meta()
+
+    args = map_refs(node.args, to_meta)
+    kwargs = map_refs(node.kwargs, to_meta)
+    out_metas = [g.tensors[t] for t in node.output_ids()]
+    outputs = [m.to_meta() for m in out_metas]
+    in_metas = [g.tensors[t] for t in node.input_ids()]
+    inputs = [m.to_meta() for m in in_metas]
+    info = lookup(node.op)
+    kind = info.kind if info is not None else None
+    return NodeWork(
+        kind=kind,
+        flops=flops(node.op, tuple(args), kwargs, outputs),
+        bytes=bytes_moved(inputs, outputs),
+        dtype=_compute_dtype(in_metas, out_metas),
+    )
+
+
+def _compute_dtype(inputs: list[TensorMeta], outputs: list[TensorMeta]) -> str:
+    """The first floating (or complex) dtype among inputs, then outputs; else float32."""
+    for meta in (*inputs, *outputs):
+        dtype = meta.torch_dtype
+        if dtype.is_floating_point or dtype.is_complex:
+            return meta.dtype
+    return "float32"

@@ -1,0 +1,255 @@
+"""The measured cost model: every distinct call timed on the local device, cached on disk.
+
+A node costs the measured latency of its call key (op, tensor layouts, other arguments; see
+peakcut.cost.calls) plus the per-line overhead a generated program pays on top of that
+(calibrated once per machine; see peakcut.cost.overhead). Calls are made the way the
+generated program makes them: ``torch.ops.aten.<op>.<overload>(*args, **kwargs)`` under
+torch.no_grad(), with the result dropped each time. Inputs: see peakcut.cost.inputs; timing
+(interleaved on CPU, looped on CUDA): see peakcut.cost.timer. New keys are measured in
+batches -- all new keys of a graph in profile(g), one key on a node_seconds miss (padded with
+the filler mix of peakcut.cost.mix) -- holding at most ``max_batch_bytes`` of inputs at once.
+
+A call that cannot run standalone (it raises on synthetic data, or its tensors exceed
+``max_input_bytes``) is priced by the analytic profile of the device instead ("cpu", or the
+closest GPU profile) and recorded as an estimate: ``fallbacks`` counts the keys this model
+answered that way and ``fallback_reasons`` says why. Swap nodes (peakcut.store / load) cost
+the time of copying their bytes (copy_seconds).
+
+Measuring uses a forked RNG state, so random ops being timed do not change the caller's RNG.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from peakcut.cost.analytic import AnalyticCostModel
+from peakcut.cost.cache import SCHEMA_VERSION, CostCache, CostEntry
+from peakcut.cost.calls import call_key, copy_key, is_swap, swap_transfer
+from peakcut.cost.fingerprint import device_fingerprint
+from peakcut.cost.inputs import input_bytes, real_call
+from peakcut.cost.mix import mix_calls, mix_operands
+from peakcut.cost.overhead import line_overhead_seconds
+from peakcut.cost.profiles import DeviceProfile, check_direction, cpu_profile, profile_for_gpu_name
+from peakcut.cost.timer import TimingSettings, copy_call, time_calls, wake_threads
+from peakcut.ir.graph import Graph
+
+DEFAULT_MAX_INPUT_BYTES = 1 << 30
+DEFAULT_MAX_BATCH_BYTES = 1 << 28
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One key to measure: how to build its call, how to estimate it, how big it is."""
+
+    key: str
+    build: Callable[[], Callable[[], Any]]
+    estimate: Callable[[], float]
+    nbytes: int
+
+
+def _timing_device(device: str | torch.device) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"cannot measure on {dev}: torch.cuda.is_available() is False")
+        return torch.device("cuda", dev.index if dev.index is not None else
+                            torch.cuda.current_device())
+    if dev.type != "cpu":
+        raise ValueError(f"cannot measure on {dev}: expected a cpu or cuda device")
+    return dev
+
+
+def _fallback_profile(device: torch.device) -> DeviceProfile:
+    if device.type == "cuda":
+        return profile_for_gpu_name(torch.cuda.get_device_name(device))
+    return cpu_profile(torch.get_num_threads())
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+class MeasuredCostModel:
+    """Per-op latency measured on `device` ("cpu" or "cuda[:i]"), cached per fingerprint.
+
+    cache_dir: where the cache file lives (default $PEAKCUT_CACHE/costs). line_overhead:
+    add the calibrated per-line program overhead to every non-swap node (default True).
+    """
+
+    def __init__(
+        self,
+        device: str | torch.device = "cpu",
+        *,
+        cache_dir: str | Path | None = None,
+        settings: TimingSettings | None = None,
+        max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        line_overhead: bool = True,
+    ) -> None:
+        self.device = _timing_device(device)
+        self.name = f"measured:{self.device.type}"
+        self.overlap_copies = self.device.type == "cuda"
+        self.settings = settings if settings is not None else TimingSettings()
+        self.max_input_bytes = max_input_bytes
+        self.max_batch_bytes = max_batch_bytes
+        self.use_line_overhead = line_overhead
+        self.measurements = 0  # keys timed (or found untimeable) by this instance
+        self._cache = CostCache(device_fingerprint(self.device, SCHEMA_VERSION),
+                                Path(cache_dir) if cache_dir is not None else None)
+        self._table = self._cache.load()
+        self._fallback = AnalyticCostModel(_fallback_profile(self.device))
+        self._estimated: dict[str, str] = {}  # key -> reason, for keys this model answered
+        self._filler: list[Callable[[], Any]] = []  # built on first use
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def cache_path(self) -> Path:
+        """The JSON file this model reads and writes."""
+        return self._cache.path
+
+    @property
+    def fallbacks(self) -> int:
+        """How many distinct keys this model priced with the analytic estimate."""
+        return len(self._estimated)
+
+    @property
+    def fallback_reasons(self) -> dict[str, str]:
+        """Key -> why it could not be measured, for the keys counted in `fallbacks`."""
+        return dict(self._estimated)
+
+    @property
+    def line_overhead_seconds(self) -> float:
+        """Per-line program overhead added to every non-swap node (calibrated on first use)."""
+        if not self.use_line_overhead:
+            return 0.0
+        if self._table.line_overhead_seconds is None:
+            with self._timing():
+                self._table.line_overhead_seconds = line_overhead_seconds(
+                    self.device, self.settings)
+            self._cache.save(self._table)
+        return self._table.line_overhead_seconds
+
+    def node_seconds(self, g: Graph, nid: int) -> float:
+        """Latency of node `nid`; measured (and cached) on the first miss."""
+        if is_swap(g, nid):
+            return self.copy_seconds(*swap_transfer(g, nid))
+        job = self._node_job(g, nid)
+        return self._seconds(job) + self.line_overhead_seconds
+
+    def copy_seconds(self, nbytes: int, direction: str) -> float:
+        """Time of one host<->device copy of `nbytes` bytes (CPU: a plain tensor copy)."""
+        return self._seconds(self._copy_job(nbytes, direction))
+
+    # ------------------------------------------------------------------ measuring
+    def profile(self, g: Graph) -> int:
+        """Measure every distinct key of `g` not yet known; returns how many were new."""
+        jobs: dict[str, _Job] = {}
+        for nid in g.order:
+            if is_swap(g, nid):
+                job = self._copy_job(*swap_transfer(g, nid))
+            else:
+                job = self._node_job(g, nid)
+            if job.key in self._table.entries:
+                self._note(job.key)
+            else:
+                jobs.setdefault(job.key, job)
+        if jobs:
+            self._measure(list(jobs.values()))
+            self._cache.save(self._table)
+        _ = self.line_overhead_seconds  # calibrate now, not during the first query
+        return len(jobs)
+
+    def save(self) -> None:
+        """Write the table to the cache file now."""
+        self._cache.save(self._table)
+
+    def _node_job(self, g: Graph, nid: int) -> _Job:
+        size = input_bytes(g, nid) + sum(g.tensors[t].nbytes for t in g.nodes[nid].output_ids())
+        return _Job(call_key(g, nid), lambda: real_call(g, nid, self.device),
+                    lambda: self._fallback.node_seconds(g, nid), size)
+
+    def _copy_job(self, nbytes: int, direction: str) -> _Job:
+        check_direction(direction)
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        return _Job(copy_key(nbytes, direction), lambda: copy_call(nbytes, direction, self.device),
+                    lambda: self._fallback.copy_seconds(nbytes, direction), 2 * nbytes)
+
+    def _seconds(self, job: _Job) -> float:
+        """Seconds of one job's key, measuring (and saving) it on a miss."""
+        if job.key not in self._table.entries:
+            self._measure([job])
+            self._cache.save(self._table)
+        self._note(job.key)
+        return self._table.entries[job.key].seconds
+
+    def _note(self, key: str) -> None:
+        entry = self._table.entries[key]
+        if entry.estimated:
+            self._estimated[key] = entry.reason
+
+    def _measure(self, jobs: list[_Job]) -> None:
+        """Measure `jobs` (new keys) in batches of at most max_batch_bytes of tensors."""
+        with self._timing():
+            batch: list[tuple[str, Callable[[], Any]]] = []
+            held = 0
+            for job in jobs:
+                call = self._runnable(job)
+                if call is None:
+                    continue
+                if batch and held + job.nbytes > self.max_batch_bytes:
+                    self._time_batch(batch)
+                    batch, held = [], 0
+                batch.append((job.key, call))
+                held += job.nbytes
+            if batch:
+                self._time_batch(batch)
+        for job in jobs:
+            self._note(job.key)
+
+    def _runnable(self, job: _Job) -> Callable[[], Any] | None:
+        """The job's call after one successful trial; None (and an estimate) if it fails."""
+        if job.nbytes > self.max_input_bytes:
+            self._record_estimate(job, f"tensors of {job.nbytes} bytes exceed max_input_bytes")
+            return None
+        try:
+            call = job.build()
+            call()
+        # Any op may reject synthetic inputs in its own way (RuntimeError, IndexError,
+        # NotImplementedError, ...): whatever it raises, the key gets an estimate instead.
+        except Exception as e:
+            self._record_estimate(job, _first_line(e))
+            return None
+        return call
+
+    def _record_estimate(self, job: _Job, reason: str) -> None:
+        self._table.entries[job.key] = CostEntry(
+            job.estimate(), estimated=True, reason=f"{reason} (estimated by {self._fallback.name})")
+        self.measurements += 1
+
+    def _time_batch(self, batch: list[tuple[str, Callable[[], Any]]]) -> None:
+        if not self._filler:
+            self._filler = list(mix_calls(mix_operands(self.device)))
+        seconds = time_calls([call for _, call in batch], self.device, self.settings,
+                             filler=self._filler)
+        for (key, _), value in zip(batch, seconds, strict=True):
+            self._table.entries[key] = CostEntry(value)
+            self.measurements += 1
+
+    @contextlib.contextmanager
+    def _timing(self) -> Iterator[None]:
+        """No autograd (as generated programs run), a forked RNG state, awake CPU threads."""
+        devices = [self.device.index] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            wake_threads(self.device)
+            yield
+
+    def __repr__(self) -> str:
+        return f"MeasuredCostModel({self.name!r}, cache={str(self.cache_path)!r})"
