@@ -29,6 +29,9 @@ class FakeCost:
             return self.copy
         return self.seconds(g, nid)
 
+    def copy_seconds(self, nbytes: int, direction: str) -> float:
+        return self.copy
+
 
 def constant(value: float) -> Callable[[Graph, int], float]:
     return lambda g, nid: value

@@ -7,38 +7,18 @@ peakcut.cost.profiles) and measurements on the local device (peakcut.cost.measur
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
 from peakcut.cost.analytic import AnalyticCostModel
 from peakcut.cost.measured import MeasuredCostModel
 from peakcut.cost.profiles import PROFILE_NAMES, get_profile
+from peakcut.cost.protocol import CostModel
 from peakcut.ir.graph import Graph
 
 MEASURED_SPECS: tuple[str, ...] = ("measured", "measured:cpu", "measured:cuda")
 KNOWN_SPECS: tuple[str, ...] = (*PROFILE_NAMES, *MEASURED_SPECS)
-
-
-@runtime_checkable
-class CostModel(Protocol):
-    """Latency of graph nodes and of host<->device copies on one device.
-
-    name: e.g. "analytic:h200", "measured:cpu". overlap_copies: True when swap copies run on
-    their own copy streams concurrently with compute (GPU); False when they run inline on the
-    compute stream (CPU).
-    """
-
-    name: str
-    overlap_copies: bool
-
-    def node_seconds(self, g: Graph, nid: int) -> float:
-        """Latency of one node; for peakcut.store / load nodes, the transfer time of its bytes."""
-        ...
-
-    def copy_seconds(self, nbytes: int, direction: str) -> float:
-        """Time of copying `nbytes` bytes in `direction`: "d2h" (swap-out) or "h2d" (swap-in)."""
-        ...
 
 
 def get_cost_model(spec: str, **kw: Any) -> CostModel:

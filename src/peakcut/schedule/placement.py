@@ -13,9 +13,9 @@ predecessors or successors.
 
 from __future__ import annotations
 
+from peakcut.cost.protocol import CostModel
 from peakcut.ir.graph import Graph
 from peakcut.ir.ops import LOAD_OP, STORE_OP
-from peakcut.simulate import CostModel
 
 
 def place(g: Graph, order: list[int], cost: CostModel | None = None) -> list[int]:

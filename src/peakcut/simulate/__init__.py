@@ -6,7 +6,7 @@ its device memory over time, the peak and what is live there.
     tl.latency_seconds, tl.peak_bytes, tl.memory_at(nid)
 """
 
-from peakcut.simulate.protocol import CostModel
+from peakcut.cost.protocol import CostModel
 from peakcut.simulate.streams import COMPUTE, D2H, H2D, STREAMS
 from peakcut.simulate.timeline import Timeline, simulate_timeline
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from peakcut.cost.protocol import CostModel
 from peakcut.ir.graph import Graph
 from peakcut.ir.ops import LOAD_OP, STORE_OP
 from peakcut.simulate.order import Schedule
-from peakcut.simulate.protocol import CostModel
 
 COMPUTE = "compute"
 D2H = "d2h"

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from peakcut.analysis.memory import Hotspot
+from peakcut.cost.protocol import CostModel
 from peakcut.ir.graph import Graph
 from peakcut.simulate.memory import hotspots, memory_curve
 from peakcut.simulate.order import make_schedule
-from peakcut.simulate.protocol import CostModel
 from peakcut.simulate.streams import COMPUTE, time_streams
 
 
