@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from peakcut.schedule.problem import Problem
+from peakcut.schedule.reach import members
 
 
 @dataclass(frozen=True)
@@ -81,22 +82,13 @@ def window_context(problem: Problem, order: Sequence[int], start: int, stop: int
             size = int(problem.size[k])
             before = first[k] < start
             after = last[k] >= stop
-            for j in _bits(mask):
+            for j in members(mask):
                 if not before:
                     alloc[j].append((mask, size))
                 if not after:
                     free[j].append((mask, size))
     return WindowContext(nodes, base, local, preds, succs, alloc, free,
                          [int(problem.workspace[v]) for v in nodes])
-
-
-def _bits(mask: int) -> list[int]:
-    out = []
-    while mask:
-        low = mask & -mask
-        out.append(low.bit_length() - 1)
-        mask ^= low
-    return out
 
 
 def window_peak(ctx: WindowContext, local_order: Sequence[int]) -> int:
@@ -141,7 +133,7 @@ def dp_window(ctx: WindowContext, bound: int, max_states: int = 2048,
         nxt: dict[int, tuple[int, int, int, int, int]] = {}
         for done, (peak, mem, ready, _, _) in layer.items():
             expanded += 1
-            for j in _bits(ready):
+            for j in members(ready):
                 mem2, step = _step(ctx, done, mem, j)
                 peak2 = peak if peak >= step else step
                 if peak2 > bound:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from peakcut.schedule.problem import Problem
-from peakcut.schedule.reach import Reachability
+from peakcut.schedule.reach import Reachability, members
 
 BLOCK_LIMIT = 48  # largest block moved as one piece (nodes)
 
@@ -43,19 +43,10 @@ def candidate_blocks(problem: Problem, reach: Reachability, limit: int = BLOCK_L
     blocks: list[Block] = []
     for v in range(n):
         if des_count[v] < limit and all(des_count[p] >= limit for p in problem.preds[v]):
-            blocks.append(Block(frozenset(_members(reach.des[v]) + [v]), early=True))
+            blocks.append(Block(frozenset(members(reach.des[v]) + [v]), early=True))
         if anc_count[v] < limit and all(anc_count[s] >= limit for s in problem.succs[v]):
-            blocks.append(Block(frozenset(_members(reach.anc[v]) + [v]), early=False))
+            blocks.append(Block(frozenset(members(reach.anc[v]) + [v]), early=False))
     return blocks
-
-
-def _members(mask: int) -> list[int]:
-    out = []
-    while mask:
-        low = mask & -mask
-        out.append(low.bit_length() - 1)
-        mask ^= low
-    return out
 
 
 def moved(problem: Problem, order: list[int], pos: np.ndarray, block: Block) -> list[int] | None:

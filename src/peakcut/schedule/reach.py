@@ -48,6 +48,16 @@ class Reachability:
         return a == b or bool(self.anc[b] >> a & 1) or bool(self.des[b] >> a & 1)
 
 
+def members(mask: int) -> list[int]:
+    """The node indices in a bitset, lowest first."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
 def _bits(mask: int, n: int) -> np.ndarray:
     raw = np.frombuffer(mask.to_bytes((n + 7) // 8, "little"), dtype=np.uint8)
     return np.unpackbits(raw, bitorder="little")[:n].astype(bool)
