@@ -54,7 +54,7 @@ def schedule(g: Graph, *, time_limit: float = 20.0, workspace: str | None = "cpu
     eager = problem.eager_order()
     candidates: dict[str, list[int]] = {"eager": eager, "greedy": greedy_order(problem)}
     stats = IntervalStats()
-    candidates["partition-dp"] = schedule_interval(problem, eager, 0, problem.n, settings, stats)
+    candidates["partition-dp"] = schedule_interval(problem, eager, 0, problem.n, settings, stats, reach)
     peaks = {name: problem.peak(o) for name, o in candidates.items()}
     method = min(peaks, key=lambda name: (peaks[name], list(candidates).index(name)))
     best = candidates[method]

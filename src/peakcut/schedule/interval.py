@@ -14,6 +14,7 @@ from peakcut.schedule.dp import DPTimeout, dp_window, window_context, window_pea
 from peakcut.schedule.greedy import greedy_order
 from peakcut.schedule.partition import segments
 from peakcut.schedule.problem import Problem
+from peakcut.schedule.reach import Reachability
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,14 @@ class IntervalStats:
 
 
 def schedule_interval(problem: Problem, order: list[int], start: int, stop: int,
-                      settings: IntervalSettings, stats: IntervalStats | None = None) -> list[int]:
-    """`order` with order[start:stop] re-ordered for low peak memory (never a higher one)."""
+                      settings: IntervalSettings, stats: IntervalStats | None = None,
+                      reach: Reachability | None = None) -> list[int]:
+    """`order` with order[start:stop] re-ordered for low peak memory (never a higher one).
+
+    reach: reachability of exactly the interval's nodes, if the caller already has it.
+    """
     stats = stats if stats is not None else IntervalStats()
-    parts = segments(problem, order[start:stop])
+    parts = segments(problem, order[start:stop], reach=reach)
     stats.segments += len(parts)
     # reference order: segments one after another, each in capture order
     current = order[:start] + [v for part in parts for v in part] + order[stop:]

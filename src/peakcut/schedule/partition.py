@@ -20,9 +20,13 @@ from peakcut.schedule.reach import Reachability
 WAIST = 1  # nw(v) <= WAIST makes v a cut point (MAGIS §6.1)
 
 
-def segments(problem: Problem, nodes: Sequence[int], waist: int = WAIST) -> list[list[int]]:
-    """The nodes grouped into consecutive segments, each in capture (index) order."""
-    reach = Reachability(problem, nodes)
+def segments(problem: Problem, nodes: Sequence[int], waist: int = WAIST,
+             reach: Reachability | None = None) -> list[list[int]]:
+    """The nodes grouped into consecutive segments, each in capture (index) order.
+
+    reach: the reachability of exactly these nodes, when the caller already has it.
+    """
+    reach = reach if reach is not None else Reachability(problem, nodes)
     nw = reach.narrow_waist()
     cuts = 0
     for v, value in nw.items():
