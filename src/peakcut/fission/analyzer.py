@@ -1,0 +1,172 @@
+"""Algorithm 1 of MAGIS (M-Analyzer): F-Tree construction from memory hot-spots and dominators.
+
+For each D-Graph component D (ComponentView: the graph nodes that carry D,
+their edges, per node the label of D, and D's length):
+
+1. the dominator tree T of G' (the sub-graph induced by D), rooted at a
+   virtual root above G's entry nodes: the data input (§4.3, footnote 3);
+2. heat(v) = bytes of the hot-spot storages allocated inside T.des(v) (Eq. 3);
+3. score(v) = (1 - 1/n) heat(v) - bytes of the storages S reads but does not
+   allocate and that are not hot-spots, with S = T.des(v) minus v (Eq. 4).
+   These are the inputs that stay resident while the n parts run. The paper
+   writes G.inps(T.des(v)). The region actually split is S, whose inputs
+   include v's own output, so S's inputs are counted;
+4. with s_max the largest score: for i = 1..L, V_i = {v : i/L <= s/s_max < (i+1)/L};
+   from each V_i the nodes with no T-descendant in V_i become dominators of
+   candidates S = T.des(v) minus v (lines 9-15), kept if the F-Trans is valid.
+
+Candidates nest (dominator subtrees are nested or disjoint): a candidate's
+parent in the F-Tree is the smallest other candidate containing it.
+
+Speed: subtrees are contiguous ranges of a DFS order of T; the input term is
+computed only for nodes whose heat could still reach the lowest interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+import rustworkx as rx
+
+from peakcut.fission.ftree import FNode, FTree
+
+DEFAULT_LEVELS = 4  # L (MAGIS default)
+
+
+@dataclass(frozen=True)
+class ComponentView:
+    """One D-Graph component as Algorithm 1 sees it."""
+
+    nodes: tuple[int, ...]                  # graph node ids of G', in a topological order
+    preds: Mapping[int, tuple[int, ...]]    # predecessors within G'
+    labels: Mapping[int, str]               # graph node id -> axis label of D there
+    length: int                             # length of D
+
+
+@dataclass(frozen=True)
+class MemoryView:
+    """What the scores need to know about memory, per graph node and storage."""
+
+    allocs: Mapping[int, Mapping[int, int]]   # node -> {storage it allocates: bytes}
+    reads: Mapping[int, frozenset[int]]       # node -> storages it reads
+    hot: frozenset[int]                       # storages live at the peak (memory hot-spots)
+    size: Mapping[int, int]                   # storage -> bytes
+
+
+@dataclass(frozen=True)
+class Scores:
+    idom: dict[int, int | None]   # immediate dominator in G' (None: the virtual root)
+    heat: dict[int, int]
+    score: dict[int, float]       # only for nodes whose score was needed (see module doc)
+    subtree: dict[int, tuple[int, ...]]  # T.des(v) including v, for nodes with a score
+
+
+def dominator_tree(comp: ComponentView) -> dict[int, int | None]:
+    """Immediate dominators of G' rooted at a virtual root above its entry nodes."""
+    dag = rx.PyDiGraph()
+    root = dag.add_node(None)
+    index = {v: dag.add_node(v) for v in comp.nodes}
+    for v in comp.nodes:
+        preds = comp.preds.get(v, ())
+        if not preds:
+            dag.add_edge(root, index[v], None)
+        for p in preds:
+            dag.add_edge(index[p], index[v], None)
+    idom = rx.immediate_dominators(dag, root)
+    return {dag[i]: (None if d == root else dag[d]) for i, d in idom.items() if i != root}
+
+
+def _dfs(comp: ComponentView, idom: Mapping[int, int | None]) -> tuple[list[int], dict[int, int], dict[int, int]]:
+    """Pre-order of T and each node's [start, stop) range in it."""
+    children: dict[int | None, list[int]] = {}
+    for v in comp.nodes:
+        children.setdefault(idom[v], []).append(v)
+    order: list[int] = []
+    start: dict[int, int] = {}
+    stop: dict[int, int] = {}
+    stack: list[tuple[int, bool]] = [(v, False) for v in reversed(children.get(None, []))]
+    while stack:
+        v, done = stack.pop()
+        if done:
+            stop[v] = len(order)
+            continue
+        start[v] = len(order)
+        order.append(v)
+        stack.append((v, True))
+        stack.extend((c, False) for c in reversed(children.get(v, [])))
+    return order, start, stop
+
+
+def compute_scores(comp: ComponentView, mem: MemoryView, n: int = 2, levels: int = DEFAULT_LEVELS) -> Scores:
+    """Eq. 3 heat for every node; Eq. 4 score for every node that could be selected."""
+    idom = dominator_tree(comp)
+    order, start, stop = _dfs(comp, idom)
+    own_hot = {v: sum(b for s, b in mem.allocs.get(v, {}).items() if s in mem.hot) for v in comp.nodes}
+    heat = dict.fromkeys(comp.nodes, 0)
+    for v in reversed(order):  # children come after their parent in pre-order
+        heat[v] += own_hot[v]
+        if idom[v] is not None:
+            heat[idom[v]] += heat[v]
+    alloc_pos: dict[int, int] = {}
+    for v in comp.nodes:
+        for s in mem.allocs.get(v, {}):
+            alloc_pos[s] = start[v]
+    factor = 1 - 1 / n
+    best = 0.0
+    score: dict[int, float] = {}
+    subtree: dict[int, tuple[int, ...]] = {}
+    for v in sorted(comp.nodes, key=lambda x: -heat[x]):
+        upper = factor * heat[v]
+        if upper <= 0 or upper < best / levels:
+            break
+        lo, hi = start[v] + 1, stop[v]      # S = T.des(v) minus v
+        inputs: set[int] = set()
+        for u in order[lo:hi]:
+            for s in mem.reads.get(u, ()):
+                p = alloc_pos.get(s)
+                if s not in mem.hot and (p is None or not lo <= p < hi):
+                    inputs.add(s)
+        score[v] = upper - sum(mem.size[s] for s in inputs)
+        subtree[v] = tuple(order[start[v]:stop[v]])
+        best = max(best, score[v])
+    return Scores(idom, heat, score, subtree)
+
+
+def select_dominators(scores: Scores, levels: int = DEFAULT_LEVELS) -> list[tuple[int, int]]:
+    """(v_dom, i) pairs of Algorithm 1 lines 9-11, lowest interval first."""
+    s_max = max(scores.score.values(), default=0.0)
+    if s_max <= 0:
+        return []
+    picked = []
+    for i in range(1, levels + 1):
+        band = {v for v, s in scores.score.items() if i / levels <= s / s_max < (i + 1) / levels}
+        for v in sorted(band):
+            below = set(scores.subtree[v][1:])
+            if not below & band:
+                picked.append((v, i))
+    return picked
+
+
+def build_ftree(components: list[ComponentView], mem: MemoryView, levels: int = DEFAULT_LEVELS,
+                n: int = 2, valid: Callable[[frozenset[int], ComponentView], bool] | None = None) -> FTree:
+    """Algorithm 1: the F-Tree (all nodes disabled, n = 1) over every component."""
+    found: list[tuple[frozenset[int], ComponentView, int, Scores, int]] = []
+    for comp in components:
+        scores = compute_scores(comp, mem, n, levels)
+        for v, i in select_dominators(scores, levels):
+            region = frozenset(scores.subtree[v][1:])
+            if region and (valid is None or valid(region, comp)):
+                found.append((region, comp, v, scores, i))
+    found.sort(key=lambda item: (len(item[0]), item[2]))
+    nodes: list[FNode] = []
+    for k, (region, comp, v, scores, i) in enumerate(found):
+        nodes.append(FNode(id=k, nodes=region, labels={u: comp.labels[u] for u in region},
+                           length=comp.length, dominator=v, score=scores.score[v],
+                           heat=scores.heat[v], level=i))
+    # parent: the smallest other candidate that strictly contains the region
+    parented = []
+    for f in nodes:
+        parent = next((g.id for g in nodes if len(g.nodes) > len(f.nodes) and f.nodes < g.nodes), None)
+        parented.append(replace(f, parent=parent))
+    return FTree(tuple(parented))
