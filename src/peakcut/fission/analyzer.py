@@ -42,6 +42,7 @@ class ComponentView:
     preds: Mapping[int, tuple[int, ...]]    # predecessors within G'
     labels: Mapping[int, str]               # graph node id -> axis label of D there
     length: int                             # length of D
+    id: int = -1                            # the D-Graph component's id (-1: not from a D-Graph)
 
 
 @dataclass(frozen=True)
@@ -149,20 +150,28 @@ def select_dominators(scores: Scores, levels: int = DEFAULT_LEVELS) -> list[tupl
 
 
 def build_ftree(components: list[ComponentView], mem: MemoryView, levels: int = DEFAULT_LEVELS,
-                n: int = 2, valid: Callable[[frozenset[int], ComponentView], bool] | None = None) -> FTree:
-    """Algorithm 1: the F-Tree (all nodes disabled, n = 1) over every component."""
+                n: int = 2,
+                valid: Callable[[frozenset[int], ComponentView], frozenset[int] | None] | None = None,
+                ) -> FTree:
+    """Algorithm 1: the F-Tree (all nodes disabled, n = 1) over every component.
+
+    valid(S, D) returns the region to keep (S itself, or S normalised, e.g. without
+    trailing views) or None when the F-Trans is not valid.
+    """
     found: list[tuple[frozenset[int], ComponentView, int, Scores, int]] = []
     for comp in components:
         scores = compute_scores(comp, mem, n, levels)
         for v, i in select_dominators(scores, levels):
-            region = frozenset(scores.subtree[v][1:])
-            if region and (valid is None or valid(region, comp)):
+            region: frozenset[int] | None = frozenset(scores.subtree[v][1:])
+            if region and valid is not None:
+                region = valid(region, comp)
+            if region and all(region != r for r, *_ in found):
                 found.append((region, comp, v, scores, i))
     found.sort(key=lambda item: (len(item[0]), item[2]))
     nodes: list[FNode] = []
     for k, (region, comp, v, scores, i) in enumerate(found):
         nodes.append(FNode(id=k, nodes=region, labels={u: comp.labels[u] for u in region},
-                           length=comp.length, dominator=v, score=scores.score[v],
+                           length=comp.length, component=comp.id, dominator=v, score=scores.score[v],
                            heat=scores.heat[v], level=i))
     # parent: the smallest other candidate that strictly contains the region
     parented = []

@@ -35,6 +35,7 @@ class FNode:
     nodes: frozenset[int]
     labels: Mapping[int, str]       # graph node id -> the axis label of D at that node
     length: int                     # length of D's dimension (n must divide it)
+    component: int                  # id of D in the D-Graph
     dominator: int                  # the graph node whose dominated region this is
     score: float                    # Eq. 4 score at n = 2 (bytes)
     heat: int                       # Eq. 3 heat (bytes)
@@ -96,6 +97,13 @@ class FTree:
 
     def enabled(self) -> list[FNode]:
         return [f for f in self.nodes if f.enabled]
+
+    def with_n(self, k: int, n: int) -> FTree:
+        """This tree with node k at fission number n, bypassing the rules (analysis, reports, tests)."""
+        f = self.node(k)
+        if n < 1 or f.length % n:
+            raise FTreeError(f"F-Tree node {k}: n = {n} does not divide its dimension length {f.length}")
+        return self._with(k, n)
 
     def _with(self, k: int, n: int) -> FTree:
         nodes = list(self.nodes)

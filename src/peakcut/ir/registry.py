@@ -68,7 +68,7 @@ _NORM = ["native_layer_norm", "native_layer_norm_backward", "native_batch_norm",
 
 _DATA_MOVEMENT = ["cat", "stack", "constant_pad_nd", "gather", "scatter.src", "scatter.value", "scatter_add", "scatter_reduce.two", "index.Tensor", "index_put", "index_put_", "index_select", "embedding", "embedding_dense_backward", "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "upsample_nearest2d.vec", "upsample_bilinear2d.vec", "upsample_nearest2d_backward", "upsample_bilinear2d_backward", "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward", "slice_backward", "select_backward", "lift_fresh_copy", "select_scatter", "slice_scatter", "flip", "roll", "repeat", "sort", "topk", "col2im", "im2col", "reflection_pad2d", "replication_pad2d"]
 
-_FACTORY = ["empty.memory_format", "empty_strided", "full", "full_like", "zeros", "zeros_like", "ones", "ones_like", "empty_like", "scalar_tensor", "arange.start_step", "arange.default", "arange.start", "iota", "new_zeros", "new_ones", "new_full", "new_empty", "new_empty_strided"]
+_FACTORY = ["empty.memory_format", "empty_strided", "full", "full_like", "zeros", "zeros_like", "ones", "ones_like", "empty_like", "scalar_tensor", "arange.start_step", "arange.default", "arange.start", "new_zeros", "new_ones", "new_full", "new_empty", "new_empty_strided"]
 
 _RANDOM = ["native_dropout", "native_dropout_backward", "bernoulli.p", "bernoulli.default", "bernoulli_.float",
            "bernoulli_.Tensor", "rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "normal_", "uniform_", "exponential_", "multinomial", "randperm"]

@@ -1,0 +1,149 @@
+"""F-Trans f = (S, D, n) and its validity (MAGIS §4.2), plus the conditions our code generation needs.
+
+The paper's conditions:
+1. G[S] is weakly connected;
+2. G[S] is convex: no path leaves S and comes back;
+3. no redundant computation: every node of S carries exactly one label of D,
+   and every edge inside S is an edge of D.
+
+peakcut adds what the split program needs to be exact:
+4. n divides D's length;
+5. no node of S writes a storage that S does not allocate (an in-place write
+   to an outside tensor would be cut into parts that each see a partial state);
+6. every tensor S hands to the rest of the graph (or to the caller) lives in a
+   storage its producer allocates, and carries D's label either as a
+   dimension (the parts are concatenated) or as a reduce axis with an exact
+   merge (the parts are summed, or averaged).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import rustworkx as rx
+
+from peakcut.fission.dgraph import Component, DGraph
+from peakcut.ir.graph import Graph
+
+
+@dataclass(frozen=True)
+class FTrans:
+    """Split the nodes S along component D into n parts; labels: per node, D's label there."""
+
+    nodes: frozenset[int]
+    component: int
+    labels: dict[int, str]
+    n: int
+
+
+def trim_views(g: Graph, nodes: Iterable[int]) -> frozenset[int]:
+    """S without the view nodes whose results are only read outside S (repeatedly).
+
+    A view costs no memory, so running it after the parts are merged, on the
+    whole tensor, loses nothing, and the tensor S hands out is then the base
+    its producer allocates, which the split program can merge into.
+    """
+    from peakcut.ir.registry import OpKind, lookup
+
+    S = set(nodes)
+    outs = set(g.outputs)
+    changed = True
+    while changed:
+        changed = False
+        for v in sorted(S):
+            info = lookup(g.nodes[v].op)
+            if info is None or info.kind is not OpKind.VIEW:
+                continue
+            results = g.nodes[v].output_ids()
+            if all(t not in outs and all(u not in S for u in g.users(t)) for t in results):
+                S.discard(v)
+                changed = True
+    return frozenset(S)
+
+
+def boundary_outputs(g: Graph, nodes: frozenset[int]) -> list[int]:
+    """Tensors produced in S and read outside it or returned by the program."""
+    outs = set(g.outputs)
+    found = []
+    for nid in nodes:
+        for t in g.nodes[nid].output_ids():
+            if t in outs or any(u not in nodes for u in g.users(t)):
+                found.append(t)
+    return sorted(found)
+
+
+def boundary_inputs(g: Graph, nodes: frozenset[int]) -> list[int]:
+    """Tensors read in S that S does not produce."""
+    produced = {t for nid in nodes for t in g.nodes[nid].output_ids()}
+    return sorted({t for nid in nodes for t in g.nodes[nid].input_ids() if t not in produced})
+
+
+def why_not_valid(g: Graph, dgraph: DGraph, nodes: Iterable[int], component: Component,
+                  n: int = 2) -> str | None:
+    """The first condition (see module doc) that f = (S, D, n) breaks, or None when valid."""
+    S = frozenset(nodes)
+    if not S:
+        return "S is empty"
+    missing = [v for v in S if v not in component.labels]
+    if missing:
+        return f"node {g.nodes[missing[0]].name} does not carry dimension {component.id}"
+    double = [v for v in S if len(component.labels[v]) != 1]
+    if double:
+        return f"node {g.nodes[double[0]].name} carries dimension {component.id} twice"
+    if component.length % n:
+        return f"n = {n} does not divide the dimension's length {component.length}"
+    # 1. weakly connected, 3. every inner edge is a D-edge
+    inner = rx.PyGraph()
+    index = {v: inner.add_node(v) for v in S}
+    d_edges = {(a[0], b[0]) for a, b in dgraph.edges
+               if a in component.vertices and b in component.vertices}
+    for v in S:
+        for p in g.predecessors(v):
+            if p in S:
+                if (p, v) not in d_edges and p not in g.control.get(v, ()):
+                    return (f"edge {g.nodes[p].name} -> {g.nodes[v].name} does not follow "
+                            f"dimension {component.id} (redundant computation)")
+                inner.add_edge(index[p], index[v], None)
+    if not rx.is_connected(inner):
+        return "S is not weakly connected"
+    # 2. convex: nothing outside S is both reachable from S and reaching S
+    if _leaves_and_returns(g, S):
+        return "S is not convex: a path leaves it and comes back"
+    # 5. no in-place writes to outside storages
+    allocated = {g.tensors[t].storage for v in S for t in g.nodes[v].output_ids()
+                 if not any(g.tensors[i].storage == g.tensors[t].storage for i in g.nodes[v].input_ids())}
+    for v in S:
+        for t in g.mutated_tensors(v):
+            if g.tensors[t].storage not in allocated:
+                return f"node {g.nodes[v].name} writes {g.tensors[t].name}, which S does not allocate"
+    # 6. outputs: own storage, and a way to merge
+    for t in boundary_outputs(g, S):
+        v = g.producer(t)
+        rule = dgraph.rules[v]
+        label = component.labels[v][0]
+        if any(g.tensors[i].storage == g.tensors[t].storage for i in g.nodes[v].input_ids()):
+            return f"output {g.tensors[t].name} of S is a view or in-place result"
+        k = g.nodes[v].outputs.index(t)
+        if label not in rule.outputs[k] and label not in rule.merge:
+            return f"output {g.tensors[t].name} of S has no dimension {component.id} to merge along"
+    return None
+
+
+def _leaves_and_returns(g: Graph, S: frozenset[int]) -> bool:
+    """True when a node outside S is reachable from S and reaches S."""
+    succ: dict[int, set[int]] = {}
+    for nid in g.nodes:
+        for p in g.predecessors(nid):
+            succ.setdefault(p, set()).add(nid)
+    frontier = [u for v in S for u in succ.get(v, ()) if u not in S]
+    seen = set(frontier)
+    while frontier:
+        u = frontier.pop()
+        for w in succ.get(u, ()):
+            if w in S:
+                return True
+            if w not in seen:
+                seen.add(w)
+                frontier.append(w)
+    return False

@@ -1,0 +1,53 @@
+"""The op -> rule table and dim_rule(g, nid): the dimension rule of one node."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from peakcut.ir.dims import linalg, movement, norms, pointwise, reductions, views
+from peakcut.ir.dims.call import Builder, Call, assemble, aten
+from peakcut.ir.dims.rule import DimRule
+from peakcut.ir.graph import Graph
+from peakcut.ir.ops import LOAD_OP, STORE_OP
+
+BUILDERS: Mapping[str, Builder] = MappingProxyType({
+    **views.BUILDERS, **pointwise.BUILDERS, **reductions.BUILDERS, **linalg.BUILDERS,
+    **norms.BUILDERS, **movement.BUILDERS,
+})
+"""Every op with a dimension rule (a builder that may still decline for some calls)."""
+
+_RANDOM = "draws random numbers: never split or duplicated (DESIGN invariant 4)"
+
+NO_RULE: Mapping[str, str] = MappingProxyType({
+    aten("as_strided"): "arbitrary sizes and strides: output axes need not match input axes",
+    aten("_foreach_add_.List"): "updates a list in place: a split along one tensor's axis would "
+                                "apply the update to every other tensor n times",
+    aten("_foreach_mul_.Scalar"): "updates a list in place (as _foreach_add_.List)",
+    STORE_OP: "swap-out: code generation emits the copy itself; never split",
+    LOAD_OP: "swap-in: code generation emits the copy itself; never split",
+    **{aten(n): _RANDOM for n in (
+        "native_dropout", "native_dropout_backward", "bernoulli.p", "bernoulli.default",
+        "bernoulli_.float", "bernoulli_.Tensor", "rand", "randn", "rand_like", "randn_like",
+        "randint", "randint_like", "normal_", "uniform_", "exponential_", "multinomial",
+        "randperm")},
+})
+"""Registry ops without a dimension rule, and why (dim_rule returns None for them)."""
+
+
+def dim_rule(g: Graph, nid: int) -> DimRule | None:
+    """The dimension rule of node `nid`; None when the node is never split.
+
+    None for ops without a rule (NO_RULE, opaque ops) and for calls a builder
+    declines (e.g. boolean-mask indexing, attention with dropout). A rule may
+    have no labels at all (e.g. arange): known, but nothing to split.
+    """
+    node = g.nodes[nid]
+    builder = BUILDERS.get(node.op)
+    if builder is None:
+        return None
+    call = Call.of(g, nid)
+    labeling = builder(call)
+    if labeling is None:
+        return None
+    return assemble(call, node.input_ids(), g.mutated_tensors(nid), labeling)
