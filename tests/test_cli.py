@@ -22,6 +22,8 @@ def test_profile_json_and_plot(capsys, tmp_path):
         assert key in facts
     assert facts["eager_peak_bytes"] > facts["param_bytes"] > 0
     assert facts["reorder_lower_bound_bytes"] <= facts["reordered_peak_bytes"] <= facts["eager_peak_bytes"]
+    assert facts["ftree_levels"] == len(facts["ftree_nodes_per_level"])
+    assert "fission_root_peak_bytes" in facts
     assert plot.stat().st_size > 10_000
 
 

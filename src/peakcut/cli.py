@@ -35,6 +35,23 @@ def cmd_workloads(args: argparse.Namespace, out: Console) -> int:
     return 0
 
 
+def fission_facts(g: Any) -> dict:
+    """F-Tree summary of the batch dimension and the simulated peak with its root split in 2."""
+    from peakcut.fission.build import analyze
+    from peakcut.fission.expand import expand
+    t0 = time.perf_counter()
+    tree, dgraph = analyze(g, batch_only=True)
+    facts: dict[str, Any] = {"ftree_levels": tree.levels(), "ftree_nodes_per_level": tree.nodes_per_level(),
+                             "fission_root_peak_bytes": None}
+    if tree.nodes:
+        root = max(tree.roots(), key=lambda k: len(tree.nodes[k].nodes))
+        split = expand(g, list(g.order), tree.with_n(root, 2), dgraph)
+        facts["fission_root_peak_bytes"] = split.graph.simulate(split.order).peak_bytes
+        facts["fission_root_ops"] = len(tree.nodes[root].nodes)
+    facts["fission_seconds"] = round(time.perf_counter() - t0, 3)
+    return facts
+
+
 def profile_facts(name: str, size: str, batch: int | None, optimizer: str, status: Any,
                   reorder_seconds: float = 20.0) -> tuple[dict, Any, Any]:
     """Capture and simulate a workload; returns (facts, graph, memory profile)."""
@@ -53,6 +70,8 @@ def profile_facts(name: str, size: str, batch: int | None, optimizer: str, statu
     from peakcut.schedule import schedule
 
     sched = schedule(g, time_limit=reorder_seconds)
+    status("building the F-Tree of the batch dimension")
+    ftree = fission_facts(g)
     facts = {
         "workload": name, "size": size, "description": inst.description, "optimizer": optimizer,
         "batch_size": inst.batch_size, "nodes": len(g.nodes),
@@ -64,6 +83,7 @@ def profile_facts(name: str, size: str, batch: int | None, optimizer: str, statu
         "reorder_lower_bound_bytes": sched.lower_bound_bytes,
         "reorder_method": sched.method,
         "reorder_seconds": round(sched.seconds, 3),
+        **ftree,
         "peak_op": g.nodes[prof.peak_node].name, "peak_phase": g.nodes[prof.peak_node].phase.value,
         "hotspots_by_module": [{"module": m, "bytes": b} for m, b in prof.hotspots_by_module()[:10]],
         "capture_seconds": round(t_capture, 3),
@@ -96,8 +116,12 @@ def cmd_profile(args: argparse.Namespace, out: Console) -> int:
     saved = 1 - facts["reordered_peak_bytes"] / facts["eager_peak_bytes"]
     table.add_row("re-ordered peak (simulated)", f"{_gib(facts['reordered_peak_bytes'])} ({saved:.2%} less)")
     table.add_row("no order can go below", _gib(facts["reorder_lower_bound_bytes"]))
+    table.add_row("F-Tree (batch dimension)", f"{facts['ftree_levels']} levels, nodes per level "
+                  f"{facts['ftree_nodes_per_level']}")
+    if facts["fission_root_peak_bytes"] is not None:
+        table.add_row("peak with the F-Tree root in 2 parts (simulated)", _gib(facts["fission_root_peak_bytes"]))
     table.add_row("peak reached at", f"{facts['peak_op']} ({facts['peak_phase']})")
-    table.add_row("capture + simulate + re-order", f"{facts['seconds']:.1f} s")
+    table.add_row("capture + simulate + re-order + F-Tree", f"{facts['seconds']:.1f} s")
     out.print(table)
     hot = Table(title="largest memory hot-spots at the peak, by producing module")
     hot.add_column("module")

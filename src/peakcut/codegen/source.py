@@ -10,6 +10,10 @@ Recomputed nodes (extra 'remat_of') are ordinary ATen calls under a `# recompute
 comment. A graph with swaps (peakcut.store / peakcut.load) gets a keyword `host` (a
 codegen.swap.HostPool) for its host copies; codegen.swap emits those copies (side-stream
 copies with explicit events on CUDA).
+
+A fissioned graph (from peakcut.fission.expand) gets its regions back as loops
+(`for part in range(n):`, see codegen.fission); a region that cannot be a loop, or that holds
+swap code, is emitted unrolled under a comment saying why.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from __future__ import annotations
 import keyword
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from peakcut.codegen.fission import Item, Loop, LoopPlan, Unrolled, has_fission, plan_loops
 from peakcut.codegen.swap import SwapCode, has_swaps
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
@@ -49,16 +55,18 @@ def _ident(text: str) -> str:
 class _Names:
     """Unique, readable Python names for every tensor of the graph."""
 
-    def __init__(self, g: Graph) -> None:
+    def __init__(self, g: Graph, display: dict[int, str] | None = None) -> None:
         self.by_tensor: dict[int, str] = {}
         self._used: set[str] = {"aten", "torch", "device", "step", "_", "host", "compute", "d2h",
-                                "h2d"}
+                                "h2d", "part", *(f"part{d}" for d in range(2, 10))}
         for tid, name in zip(g.inputs, g.input_names, strict=True):
             kind, _, rest = name.partition(":")
             self.by_tensor[tid] = self._fresh(f"{_PREFIX.get(kind, kind)}_{rest}")
+        display = display or {}
         for nid in g.order:
             for tid in g.nodes[nid].output_ids():
-                self.by_tensor[tid] = self._fresh(g.tensors[tid].name or f"t{tid}")
+                text = display.get(tid) or g.tensors[tid].name or f"t{tid}"
+                self.by_tensor[tid] = self._fresh(text)
 
     def fresh(self, text: str) -> str:
         """A new unique identifier made from `text` (for helper variables such as events)."""
@@ -99,10 +107,13 @@ def _literal(v: Any, names: _Names, device: str) -> str:
     raise TypeError(f"cannot emit argument of type {type(v).__name__}: {v!r}")
 
 
-def _call(node: Node, names: _Names, device: str) -> str:
+def _call(node: Node, names: _Names, device: str, override: dict[int, str] | None = None) -> str:
+    """The op call's source; override: positional argument index -> source text to use."""
     ns, op, overload = node.op.split(".")
     target = f"aten.{op}.{overload}" if ns == "aten" else f"torch.ops.{ns}.{op}.{overload}"
-    parts = [_literal(a, names, device) for a in node.args]
+    override = override or {}
+    parts = [override[i] if i in override else _literal(a, names, device)
+             for i, a in enumerate(node.args)]
     parts += [f"{k}={_literal(v, names, device)}" for k, v in node.kwargs.items()]
     return f"{target}({', '.join(parts)})"
 
@@ -129,8 +140,9 @@ def generate_source(g: Graph, order: list[int] | None = None, title: str = "", p
     from peakcut import __version__
 
     order = list(g.order if order is None else order)
-    names = _Names(g)
     frees = last_uses(g, order)
+    plan = plan_loops(g, order, frees, refuse=_swap_refusal(g)) if has_fission(g) else None
+    names = _Names(g, plan.display if plan else None)
     lines = [HEADER.format(
         title=title or "One training step captured by peakcut.", version=__version__,
         order_kind="capture (eager)" if order == g.order else "rescheduled",
@@ -144,37 +156,116 @@ def generate_source(g: Graph, order: list[int] | None = None, title: str = "", p
     lines.append('    """Run the step; updates parameters, buffers and optimizer state in place."""')
     if swaps:
         lines.extend(swaps.prologue())
-    section = None
-    for nid in order:
-        node = g.nodes[nid]
-        where = (node.phase.value, node.module)
-        if where != section:
-            section = where
-            lines.append(f"    # -- {node.phase.value}{': ' + node.module if node.module else ''}")
-        if swaps:
-            lines.extend(swaps.before(nid))
-        dead = [t for t in frees.get(nid, []) if not (swaps and swaps.keeps(t))]
-        if swaps and node.op in (STORE_OP, LOAD_OP):
-            lines.extend(swaps.emit(node))
-            if dead:
-                lines.append("    del " + ", ".join(names.by_tensor[t] for t in dead))
-            continue
-        original = node.extra.get("remat_of")
-        if original in g.nodes:
-            lines.append(f"    # recompute of {g.nodes[original].name or original}")
-        elif original is not None:
-            lines.append(f"    # recompute of node {original}")
-        outs = [names.by_tensor[t] if t is not None else "_" for t in node.outputs]
-        call = _call(node, names, g.device)
-        if node.multi_output:
-            target = ", ".join(outs) + ("," if len(outs) == 1 else "")
-            lines.append(f"    {target} = {call}")
-            if None in node.outputs:
-                lines.append("    del _")
-        else:
-            lines.append(f"    {outs[0]} = {call}")
-        if dead:
-            lines.append("    del " + ", ".join(names.by_tensor[t] for t in dead))
+    emitter = _Emitter(g, names, frees, swaps, plan)
+    lines.extend(emitter.items(plan.items if plan else order, 1))
     outs = ", ".join(names.by_tensor[t] for t in g.outputs)
     lines.append(f"    return ({outs}{',' if len(g.outputs) == 1 else ''})")
     return "\n".join(lines) + "\n"
+
+
+def _swap_refusal(g: Graph) -> Callable[[list[int]], str | None] | None:
+    """Regions holding swap code (or reading a swapped-in tensor) are not emitted as loops:
+    codegen.swap writes top-level lines only."""
+    if not has_swaps(g):
+        return None
+    loaded = {t for n in g.nodes.values() if n.op == LOAD_OP for t in n.output_ids()}
+
+    def refuse(nodes: list[int]) -> str | None:
+        for nid in nodes:
+            node = g.nodes[nid]
+            if node.op in (STORE_OP, LOAD_OP) or loaded.intersection(node.input_ids()):
+                return "it holds swap code, which is emitted at the top level only"
+        return None
+
+    return refuse
+
+
+class _Emitter:
+    """Lines of the step's body: nodes, loops of fission regions, dels."""
+
+    def __init__(self, g: Graph, names: _Names, frees: dict[int, list[int]],
+                 swaps: SwapCode | None, plan: LoopPlan | None) -> None:
+        self.g = g
+        self.names = names
+        self.frees = frees
+        self.swaps = swaps
+        self.plan = plan
+        self.section: tuple[str, str] | None = None
+
+    def items(self, items: list[Item] | list[int], depth: int) -> list[str]:
+        lines: list[str] = []
+        pad = "    " * depth
+        for it in items:
+            if isinstance(it, Loop):
+                self.section = None
+                lines.append(pad + it.comment)
+                lines.append(f"{pad}for {it.var} in range({it.n}):")
+                lines.extend(self.items(it.parts[0], depth + 1))
+                self.section = None
+            elif isinstance(it, Unrolled):
+                self.section = None
+                lines.append(f"{pad}# fission region {it.fnode} ({it.n} parts) emitted unrolled: "
+                             f"{it.reason}")
+                lines.extend(self.items(it.items, depth))
+                self.section = None
+            else:
+                lines.extend(self.node(it, depth))
+        return lines
+
+    def _dels(self, nid: int) -> list[tuple[str, list[int]]]:
+        if self.plan is not None:
+            groups = self.plan.dels.get(nid, [])
+        else:
+            groups = [("", self.frees.get(nid, []))]
+        keeps = self.swaps.keeps if self.swaps else (lambda t: False)
+        out = []
+        for cond, tensors in groups:
+            kept = [t for t in tensors if not keeps(t)]
+            if kept:
+                out.append((cond, kept))
+        return out
+
+    def _del_lines(self, nid: int, pad: str) -> list[str]:
+        lines = []
+        for cond, tensors in self._dels(nid):
+            names = ", ".join(self.names.by_tensor[t] for t in tensors)
+            if cond:
+                lines.append(f"{pad}if {cond}:")
+                lines.append(f"{pad}    del {names}")
+            else:
+                lines.append(f"{pad}del {names}")
+        return lines
+
+    def node(self, nid: int, depth: int) -> list[str]:
+        g, names, swaps = self.g, self.names, self.swaps
+        pad = "    " * depth
+        node = g.nodes[nid]
+        lines: list[str] = []
+        where = (node.phase.value, node.module)
+        if where != self.section:
+            self.section = where
+            lines.append(f"{pad}# -- {node.phase.value}{': ' + node.module if node.module else ''}")
+        if swaps:
+            lines.extend(swaps.before(nid))
+        if swaps and node.op in (STORE_OP, LOAD_OP):
+            lines.extend(swaps.emit(node))
+            return lines + self._del_lines(nid, pad)
+        original = node.extra.get("remat_of")
+        if original in g.nodes:
+            lines.append(f"{pad}# recompute of {g.nodes[original].name or original}")
+        elif original is not None:
+            lines.append(f"{pad}# recompute of node {original}")
+        outs = [names.by_tensor[t] if t is not None else "_" for t in node.outputs]
+        override = None
+        if self.plan is not None and nid in self.plan.slices:
+            start, end = self.plan.slices[nid]
+            override = {2: start, 3: end}
+        call = _call(node, names, g.device, override)
+        if node.multi_output:
+            target = ", ".join(outs) + ("," if len(outs) == 1 else "")
+            lines.append(f"{pad}{target} = {call}")
+            if None in node.outputs:
+                lines.append(f"{pad}del _")
+        else:
+            lines.append(f"{pad}{outs[0]} = {call}")
+        return lines + self._del_lines(nid, pad)

@@ -11,9 +11,10 @@ peakcut adds what the split program needs to be exact:
 5. no node of S writes a storage that S does not allocate (an in-place write
    to an outside tensor would be cut into parts that each see a partial state);
 6. every tensor S hands to the rest of the graph (or to the caller) lives in a
-   storage its producer allocates, and carries D's label either as a
-   dimension (the parts are concatenated) or as a reduce axis with an exact
-   merge (the parts are summed, or averaged).
+   storage its producer allocates (or is a pure view of such a tensor: the view
+   runs again on the merged base), and is rebuilt from the parts in a way
+   peakcut.fission.expand supports: concatenated along D, summed, averaged,
+   an NLL mean, or the same in every part.
 """
 
 from __future__ import annotations
@@ -117,17 +118,30 @@ def why_not_valid(g: Graph, dgraph: DGraph, nodes: Iterable[int], component: Com
         for t in g.mutated_tensors(v):
             if g.tensors[t].storage not in allocated:
                 return f"node {g.nodes[v].name} writes {g.tensors[t].name}, which S does not allocate"
-    # 6. outputs: own storage, and a way to merge
+    # 6. outputs: a fresh storage or a pure view of one (the view runs again on the merged
+    #    base), and a way to rebuild them from the parts
     for t in boundary_outputs(g, S):
         v = g.producer(t)
         rule = dgraph.rules[v]
         label = component.labels[v][0]
-        if any(g.tensors[i].storage == g.tensors[t].storage for i in g.nodes[v].input_ids()):
-            return f"output {g.tensors[t].name} of S is a view or in-place result"
-        k = g.nodes[v].outputs.index(t)
-        if label not in rule.outputs[k] and label not in rule.merge:
-            return f"output {g.tensors[t].name} of S has no dimension {component.id} to merge along"
+        aliases = any(g.tensors[i].storage == g.tensors[t].storage for i in g.nodes[v].input_ids())
+        if aliases and not _pure_view(g, v):
+            return f"output {g.tensors[t].name} of S is an in-place result"
+        how = rule.combine(label)[g.nodes[v].outputs.index(t)]
+        if how not in MERGEABLE:
+            return (f"output {g.tensors[t].name} of S cannot be rebuilt from its parts "
+                    f"(merge {how!r} along dimension {component.id})")
     return None
+
+
+MERGEABLE = frozenset({"cat", "same", "sum", "mean", "nll_mean"})  # what fission.expand rebuilds
+
+
+def _pure_view(g: Graph, nid: int) -> bool:
+    from peakcut.ir.registry import OpKind, lookup
+
+    info = lookup(g.nodes[nid].op)
+    return info is not None and info.kind is OpKind.VIEW and not g.mutated_tensors(nid)
 
 
 def _leaves_and_returns(g: Graph, S: frozenset[int]) -> bool:
