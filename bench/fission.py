@@ -6,6 +6,8 @@ Per workload (AdamW step, captured over FakeTensors): time to build the
 D-Graph and the F-Tree (Algorithm 1, L = 4) of the batch dimension's
 component, its levels and nodes per level, and the simulated peak when the
 F-Tree's root (the largest region) runs in 2 parts, against the eager peak.
+The loss's gradient seed and target count are first computed without the loss
+(peakcut.fission.loss, exact), so that regions may span forward and backward.
 All peaks are simulated (capture order, CPU workspace model); nothing runs.
 """
 
@@ -19,6 +21,7 @@ import torch
 import peakcut
 from peakcut.fission.build import analyze
 from peakcut.fission.expand import expand
+from peakcut.fission.loss import detach_loss
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
 
@@ -33,7 +36,7 @@ def main() -> None:
             "root n=2 peak GiB | change | expand s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name in WORKLOAD_NAMES:
         inst = get_workload(name).build("paper")
-        g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw")
+        g = detach_loss(peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw"))
         eager = g.simulate().peak_bytes
         t0 = time.perf_counter()
         tree, dgraph = analyze(g, batch_only=True)

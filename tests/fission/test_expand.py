@@ -72,7 +72,7 @@ class Case:
         self.batch = (torch.randn(BATCH, 8), torch.randint(0, 4, (BATCH,)))
         self.g: Graph = peakcut.capture(self.model, self.batch, mlp_loss, SPEC, keep_grads=True)
         self.dgraph: DGraph = build_dgraph(self.g)
-        comp = batch_component(self.g, self.dgraph)
+        comp = batch_component(self.g, self.dgraph)[0]
         assert comp is not None and comp.length == BATCH
         self.comp: Component = comp
 
@@ -271,7 +271,7 @@ def test_a_partial_result_read_inside_the_region_is_refused() -> None:
     batch = (torch.randn(BATCH, 8), torch.randint(0, 4, (BATCH,)))
     g = peakcut.capture(ScaledByMean(), batch, mlp_loss, SPEC, keep_grads=True)
     dgraph = build_dgraph(g)
-    comp = batch_component(g, dgraph)
+    comp = batch_component(g, dgraph)[0]
     assert comp is not None
     mean = next(v for v in g.order if g.nodes[v].op == "aten.mean.dim")
     mul = next(v for v in g.order if g.nodes[v].op == "aten.mul.Tensor")
@@ -289,7 +289,7 @@ def test_a_mean_over_the_batch_leaving_the_region_is_summed_then_divided() -> No
     batch = (torch.randn(BATCH, 8), torch.randint(0, 4, (BATCH,)))
     g = peakcut.capture(model, batch, mlp_loss, SPEC, keep_grads=True)
     dgraph = build_dgraph(g)
-    comp = batch_component(g, dgraph)
+    comp = batch_component(g, dgraph)[0]
     assert comp is not None
     addmm = next(v for v in g.order if g.nodes[v].op == "aten.addmm.default")
     mean = next(v for v in g.order if g.nodes[v].op == "aten.mean.dim")
@@ -329,7 +329,7 @@ def test_a_mean_nll_loss_divides_by_a_scratch_total_weight() -> None:
     batch = (torch.randn(BATCH, 8), torch.tensor([0, 1, 2, 3, -100, 1, 2, 3]))  # one ignored
     g = peakcut.capture(model, batch)                         # inference: returns the loss
     dgraph = build_dgraph(g)
-    comp = batch_component(g, dgraph)
+    comp = batch_component(g, dgraph)[0]
     assert comp is not None
     region = [v for v in g.order if v in comp.labels]
     assert why_not_valid(g, dgraph, region, comp, n=4) is None

@@ -31,15 +31,34 @@ def memory_view(g: Graph, order: Sequence[int] | None = None) -> MemoryView:
     return MemoryView(allocs, reads, hot, dict(g.storages))
 
 
-def component_view(g: Graph, comp: Component) -> ComponentView:
-    nodes = tuple(nid for nid in g.order if nid in comp.labels)
+def component_view(g: Graph, comp: Component, sources: set[int] | None = None) -> ComponentView:
+    """G' of Algorithm 1 for one component; with `sources`, only what they reach inside it.
+
+    The dominator tree is rooted at the data input (§4.3, footnote 3): other
+    inputs (an attention mask, the labels) enter regions as side inputs, the
+    way weights do, instead of cutting every dominator path at the root.
+    """
+    members = set(comp.labels)
+    if sources is not None:
+        reached = {v for v in sources if v in members}
+        frontier = list(reached)
+        while frontier:
+            u = frontier.pop()
+            for t in g.nodes[u].output_ids():
+                for w in g.users(t):
+                    if w in members and w not in reached:
+                        reached.add(w)
+                        frontier.append(w)
+        members = reached
+    nodes = tuple(nid for nid in g.order if nid in members)
     inside = set(nodes)
     preds = {nid: tuple(p for p in g.predecessors(nid) if p in inside) for nid in nodes}
     return ComponentView(nodes, preds, {nid: comp.labels[nid][0] for nid in nodes}, comp.length, comp.id)
 
 
-def batch_component(g: Graph, dgraph: DGraph) -> Component | None:
-    """The component holding dimension 0 of the first batch input (what "the batch dimension" means)."""
+def batch_component(g: Graph, dgraph: DGraph) -> tuple[Component, set[int]] | None:
+    """The component holding dimension 0 of the first batch input (the data input), and the
+    nodes that read that input (what "the batch dimension" means)."""
     batch = [t for t, name in zip(g.inputs, g.input_names, strict=True)
              if name.startswith("batch:") and g.tensors[t].role is Role.INPUT and g.tensors[t].shape]
     for t in batch:
@@ -51,7 +70,7 @@ def batch_component(g: Graph, dgraph: DGraph) -> Component | None:
             if labels and labels[0] is not None:
                 comp = dgraph.component_at(user, labels[0])
                 if comp is not None:
-                    return comp
+                    return comp, {u for u in g.users(t) if u in comp.labels}
     return None
 
 
@@ -60,14 +79,15 @@ def analyze(g: Graph, order: Sequence[int] | None = None, levels: int = DEFAULT_
     """Algorithm 1 over the graph's D-Graph components (or only the batch one)."""
     dgraph = build_dgraph(g)
     if batch_only:
-        comp = batch_component(g, dgraph)
-        comps = [comp] if comp is not None else []
+        found = batch_component(g, dgraph)
+        comps = [found] if found is not None else []
     else:
-        comps = [c for c in dgraph.components if len(c.labels) >= MIN_COMPONENT_NODES and c.length > 1]
+        comps = [(c, None) for c in dgraph.components
+                 if len(c.labels) >= MIN_COMPONENT_NODES and c.length > 1]
     by_view = {}
     views = []
-    for comp in comps:
-        view = component_view(g, comp)
+    for comp, sources in comps:
+        view = component_view(g, comp, sources)
         by_view[id(view)] = comp
         views.append(view)
 
