@@ -39,7 +39,10 @@ def fission_facts(g: Any) -> dict:
     """F-Tree summary of the batch dimension and the simulated peak with its root split in 2."""
     from peakcut.fission.build import analyze
     from peakcut.fission.expand import expand
+    from peakcut.fission.loss import detach_loss
+
     t0 = time.perf_counter()
+    g = detach_loss(g)  # exact; lets regions span forward, loss and backward
     tree, dgraph = analyze(g, batch_only=True)
     facts: dict[str, Any] = {"ftree_levels": tree.levels(), "ftree_nodes_per_level": tree.nodes_per_level(),
                              "fission_root_peak_bytes": None}
