@@ -74,6 +74,7 @@ from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, TensorRef, map_refs
 from peakcut.ir.registry import OpKind, lookup
 from peakcut.ir.tensor import Role, TensorMeta
+from peakcut.transform.rewrite import describe_node, describe_tensor
 
 Path = tuple[tuple[int, int], ...]
 """Enclosing (F-Tree node id, part) pairs of a node, outermost first."""
@@ -166,7 +167,7 @@ def _nesting(g: Graph, enabled: Sequence[FNode],
             raise FissionError(f"F-Tree node {f.id}: its labels do not cover exactly its nodes")
         ruleless = [v for v in f.nodes if v not in dgraph.rules]
         if ruleless:
-            raise FissionError(f"F-Tree node {f.id}: {_node(g, ruleless[0])} has no dimension rule")
+            raise FissionError(f"F-Tree node {f.id}: {describe_node(g, ruleless[0])} has no dimension rule")
     children: dict[int, list[int]] = {f.id: [] for f in enabled}
     roots: list[int] = []
     for f in sorted(enabled, key=lambda x: (len(x.nodes), x.id)):
@@ -184,17 +185,6 @@ def _nesting(g: Graph, enabled: Sequence[FNode],
         else:
             roots.append(f.id)
     return children, roots
-
-
-def _node(g: Graph, nid: int) -> str:
-    n = g.nodes[nid]
-    where = f" in {n.module}" if n.module else ""
-    return f"node {n.name or nid} ({n.op}){where}"
-
-
-def _tensor(g: Graph, tid: int) -> str:
-    t = g.tensors[tid]
-    return f"tensor {t.name or tid} (id {tid}, {'x'.join(map(str, t.shape)) or 'scalar'} {t.dtype})"
 
 
 class _Expander:
@@ -278,7 +268,7 @@ class _Expander:
                 meta = g.tensors[tid]
                 if storage not in fresh.values() or (shape, stride, dtype) != (
                         meta.shape, meta.stride, meta.dtype):
-                    raise FissionError(f"{what} cannot reproduce the layout of {_tensor(g, tid)}")
+                    raise FissionError(f"{what} cannot reproduce the layout of {describe_tensor(g, tid)}")
                 g.storages[meta.storage] = g.storages.pop(storage)   # the same storage, resized
                 self._bases.pop(meta.storage, None)
                 out_ids.append(tid)
@@ -404,7 +394,7 @@ class _Expander:
                 downstream.add(u)
         both = needed & downstream
         if both:
-            raise FissionError(f"F-Tree node {fid} is not convex: {_node(g, min(both))} depends "
+            raise FissionError(f"F-Tree node {fid} is not convex: {describe_node(g, min(both))} depends "
                                "on the region and the region depends on it")
         return ([u for u in segment if u in needed],
                 [u for u in segment if u not in nodes and u not in needed])
@@ -434,7 +424,7 @@ class _Expander:
                 merged.add(t)
                 continue
             if not _pure_view(g, v):
-                raise FissionError(f"{_tensor(g, t)} of {_node(g, v)} leaves the region but is an "
+                raise FissionError(f"{describe_tensor(g, t)} of {describe_node(g, v)} leaves the region but is an "
                                    "in-place result (replaying it after the parts would write "
                                    "twice)")
             replayed.add(v)
@@ -450,7 +440,7 @@ class _Expander:
             node = g.nodes[v]
             rule, label = self.rules[v], labels[v]
             if label not in rule.labels():
-                raise FissionError(f"{_node(g, v)} does not carry label {label!r} in its rule")
+                raise FissionError(f"{describe_node(g, v)} does not carry label {label!r} in its rule")
             combine = rule.combine(label)
             for j, t in enumerate(node.outputs):
                 if t not in merged:
@@ -459,18 +449,18 @@ class _Expander:
                 kind = combine[j]
                 if kind == "nll_mean":
                     if len(node.outputs) != 2 or j not in (0, 1):
-                        raise FissionError(f"{_node(g, v)}: merge 'nll_mean' expects the outputs "
+                        raise FissionError(f"{describe_node(g, v)}: merge 'nll_mean' expects the outputs "
                                            "(loss, total_weight)")
                     kind = "nll_mean" if j == 0 else "sum"   # total weights add up
                 if kind not in SUPPORTED_MERGES:
-                    raise FissionError(f"{_tensor(g, t)} of {_node(g, v)} leaves the region with "
+                    raise FissionError(f"{describe_tensor(g, t)} of {describe_node(g, v)} leaves the region with "
                                        f"merge kind {kind!r}, which the expansion does not support")
                 if meta.storage_offset != 0:
-                    raise FissionError(f"{_tensor(g, t)} of {_node(g, v)} leaves the region at "
+                    raise FissionError(f"{describe_tensor(g, t)} of {describe_node(g, v)} leaves the region at "
                                        "an offset in its storage: it cannot be preallocated")
                 if meta.storage in seen_storages:
-                    other = _tensor(g, seen_storages[meta.storage])
-                    raise FissionError(f"{_tensor(g, t)} and {other} leave the region in one "
+                    other = describe_tensor(g, seen_storages[meta.storage])
+                    raise FissionError(f"{describe_tensor(g, t)} and {other} leave the region in one "
                                        "storage")
                 seen_storages[meta.storage] = t
                 writer = max([v, *writes.get(meta.storage, [])], key=position.__getitem__)
@@ -497,7 +487,7 @@ class _Expander:
                     "aten.empty_strided.default", (list(meta.shape), list(meta.stride)),
                     {"dtype": meta.torch_dtype, "device": torch.device(g.device)},
                     name=f"{meta.name or o.tensor}_alloc", extra=extra, outputs=[o.tensor],
-                    what=f"preallocation of {_tensor(g, o.tensor)}", **where)
+                    what=f"preallocation of {describe_tensor(g, o.tensor)}", **where)
                 allocs.append(node.id)
             else:
                 allocs.extend(self._zeros(meta, extra, where, existing=o.tensor))
@@ -518,7 +508,7 @@ class _Expander:
         opts = {"dtype": meta.torch_dtype, "device": torch.device(g.device)}
         name = f"{meta.name or meta.id}_{'alloc' if existing is not None else 'total'}"
         outputs = [existing] if existing is not None else None
-        what = f"zero preallocation of {_tensor(g, meta.id)}"
+        what = f"zero preallocation of {describe_tensor(g, meta.id)}"
         if existing is None or meta.stride == _contiguous_strides(meta.shape):
             node = self._add("aten.zeros.default", (list(meta.shape),), opts, name=name,
                              extra=extra, outputs=outputs, what=what, **where)
@@ -539,7 +529,7 @@ class _Expander:
         extra = {"fission": fid, "role": "merge", "part": k, "path": here, "n": n}
         where = {"phase": producer.phase, "module": producer.module}
         base = meta.name or str(o.tensor)
-        what = f"writing part {k} of {_tensor(g, o.tensor)}"
+        what = f"writing part {k} of {describe_tensor(g, o.tensor)}"
         writes: list[tuple[int, tuple[Any, ...], str]] = []   # (written tensor, args, op)
         if o.kind == CAT:
             step = meta.shape[o.dim] // n
@@ -577,7 +567,7 @@ class _Expander:
             where = {"phase": producer.phase, "module": producer.module}
             extra = {"fission": fid, "role": "merge", "path": path, "n": n}
             name = f"{g.tensors[o.tensor].name or o.tensor}_merge"
-            what = f"the merge of {_tensor(g, o.tensor)}"
+            what = f"the merge of {describe_tensor(g, o.tensor)}"
             if o.kind == "mean":
                 node = self._add("aten.div_.Scalar", (TensorRef(o.tensor), n), {}, name=name,
                                  extra=extra, what=what, **where)
@@ -604,7 +594,7 @@ class _Expander:
         try:
             call = split_node_args(g, v, rule, label, n, k)
         except ValueError as e:
-            raise FissionError(f"{_node(g, v)} cannot be split along {label!r} into {n}: "
+            raise FissionError(f"{describe_node(g, v)} cannot be split along {label!r} into {n}: "
                                f"{e}") from None
         mapping: dict[int, int] = {}
         for t, dims in zip(node.input_ids(), rule.inputs, strict=True):
@@ -620,7 +610,7 @@ class _Expander:
                         name=f"{g.tensors[t].name or t}_slice", phase=node.phase,
                         module=node.module,
                         extra={"fission": fid, "role": "slice", "part": k, "path": here, "n": n},
-                        what=f"slice {k} of {_tensor(g, t)} for {_node(g, v)}")
+                        what=f"slice {k} of {describe_tensor(g, t)} for {describe_node(g, v)}")
                     slices[(t, dim)] = view.outputs[0]
                     block.append(view.id)
                 mapping[t] = slices[(t, dim)]
@@ -633,7 +623,7 @@ class _Expander:
                             module=node.module,
                             extra={"fission": fid, "role": "contiguous", "part": k, "path": here,
                                    "n": n},
-                            what=f"contiguous slice {k} of {_tensor(g, t)} for {_node(g, v)}")
+                            what=f"contiguous slice {k} of {describe_tensor(g, t)} for {describe_node(g, v)}")
                         slices[(t, -1 - dim)] = dense.outputs[0]
                         block.append(dense.id)
                     mapping[t] = slices[(t, -1 - dim)]
@@ -661,7 +651,7 @@ class _Expander:
                          multi_output=node.multi_output, names=names, expect=expect,
                          extra={**node.extra, "fission": fid, "part": k, "of": origin, "path": here,
                                 "n": n, "label": label, "component": component},
-                         what=f"part {k} of {_node(g, v)}")
+                         what=f"part {k} of {describe_node(g, v)}")
         block.append(copy.id)
         return copy
 
@@ -674,10 +664,10 @@ class _Expander:
         kind = rule.combine(label)[j]
         made = rule.outputs[j].index(label) if kind == CAT else None
         if kind not in (CAT, SAME):
-            raise FissionError(f"{_node(g, reader)} reads {_tensor(g, t)} inside the region, but "
+            raise FissionError(f"{describe_node(g, reader)} reads {describe_tensor(g, t)} inside the region, but "
                                f"each part only has a partial result of it (merge {kind!r})")
         if made != wanted:
-            raise FissionError(f"{_node(g, reader)} reads {_tensor(g, t)} split along dimension "
+            raise FissionError(f"{describe_node(g, reader)} reads {describe_tensor(g, t)} split along dimension "
                                f"{wanted}, but its producer splits it along {made}")
         return part_of[t]
 

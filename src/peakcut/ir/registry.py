@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import cache
 from types import MappingProxyType
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import flop_registry
@@ -125,6 +126,21 @@ def mutated_arguments(op: str) -> frozenset[str]:
     schema = resolve_op(op)._schema
     declared = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
     return frozenset(declared | _UNDECLARED_WRITES.get(op, frozenset()))
+
+
+def bind_arguments(schema_args: Sequence[Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Every schema argument by name: given positionally, by keyword, or its default (else None)."""
+    bound: dict[str, Any] = {}
+    for i, a in enumerate(schema_args):
+        if i < len(args) and not a.kwarg_only:
+            bound[a.name] = args[i]
+        elif a.name in kwargs:
+            bound[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            bound[a.name] = a.default_value
+        else:
+            bound[a.name] = None
+    return bound
 
 
 @cache

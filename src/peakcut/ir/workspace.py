@@ -115,17 +115,9 @@ class _Call:
 
 def _bind(op: torch._ops.OpOverload, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Map positional and keyword arguments onto the schema's argument names (defaults filled)."""
-    bound: dict[str, Any] = {}
-    for i, arg in enumerate(op._schema.arguments):
-        if i < len(args) and not arg.kwarg_only:
-            bound[arg.name] = args[i]
-        elif arg.name in kwargs:
-            bound[arg.name] = kwargs[arg.name]
-        elif arg.has_default_value():
-            bound[arg.name] = arg.default_value
-        else:
-            bound[arg.name] = None
-    return bound
+    from peakcut.ir.registry import bind_arguments
+
+    return bind_arguments(op._schema.arguments, args, kwargs)
 
 
 def _isz(dtype: torch.dtype) -> int:

@@ -24,6 +24,7 @@ import torch
 from peakcut.ir.dims.rule import DimRule, Dims, Label
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import TensorRef, resolve_op
+from peakcut.ir.registry import bind_arguments
 
 Shape = tuple[int, ...]
 
@@ -41,17 +42,7 @@ def schema_arguments(op: str) -> tuple[torch.Argument, ...]:
 
 def argument_values(op: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Every schema argument by name: given positionally, by keyword, or its default."""
-    values: dict[str, Any] = {}
-    for i, a in enumerate(schema_arguments(op)):
-        if i < len(args) and not a.kwarg_only:
-            values[a.name] = args[i]
-        elif a.name in kwargs:
-            values[a.name] = kwargs[a.name]
-        elif a.has_default_value():
-            values[a.name] = a.default_value
-        else:
-            values[a.name] = None
-    return values
+    return bind_arguments(schema_arguments(op), args, kwargs)
 
 
 @dataclass(frozen=True)
