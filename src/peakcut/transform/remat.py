@@ -32,6 +32,7 @@ from peakcut.transform.rewrite import (
     check_order_matches,
     describe_node,
     describe_tensor,
+    describe_users,
     positions,
     program_output_storages,
     reads_any,
@@ -240,14 +241,12 @@ def remat(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> Re
         new.control[m] = tuple(sorted({*g.control.get(m, ()), a2.id}))
     new.order = splice(g.order, a2.id, plan.capture_position)
     new.changed()
-    names = ", ".join(g.nodes[u].name or str(u) for u in plan.users[:4])
-    more = f" and {len(plan.users) - 4} more" if len(plan.users) > 4 else ""
     guard = (f"; runs before in-place writer(s) {', '.join(g.nodes[m].name for m in plan.hazards)}"
              if plan.hazards else "")
     return Rewrite(
         graph=new, order=splice(order, a2.id, plan.position), added=(a2.id,),
         changed=tuple(dict.fromkeys((*plan.users, *plan.hazards))), removed=(),
-        description=f"recompute {describe_node(g, node)} for {names}{more}{guard}",
+        description=f"recompute {describe_node(g, node)} for {describe_users(g, plan.users)}{guard}",
     )
 
 

@@ -52,6 +52,12 @@ def describe_node(g: Graph, nid: int) -> str:
     return f"node {n.name or nid} ({n.op}){where}"
 
 
+def describe_users(g: Graph, users: Sequence[int], shown: int = 4) -> str:
+    """'mm_3, add_1 and 2 more' for messages."""
+    names = ", ".join(g.nodes[u].name or str(u) for u in users[:shown])
+    return names + (f" and {len(users) - shown} more" if len(users) > shown else "")
+
+
 def describe_tensor(g: Graph, tid: int) -> str:
     """'tensor mm_3 (id 17, activation, 4x64 float32)' for messages."""
     t = g.tensors[tid]

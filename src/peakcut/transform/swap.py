@@ -33,6 +33,7 @@ from peakcut.transform.rewrite import (
     check_order_matches,
     describe_node,
     describe_tensor,
+    describe_users,
     positions,
     program_output_storages,
     reads_any,
@@ -190,13 +191,11 @@ def swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> R
                                   meta.storage_offset * meta.itemsize, views)])
     new.order = _spliced(g.order, prod.id, capture_first, store.id, load.id)
     new.changed()
-    names = ", ".join(g.nodes[u].name or str(u) for u in users[:4])
-    more = f" and {len(users) - 4} more" if len(users) > 4 else ""
     return Rewrite(
         graph=new, order=_spliced(order, prod.id, first.id, store.id, load.id),
         added=(store.id, load.id), changed=tuple(users), removed=(),
         description=(f"swap {describe_tensor(g, tensor)} out after {describe_node(g, prod.id)}, "
-                     f"in before {names}{more}"),
+                     f"in before {describe_users(g, users)}"),
     )
 
 
