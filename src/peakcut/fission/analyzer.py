@@ -24,7 +24,7 @@ computed only for nodes whose heat could still reach the lowest interval.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import rustworkx as rx
@@ -149,16 +149,29 @@ def select_dominators(scores: Scores, levels: int = DEFAULT_LEVELS) -> list[tupl
     return picked
 
 
+def region_heat_and_score(region: frozenset[int], mem: MemoryView, n: int = 2) -> tuple[int, float]:
+    """Eq. 3 and Eq. 4 for an explicit region S: hot bytes it allocates, and
+    (1 - 1/n) of them minus the non-hot storages it reads but does not allocate."""
+    allocated = {s for v in region for s in mem.allocs.get(v, {})}
+    heat = sum(mem.size[s] for s in allocated if s in mem.hot)
+    inputs = {s for v in region for s in mem.reads.get(v, ()) if s not in allocated and s not in mem.hot}
+    return heat, (1 - 1 / n) * heat - sum(mem.size[s] for s in inputs)
+
+
 def build_ftree(components: list[ComponentView], mem: MemoryView, levels: int = DEFAULT_LEVELS,
                 n: int = 2,
                 valid: Callable[[frozenset[int], ComponentView], frozenset[int] | None] | None = None,
+                extra: Sequence[tuple[frozenset[int], ComponentView, int]] = (),
                 ) -> FTree:
     """Algorithm 1: the F-Tree (all nodes disabled, n = 1) over every component.
 
     valid(S, D) returns the region to keep (S itself, or S normalised, e.g. without
-    trailing views) or None when the F-Trans is not valid.
+    trailing views) or None when the F-Trans is not valid. `extra` candidates
+    (region, component, the node they centre on) join the dominator ones when no
+    dominator region holds their centre, scored by Eq. 3/4 on the region itself,
+    at level 1.
     """
-    found: list[tuple[frozenset[int], ComponentView, int, Scores, int]] = []
+    found: list[tuple[frozenset[int], ComponentView, int, float, int, int]] = []
     for comp in components:
         scores = compute_scores(comp, mem, n, levels)
         for v, i in select_dominators(scores, levels):
@@ -166,13 +179,20 @@ def build_ftree(components: list[ComponentView], mem: MemoryView, levels: int = 
             if region and valid is not None:
                 region = valid(region, comp)
             if region and all(region != r for r, *_ in found):
-                found.append((region, comp, v, scores, i))
+                found.append((region, comp, v, scores.score[v], scores.heat[v], i))
+    for region, comp, v in extra:
+        if any(v in r for r, *_ in found):
+            continue
+        kept = valid(region, comp) if valid is not None else region
+        if kept and all(kept != r for r, *_ in found):
+            heat, score = region_heat_and_score(kept, mem, n)
+            found.append((kept, comp, v, score, heat, 1))
     found.sort(key=lambda item: (len(item[0]), item[2]))
     nodes: list[FNode] = []
-    for k, (region, comp, v, scores, i) in enumerate(found):
+    for k, (region, comp, v, score, heat, i) in enumerate(found):
         nodes.append(FNode(id=k, nodes=region, labels={u: comp.labels[u] for u in region},
-                           length=comp.length, component=comp.id, dominator=v, score=scores.score[v],
-                           heat=scores.heat[v], level=i))
+                           length=comp.length, component=comp.id, dominator=v, score=score,
+                           heat=heat, level=i))
     # parent: the smallest other candidate that strictly contains the region
     parented = []
     for f in nodes:

@@ -1,17 +1,19 @@
 """The F-Tree of a captured step: memory hot-spots + D-Graph components -> Algorithm 1.
 
     tree, dgraph = analyze(g)                    # all components worth splitting
-    tree, dgraph = analyze(g, batch_only=True)   # only the batch dimension's component
+    tree, dgraph = analyze(g, batch_only=True)   # only the batch dimension's components
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from peakcut.fission.analyzer import DEFAULT_LEVELS, ComponentView, MemoryView, build_ftree
 from peakcut.fission.dgraph import Component, DGraph, build_dgraph
+from peakcut.fission.expand import expand
 from peakcut.fission.ftree import FTree
-from peakcut.fission.trans import trim_views, why_not_valid
+from peakcut.fission.trans import convex_core, trim_views, why_not_valid
 from peakcut.ir.graph import Graph
 from peakcut.ir.tensor import Role
 
@@ -56,21 +58,94 @@ def component_view(g: Graph, comp: Component, sources: set[int] | None = None) -
     return ComponentView(nodes, preds, {nid: comp.labels[nid][0] for nid in nodes}, comp.length, comp.id)
 
 
-def batch_component(g: Graph, dgraph: DGraph) -> tuple[Component, set[int]] | None:
-    """The component holding dimension 0 of the first batch input (the data input), and the
-    nodes that read that input (what "the batch dimension" means)."""
-    batch = [t for t, name in zip(g.inputs, g.input_names, strict=True)
-             if name.startswith("batch:") and g.tensors[t].role is Role.INPUT and g.tensors[t].shape]
-    for t in batch:
-        for user in g.users(t):
-            rule = dgraph.rules.get(user)
-            if rule is None:
+# Ops that compute statistics over the batch: the batch dimension runs through
+# them (output 0 and the same-shaped inputs), but they can never be split along it.
+BATCH_STATISTICS = frozenset({
+    "aten.native_batch_norm.default",
+    "aten._native_batch_norm_legit.default",
+    "aten._native_batch_norm_legit_functional.default",
+    "aten.native_batch_norm_backward.default",
+})
+
+
+def _batch_inputs(g: Graph) -> list[int]:
+    return [t for t, name in zip(g.inputs, g.input_names, strict=True)
+            if name.startswith("batch:") and g.tensors[t].role is Role.INPUT and g.tensors[t].shape]
+
+
+def _dim0_components(g: Graph, dgraph: DGraph, t: int) -> list[Component]:
+    """The components at dim 0 of tensor t, at every node that reads or writes it with a label there."""
+    found = []
+    p = g.producer(t)
+    ends = [(u, dgraph.rules.get(u), "in", g.nodes[u].input_ids().index(t)) for u in g.users(t)]
+    if p is not None:
+        ends.append((p, dgraph.rules.get(p), "out", g.nodes[p].outputs.index(t)))
+    for node, rule, side, k in ends:
+        if rule is None:
+            continue
+        dims = (rule.inputs if side == "in" else rule.outputs)[k]
+        if dims and dims[0] is not None and (comp := dgraph.component_at(node, dims[0])) is not None:
+            found.append(comp)
+    return found
+
+
+def batch_components(g: Graph, dgraph: DGraph) -> list[tuple[Component, set[int] | None]]:
+    """The D-Graph components that carry the batch dimension, with their source nodes.
+
+    The batch dimension starts at dim 0 of the batch inputs (the data and the
+    labels) and is followed through every component, and through the ops in
+    BATCH_STATISTICS that cut it (training-mode batch norm and its backward:
+    a CNN's batch dimension is one component per stretch between two batch
+    norms). The data input's component keeps only the nodes its readers reach
+    (what "the batch dimension" means there); other components count whole.
+    """
+    comps: dict[int, tuple[Component, set[int] | None]] = {}
+    seen: set[int] = set()
+    queue = deque(_batch_inputs(g))  # the data input first: its component gets the sources
+    data = queue[0] if queue else None
+    while queue:
+        t = queue.popleft()
+        if t in seen:
+            continue
+        seen.add(t)
+        for comp in _dim0_components(g, dgraph, t):
+            if comp.id in comps:
                 continue
-            labels = rule.inputs[g.nodes[user].input_ids().index(t)]
-            if labels and labels[0] is not None:
-                comp = dgraph.component_at(user, labels[0])
-                if comp is not None:
-                    return comp, {u for u in g.users(t) if u in comp.labels}
+            sources = {u for u in g.users(t) if u in comp.labels} if t == data else None
+            comps[comp.id] = (comp, sources)
+            queue.extend(_dim0_tensors(g, dgraph, comp))
+        for node in (*g.users(t), *([p] if (p := g.producer(t)) is not None else [])):
+            queue.extend(_through_statistics(g, node))
+    return sorted(comps.values(), key=lambda cs: cs[0].id)
+
+
+def _dim0_tensors(g: Graph, dgraph: DGraph, comp: Component) -> list[int]:
+    """Tensors whose dim 0 carries `comp` at some node of it."""
+    out = []
+    for nid, labels in comp.labels.items():
+        rule = dgraph.rules[nid]
+        node = g.nodes[nid]
+        for t, dims in (*zip(node.input_ids(), rule.inputs, strict=False),
+                        *zip(node.outputs, rule.outputs, strict=False)):
+            if dims and dims[0] in labels:
+                out.append(t)
+    return out
+
+
+def _through_statistics(g: Graph, nid: int) -> list[int]:
+    """For a batch-statistics op: its output 0 and the inputs of the same shape."""
+    node = g.nodes[nid]
+    if node.op not in BATCH_STATISTICS or not node.outputs:
+        return []
+    shape = g.tensors[node.outputs[0]].shape
+    return [node.outputs[0], *(t for t in node.input_ids() if g.tensors[t].shape == shape)]
+
+
+def batch_component(g: Graph, dgraph: DGraph) -> tuple[Component, set[int]] | None:
+    """The component holding dimension 0 of the data input, and the nodes that read it."""
+    for comp, sources in batch_components(g, dgraph):
+        if sources is not None:
+            return comp, sources
     return None
 
 
@@ -79,8 +154,7 @@ def analyze(g: Graph, order: Sequence[int] | None = None, levels: int = DEFAULT_
     """Algorithm 1 over the graph's D-Graph components (or only the batch one)."""
     dgraph = build_dgraph(g)
     if batch_only:
-        found = batch_component(g, dgraph)
-        comps = [found] if found is not None else []
+        comps = batch_components(g, dgraph)
     else:
         comps = [(c, None) for c in dgraph.components
                  if len(c.labels) >= MIN_COMPONENT_NODES and c.length > 1]
@@ -92,7 +166,39 @@ def analyze(g: Graph, order: Sequence[int] | None = None, levels: int = DEFAULT_
         views.append(view)
 
     def valid(region: frozenset[int], view: ComponentView) -> frozenset[int] | None:
-        trimmed = trim_views(g, region)
+        trimmed = trim_views(g, convex_core(g, region))
         return trimmed if why_not_valid(g, dgraph, trimmed, by_view[id(view)]) is None else None
 
-    return build_ftree(views, memory_view(g, order), levels, valid=valid), dgraph
+    mem = memory_view(g, order)
+    return build_ftree(views, mem, levels, valid=valid, extra=_peak_candidates(g, order, views)), dgraph
+
+
+def best_root_at_two(g: Graph, tree: FTree, dgraph: DGraph,
+                     order: Sequence[int] | None = None) -> tuple[int, int] | None:
+    """(root, simulated peak) of the F-Tree root that, enabled alone at n = 2, gives the
+    lowest simulated peak (a forest has one root per component or more); None if empty."""
+    order = list(g.order if order is None else order)
+    best: tuple[int, int] | None = None
+    for root in tree.roots():
+        if tree.nodes[root].length % 2:
+            continue
+        split = expand(g, order, tree.with_n(root, 2), dgraph)
+        peak = split.graph.simulate(split.order).peak_bytes
+        if best is None or peak < best[1]:
+            best = (root, peak)
+    return best
+
+
+def _peak_candidates(g: Graph, order: Sequence[int] | None,
+                     views: list[ComponentView]) -> list[tuple[frozenset[int], ComponentView, int]]:
+    """The op running at the peak, alone, when a component carries it (beyond Algorithm 1).
+
+    Dominator subtrees are built from what the step keeps alive; the op at the
+    peak can be the hot-spot itself (a convolution's backward: its whole-size
+    gradient and workspace), with every subtree around it crossing a batch norm.
+    Split alone, only its own working set shrinks; the F-Tree still holds it
+    only when it is a valid F-Trans.
+    """
+    order = list(g.order if order is None else order)
+    peak = order[g.simulate(order).peak_index] if order else None
+    return [(frozenset({peak}), view, peak) for view in views if peak in view.labels]

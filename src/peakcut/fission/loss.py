@@ -8,7 +8,7 @@ dimension:
   leaves the region (loss) and comes back (seed -> backward): not convex.
   The seed is all ones whatever the loss is: it becomes a `scalar_tensor(1.0)`
   with no input.
-- `nll_loss_backward(reduction=mean)` reads the forward's `total_weight`, the
+- `nll_loss_backward` / `nll_loss2d_backward` (reduction=mean) read the forward's `total_weight`, the
   number of counted targets of the WHOLE batch. Each part needs the whole
   batch's count, known only after every part's forward. The count depends on
   the targets alone, so it is computed up front: `sum(target != ignore_index)`
@@ -29,6 +29,7 @@ from peakcut.ir.node import Node, TensorRef
 from peakcut.ir.tensor import Role, TensorMeta
 
 EXACT_COUNT = 2**24  # float32 holds every integer up to here
+NLL_BACKWARD = ("aten.nll_loss_backward.default", "aten.nll_loss2d_backward.default")
 
 
 def detach_loss(g: Graph) -> Graph:
@@ -45,7 +46,7 @@ def detach_loss(g: Graph) -> Graph:
                 kwargs={"dtype": new.tensors[out].torch_dtype, "device": torch.device(g.device)},
                 outputs=node.outputs, module=node.module, phase=node.phase, name=node.name,
                 extra={**node.extra, "rewritten_from": "ones_like"}))
-        elif node.op == "aten.nll_loss_backward.default" and _unweighted_mean(node):
+        elif node.op in NLL_BACKWARD and _unweighted_mean(node):
             target = node.args[2]
             meta = new.tensors[target.id]
             if meta.numel >= EXACT_COUNT:

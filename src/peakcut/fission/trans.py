@@ -63,6 +63,40 @@ def trim_views(g: Graph, nodes: Iterable[int]) -> frozenset[int]:
     return frozenset(S)
 
 
+def convex_core(g: Graph, nodes: Iterable[int]) -> frozenset[int]:
+    """The largest weakly connected piece of S minus every node a path leaving S comes back to.
+
+    Removing the nodes downstream of an outside node that S reaches leaves a
+    convex set (a path between two kept nodes through an outside or removed
+    node would have removed its end), and each weakly connected piece of a
+    convex set is convex. A dominator subtree that spans a batch norm (its
+    forward stretch, then the backward stretch that reads the same saved
+    activations) keeps its forward stretch this way.
+    """
+    S = frozenset(nodes)
+    position = {nid: i for i, nid in enumerate(g.order)}
+    last = max((position[v] for v in S), default=-1)
+    tainted: set[int] = set()
+    frontier = [w for v in S for w in g.successors(v) if w not in S]
+    while frontier:
+        w = frontier.pop()
+        if w in tainted or position[w] > last:
+            continue
+        tainted.add(w)
+        frontier.extend(g.successors(w))
+    core = S - tainted
+    if not core:
+        return core
+    pieces = rx.PyGraph()
+    index = {v: pieces.add_node(v) for v in core}
+    for v in core:
+        for p in g.predecessors(v):
+            if p in core:
+                pieces.add_edge(index[p], index[v], None)
+    best = max(rx.connected_components(pieces), key=lambda c: (len(c), -min(pieces[i] for i in c)))
+    return frozenset(pieces[i] for i in best)
+
+
 def boundary_outputs(g: Graph, nodes: frozenset[int]) -> list[int]:
     """Tensors produced in S and read outside it or returned by the program."""
     outs = set(g.outputs)
@@ -146,15 +180,11 @@ def _pure_view(g: Graph, nid: int) -> bool:
 
 def _leaves_and_returns(g: Graph, S: frozenset[int]) -> bool:
     """True when a node outside S is reachable from S and reaches S."""
-    succ: dict[int, set[int]] = {}
-    for nid in g.nodes:
-        for p in g.predecessors(nid):
-            succ.setdefault(p, set()).add(nid)
-    frontier = [u for v in S for u in succ.get(v, ()) if u not in S]
+    frontier = [u for v in S for u in g.successors(v) if u not in S]
     seen = set(frontier)
     while frontier:
         u = frontier.pop()
-        for w in succ.get(u, ()):
+        for w in g.successors(u):
             if w in S:
                 return True
             if w not in seen:

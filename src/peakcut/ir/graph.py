@@ -54,6 +54,7 @@ class Graph:
     workspace_cache: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
     _producer: dict[int, int] | None = field(default=None, repr=False, compare=False)
     _users: dict[int, list[int]] | None = field(default=None, repr=False, compare=False)
+    _successors: dict[int, set[int]] | None = field(default=None, repr=False, compare=False)
 
     # ---------------------------------------------------------------- copying
     def copy(self) -> Graph:
@@ -69,6 +70,7 @@ class Graph:
     def _invalidate(self) -> None:
         self._producer = None
         self._users = None
+        self._successors = None
 
     # ---------------------------------------------------------------- queries
     def producer(self, tensor: int) -> int | None:
@@ -93,6 +95,16 @@ class Graph:
         preds.update(self.control.get(node, ()))
         preds.discard(node)
         return preds
+
+    def successors(self, node: int) -> set[int]:
+        """Nodes that must run after `node`: readers of its outputs and control dependants."""
+        if self._successors is None:
+            succ: dict[int, set[int]] = {}
+            for nid in self.nodes:
+                for p in self.predecessors(nid):
+                    succ.setdefault(p, set()).add(nid)
+            self._successors = succ
+        return self._successors.get(node, set())
 
     def mutated_tensors(self, node: int) -> list[int]:
         """Input tensors that `node` writes in place (from the op schema)."""
