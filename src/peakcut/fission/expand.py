@@ -51,6 +51,10 @@ in its storage or sharing it with another, a part shape that is not the original
 along L, a label that does not divide, a non-convex region, enabled regions that overlap
 without nesting.
 
+Speed (an optimizer calls expand per candidate): the FakeTensor run of a node is memoized per
+expansion by op, arguments and input layouts (parts and repeated layers make the same calls),
+and the final Graph.check runs its shape check once per distinct call; check=False skips it.
+
     ex = expand(g, order, tree, dgraph)
     ex.graph.simulate(ex.order).peak_bytes                      # memory of the fissioned step
     simulate_timeline(ex.graph, ex.order, cost).latency_seconds  # its latency
@@ -69,6 +73,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from peakcut.fission.dgraph import DGraph
 from peakcut.fission.ftree import FNode, FTree
+from peakcut.ir.check import _check_node_shapes, check_graph
 from peakcut.ir.dims import CAT, SAME, DimRule, split_node_args
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, TensorRef, map_refs
@@ -123,8 +128,13 @@ class _Out:
     writer: int         # the last node of the region writing the tensor's storage
 
 
-def expand(g: Graph, order: Sequence[int], tree: FTree, dgraph: DGraph) -> Expanded:
-    """The unrolled graph of every enabled F-Tree node (see module doc); g is not modified."""
+def expand(g: Graph, order: Sequence[int], tree: FTree, dgraph: DGraph, *,
+           check: bool = True) -> Expanded:
+    """The unrolled graph of every enabled F-Tree node (see module doc); g is not modified.
+
+    check: validate the expanded graph as Graph.check does (raising GraphError); a caller that
+    trusts g and the expansion may skip it.
+    """
     order = list(order)
     if len(order) != len(g.nodes) or set(order) != set(g.nodes):
         raise FissionError(f"the order has {len(order)} nodes, the graph {len(g.nodes)} "
@@ -149,7 +159,7 @@ def expand(g: Graph, order: Sequence[int], tree: FTree, dgraph: DGraph) -> Expan
 
     for root in roots:
         split(by_id[root], {v: v for v in by_id[root].nodes}, ())
-    return expander.result()
+    return expander.result(check)
 
 
 def _nesting(g: Graph, enabled: Sequence[FNode],
@@ -198,6 +208,7 @@ class _Expander:
         self._next = self.g.next_id()
         self._fake = FakeTensorMode(allow_non_fake_inputs=False)
         self._bases: dict[int, torch.Tensor] = {}   # storage id -> fake uint8 tensor spanning it
+        self._memo: dict[tuple[Any, ...], list[_Layout | None]] = {}   # see _memo_key
 
     # ------------------------------------------------------------ ids, fakes, nodes
     def _id(self) -> int:
@@ -232,37 +243,28 @@ class _Expander:
         g = self.g
         nid = self._id()
         probe = Node(id=nid, op=op, args=args, kwargs=kwargs, outputs=())
-        with self._fake:
-            fakes = {t: self._fake_of(t) for t in probe.input_ids()}
-            known = {StorageWeakRef(self._bases[g.tensors[t].storage].untyped_storage()):
-                     g.tensors[t].storage for t in fakes}
-            try:
-                result = probe.overload()(*map_refs(args, lambda r: fakes[r.id]),
-                                          **map_refs(kwargs, lambda r: fakes[r.id]))
-            except (RuntimeError, NotImplementedError, ValueError, TypeError, IndexError) as e:
-                raise FissionError(f"{what} fails on its part inputs: {e}") from None
-        values = list(result) if isinstance(result, (tuple, list)) else [result]
         out_ids: list[int | None] = []
         metas: list[TensorMeta] = []
-        fresh: dict[StorageWeakRef, int] = {}
-        for j, r in enumerate(values):
+        fresh: dict[int, int] = {}     # fresh storage of the run -> its storage id
+        layouts = self._layouts(probe, what)
+        for j, layout in enumerate(layouts):
             want = None if expect is None else expect[j]
-            if not isinstance(r, torch.Tensor):
+            if layout is None:
                 if want is not None:
                     raise FissionError(f"{what}: output {j} is missing in the part")
                 out_ids.append(None)
                 continue
-            shape = tuple(int(s) for s in r.shape)
-            stride = tuple(int(s) for s in r.stride())
-            dtype = str(r.dtype).removeprefix("torch.")
+            shape, stride, dtype, offset, source = layout
             if want is not None and (shape, dtype) != want:
                 raise FissionError(f"{what}: part output {j} is {shape} {dtype}, but the original "
                                    f"output split along the label is {want[0]} {want[1]}")
-            key = StorageWeakRef(r.untyped_storage())
-            storage = known.get(key, fresh.get(key))
-            if storage is None:
-                storage = fresh[key] = self._id()
-                g.storages[storage] = int(r.untyped_storage().nbytes())
+            if source[0] == "in":
+                storage = source[1]
+            else:
+                storage = fresh.get(source[1])
+                if storage is None:
+                    storage = fresh[source[1]] = self._id()
+                    g.storages[storage] = source[2]
             if outputs is not None:
                 tid = outputs[j]
                 meta = g.tensors[tid]
@@ -274,14 +276,52 @@ class _Expander:
                 out_ids.append(tid)
                 continue
             tid = self._id()
-            tname = names[j] if names is not None else (name if len(values) == 1 else f"{name}_{j}")
-            metas.append(TensorMeta(tid, shape, stride, dtype, storage, int(r.storage_offset()),
+            tname = names[j] if names is not None else (name if len(layouts) == 1 else f"{name}_{j}")
+            metas.append(TensorMeta(tid, shape, stride, dtype, storage, offset,
                                     Role.ACTIVATION, tname))
             out_ids.append(tid)
         node = Node(id=nid, op=op, args=args, kwargs=kwargs, outputs=tuple(out_ids),
                     multi_output=multi_output, module=module, phase=phase, name=name, extra=extra)
         g.add_node(node, metas)
         return node
+
+    def _layouts(self, probe: Node, what: str) -> list[_Layout | None]:
+        """Per output of the op call `probe` (None where it returns no tensor): its layout and
+        storage, from running it on FakeTensors of its inputs, or from the memo of an earlier
+        run of the same call on inputs of the same layouts (see _memo_key)."""
+        g = self.g
+        inputs = probe.input_ids()
+        key = _memo_key(g, probe, inputs)
+        if key is not None:
+            cached = self._memo.get(key)
+            if cached is not None:
+                return [_rebind(layout, g, inputs) for layout in cached]
+        with self._fake:
+            fakes = {t: self._fake_of(t) for t in inputs}
+            try:
+                result = probe.overload()(*map_refs(probe.args, lambda r: fakes[r.id]),
+                                          **map_refs(probe.kwargs, lambda r: fakes[r.id]))
+            except (RuntimeError, NotImplementedError, ValueError, TypeError, IndexError) as e:
+                raise FissionError(f"{what} fails on its part inputs: {e}") from None
+        known = {StorageWeakRef(self._bases[g.tensors[t].storage].untyped_storage()): i
+                 for i, t in reversed(list(enumerate(inputs)))}   # the first input of a storage
+        fresh: dict[StorageWeakRef, int] = {}
+        generic: list[_Layout | None] = []
+        for r in list(result) if isinstance(result, (tuple, list)) else [result]:
+            if not isinstance(r, torch.Tensor):
+                generic.append(None)
+                continue
+            ref = StorageWeakRef(r.untyped_storage())
+            if ref in known:
+                source: tuple[Any, ...] = ("in", known[ref])
+            else:
+                index = fresh.setdefault(ref, len(fresh))
+                source = ("fresh", index, int(r.untyped_storage().nbytes()))
+            generic.append((tuple(int(s) for s in r.shape), tuple(int(s) for s in r.stride()),
+                            str(r.dtype).removeprefix("torch."), int(r.storage_offset()), source))
+        if key is not None:
+            self._memo[key] = generic
+        return [_rebind(layout, g, inputs) for layout in generic]
 
     def _control(self, node: int, after: Iterable[int]) -> None:
         deps = set(self.g.control.get(node, ())) | set(after)
@@ -689,11 +729,12 @@ class _Expander:
             self._bases.pop(s, None)
         g.changed()
 
-    def result(self) -> Expanded:
+    def result(self, check: bool = True) -> Expanded:
         g = self.g
         g.order = list(self.order)
         g.changed()
-        g.check()
+        if check:
+            _check(g)
         copies: dict[int, list[int]] = {}
         for nid in self.order:
             extra = g.nodes[nid].extra
@@ -701,6 +742,110 @@ class _Expander:
                 copies.setdefault(extra["of"], []).append(nid)
         return Expanded(g, list(self.order), {k: tuple(v) for k, v in copies.items()},
                         tuple(self.regions))
+
+
+_Layout = tuple[tuple[int, ...], tuple[int, ...], str, int, tuple[Any, ...]]
+"""An op output: shape, stride, dtype, storage offset and storage: ("in", i) the storage of the
+call's i-th input tensor (input_ids order), ("fresh", i, nbytes) its i-th new storage (a
+storage id once rebound, see _rebind)."""
+
+_UNMEMOIZED = ("resize", "set_")
+"""Ops (by name; also every out= overload) whose fake run could change an input's storage."""
+
+_PLAIN = (bool, int, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def _memo_key(g: Graph, probe: Node, inputs: Sequence[int]) -> tuple[Any, ...] | None:
+    """What the output layouts of an op call can depend on, or None (never memoized).
+
+    The op, its arguments with each tensor replaced by its position among the inputs (scalars
+    tagged with their type: 1, 1.0 and True differ), and per input its shape, stride, dtype,
+    storage offset, storage size and the first input sharing its storage. Runs of the same
+    key on FakeTensors give the same outputs up to the renaming of input storages.
+    """
+    parts = probe.op.split(".")
+    if len(parts) != 3 or parts[2].startswith("out") or any(w in parts[1] for w in _UNMEMOIZED):
+        return None
+    position = {t: i for i, t in enumerate(inputs)}
+    first: dict[int, int] = {}
+    layouts = []
+    for i, t in enumerate(inputs):
+        meta = g.tensors[t]
+        layouts.append((meta.shape, meta.stride, meta.dtype, meta.storage_offset,
+                        g.storages[meta.storage], first.setdefault(meta.storage, i)))
+    try:
+        args = _encode(probe.args, position)
+        kwargs = _encode(probe.kwargs, position)
+    except _Unhashable:
+        return None
+    return probe.op, args, kwargs, tuple(layouts)
+
+
+class _Unhashable(Exception):
+    """An argument the memo key cannot represent exactly."""
+
+
+def _encode(value: Any, position: Mapping[int, int]) -> Any:
+    """value as a hashable key: type-tagged, TensorRefs as input positions (see _memo_key)."""
+    if isinstance(value, TensorRef):
+        return ("ref", position[value.id])
+    kind = type(value)
+    if kind is float:
+        return (float, value.hex())
+    if kind in _PLAIN:
+        return (kind, value)
+    if kind is list or kind is tuple:
+        return (kind, tuple(_encode(v, position) for v in value))
+    if kind is dict:
+        return (dict, tuple((k, _encode(v, position)) for k, v in value.items()))
+    raise _Unhashable
+
+
+def _rebind(layout: _Layout | None, g: Graph, inputs: Sequence[int]) -> _Layout | None:
+    """A memoized layout with its input storage ("in", i) as the storage id of this call."""
+    if layout is None or layout[4][0] != "in":
+        return layout
+    return (*layout[:4], ("in", g.tensors[inputs[layout[4][1]]].storage))
+
+
+def _check(g: Graph) -> None:
+    """Graph.check, with the shape check run once per distinct call.
+
+    check_graph re-runs every node on FakeTensors of its inputs and compares the outputs'
+    shapes and dtypes with the graph's; the parts of a region and repeated layers make the
+    same call on the same input layouts with the same expected outputs, and such a call passes
+    or fails alike. Nodes are visited in order as check_graph does, so the first failing node
+    (and its message) is the same.
+    """
+    check_graph(g, infer_shapes=False)
+    passed: set[tuple[Any, ...]] = set()
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        for nid in g.order:
+            if g.is_opaque(nid):
+                continue
+            key = _check_key(g, g.nodes[nid])
+            if key is not None and key in passed:
+                continue
+            _check_node_shapes(g, nid)
+            if key is not None:
+                passed.add(key)
+
+
+def _check_key(g: Graph, node: Node) -> tuple[Any, ...] | None:
+    """What check_graph's shape check of `node` depends on: the op, its arguments (tensors as
+    input positions), its inputs' shapes, strides and dtypes, and its outputs' shapes and
+    dtypes; None if an argument cannot be keyed exactly."""
+    inputs = node.input_ids()
+    position = {t: i for i, t in enumerate(inputs)}
+    try:
+        args = _encode(node.args, position)
+        kwargs = _encode(node.kwargs, position)
+    except _Unhashable:
+        return None
+    layouts = tuple((m.shape, m.stride, m.dtype) for m in (g.tensors[t] for t in inputs))
+    outputs = tuple(None if t is None else (g.tensors[t].shape, g.tensors[t].dtype)
+                    for t in node.outputs)
+    return node.op, args, kwargs, layouts, outputs
 
 
 def _pure_view(g: Graph, nid: int) -> bool:
