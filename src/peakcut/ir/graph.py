@@ -55,6 +55,7 @@ class Graph:
     _producer: dict[int, int] | None = field(default=None, repr=False, compare=False)
     _users: dict[int, list[int]] | None = field(default=None, repr=False, compare=False)
     _successors: dict[int, set[int]] | None = field(default=None, repr=False, compare=False)
+    _writers: dict[int, list[int]] | None = field(default=None, repr=False, compare=False)
 
     # ---------------------------------------------------------------- copying
     def copy(self) -> Graph:
@@ -71,6 +72,7 @@ class Graph:
         self._producer = None
         self._users = None
         self._successors = None
+        self._writers = None
 
     # ---------------------------------------------------------------- queries
     def producer(self, tensor: int) -> int | None:
@@ -105,6 +107,18 @@ class Graph:
                     succ.setdefault(p, set()).add(nid)
             self._successors = succ
         return self._successors.get(node, set())
+
+    def storage_writers(self, storage: int) -> list[int]:
+        """Nodes that write `storage` in place, in graph order (cached until the graph changes)."""
+        if self._writers is None:
+            writers: dict[int, list[int]] = {}
+            for nid in self.order:
+                for t in self.mutated_tensors(nid):
+                    found = writers.setdefault(self.tensors[t].storage, [])
+                    if nid not in found:
+                        found.append(nid)
+            self._writers = writers
+        return self._writers.get(storage, [])
 
     def mutated_tensors(self, node: int) -> list[int]:
         """Input tensors that `node` writes in place (from the op schema)."""

@@ -94,14 +94,7 @@ def ancestors(g: Graph, nid: int) -> set[int]:
 
 def writers_of(g: Graph, storages: Iterable[int]) -> dict[int, list[int]]:
     """Storage -> nodes that write it in place (in capture order), for the given storages."""
-    wanted = set(storages)
-    out: dict[int, list[int]] = {}
-    for nid in g.order:
-        for t in g.mutated_tensors(nid):
-            s = g.tensors[t].storage
-            if s in wanted and nid not in out.get(s, []):
-                out.setdefault(s, []).append(nid)
-    return out
+    return {s: list(found) for s in set(storages) if (found := g.storage_writers(s))}
 
 
 def positions(order: Sequence[int]) -> dict[int, int]:
