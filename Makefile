@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/peakcut profile bert-base --size paper --plot out/bert-base-timeline.png
+	$(VENV)/bin/peakcut optimize bert-base --size paper --latency-limit 1.1 --time-budget 30 --device h200 --out out/demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

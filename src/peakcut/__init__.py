@@ -5,6 +5,9 @@
     step = peakcut.build(g)          # generated, runnable program
     loss = step(model, batch)        # one real step, parameters updated in place
     m = peakcut.measure(step, model, batch)
+
+    plan = peakcut.optimize(model, batch, loss_fn, "adamw", memory_limit=0.5, device="h200")
+    plan.step(batch); plan.report; plan.save("out/plan"); peakcut.load_plan("out/plan", model)
 """
 
 __version__ = "0.1.0"
@@ -13,9 +16,11 @@ from peakcut.api import build, capture, measure  # noqa: E402
 from peakcut.capture import SGD, AdamW, CaptureError  # noqa: E402
 from peakcut.codegen import Step, StepBindingError  # noqa: E402
 from peakcut.ir import Graph, GraphError, Role  # noqa: E402
+from peakcut.optimizer import LimitNotMet, Plan, load_plan, optimize  # noqa: E402
 from peakcut.runtime import Measurement, check_equivalence  # noqa: E402
 
 __all__ = [
-    "SGD", "AdamW", "CaptureError", "Graph", "GraphError", "Measurement", "Role", "Step",
-    "StepBindingError", "__version__", "build", "capture", "check_equivalence", "measure",
+    "SGD", "AdamW", "CaptureError", "Graph", "GraphError", "LimitNotMet", "Measurement", "Plan", "Role",
+    "Step", "StepBindingError", "__version__", "build", "capture", "check_equivalence", "load_plan",
+    "measure", "optimize",
 ]

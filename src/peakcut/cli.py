@@ -1,4 +1,4 @@
-"""The `peakcut` command: `peakcut workloads`, `peakcut profile WORKLOAD`."""
+"""The `peakcut` command: `peakcut workloads`, `peakcut profile WORKLOAD`, `peakcut optimize WORKLOAD`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from peakcut.cli_optimize import add_parser as add_optimize_parser
 
 
 def _gib(n: int) -> str:
@@ -154,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--reorder-seconds", type=float, default=20.0,
                     help="time limit of the re-ordering search (default 20)")
     pr.set_defaults(func=cmd_profile)
+    add_optimize_parser(sub)
     return p
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import torch
 
 import peakcut
 from peakcut.codegen.program import Step
@@ -45,17 +44,12 @@ from peakcut.fission.expand import expand
 from peakcut.fission.ftree import FTree, divisors
 from peakcut.fission.loss import detach_loss
 from peakcut.ir.graph import Graph
-from peakcut.workloads import WORKLOAD_NAMES, WorkloadInstance, get_workload
+from peakcut.workloads import WORKLOAD_NAMES, get_workload
+from tests.helpers import in_float64
 
 SPEC = peakcut.SGD(lr=1e-2, momentum=0.9, weight_decay=1e-2)
 SMALL_TREE = 4
 RTOL, ATOL = 1e-7, 1e-9  # float64; rtol 1e-7 for the float32 loss BTLM computes inside
-
-
-def in_float64(inst: WorkloadInstance) -> WorkloadInstance:
-    """The workload in float64: rounding of split sums then sits far below the tolerance."""
-    batch = tuple(t.double() if t.is_floating_point() else t for t in inst.batch)
-    return replace(inst, model=inst.model.double(), batch=batch, dtype=torch.float64)
 
 
 def ftree_of(g: Graph, name: str) -> tuple[FTree, DGraph, str]:

@@ -143,6 +143,17 @@ class MeasuredCostModel:
         job = self._node_job(g, nid)
         return self._seconds(job) + self.line_overhead_seconds
 
+    def known(self, g: Graph, nid: int) -> bool:
+        """True when node `nid`'s call is in the table (node_seconds will not measure)."""
+        key = copy_key(*swap_transfer(g, nid)) if is_swap(g, nid) else call_key(g, nid)
+        return key in self._table.entries
+
+    def estimate(self, g: Graph, nid: int) -> float:
+        """The analytic estimate this model falls back to for node `nid` (nothing is measured)."""
+        if is_swap(g, nid):
+            return self._fallback.copy_seconds(*swap_transfer(g, nid))
+        return self._fallback.node_seconds(g, nid) + (self._table.line_overhead_seconds or 0.0)
+
     def copy_seconds(self, nbytes: int, direction: str) -> float:
         """Time of one host<->device copy of `nbytes` bytes (CPU: a plain tensor copy)."""
         return self._seconds(self._copy_job(nbytes, direction))

@@ -181,7 +181,7 @@ def build_ftree(components: list[ComponentView], mem: MemoryView, levels: int = 
             if region and all(region != r for r, *_ in found):
                 found.append((region, comp, v, scores.score[v], scores.heat[v], i))
     for region, comp, v in extra:
-        if any(v in r for r, *_ in found):
+        if components and any(v in r for r, *_ in found):
             continue
         kept = valid(region, comp) if valid is not None else region
         if kept and all(kept != r for r, *_ in found):

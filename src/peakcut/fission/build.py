@@ -6,10 +6,17 @@
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from collections.abc import Sequence
 
-from peakcut.fission.analyzer import DEFAULT_LEVELS, ComponentView, MemoryView, build_ftree
+from peakcut.fission.analyzer import (
+    DEFAULT_LEVELS,
+    ComponentView,
+    MemoryView,
+    build_ftree,
+    dominator_tree,
+)
 from peakcut.fission.dgraph import Component, DGraph, build_dgraph
 from peakcut.fission.expand import expand
 from peakcut.fission.ftree import FTree
@@ -171,6 +178,43 @@ def analyze(g: Graph, order: Sequence[int] | None = None, levels: int = DEFAULT_
 
     mem = memory_view(g, order)
     return build_ftree(views, mem, levels, valid=valid, extra=_peak_candidates(g, order, views)), dgraph
+
+
+def random_ftree(g: Graph, order: Sequence[int] | None = None, seed: int = 0, count: int = 8,
+                 batch_only: bool = True) -> tuple[FTree, DGraph]:
+    """A "naive fission" F-Tree (MAGIS §7.2.5 ablation): `count` valid regions picked at
+    random (dominator subtrees of random nodes of the components), no heat or score."""
+    rng = random.Random(seed)
+    dgraph = build_dgraph(g)
+    comps = batch_components(g, dgraph) if batch_only else [
+        (c, None) for c in dgraph.components if len(c.labels) >= MIN_COMPONENT_NODES and c.length > 1]
+    views = [component_view(g, comp, sources) for comp, sources in comps]
+    by_view = {id(v): comp for v, (comp, _) in zip(views, comps, strict=True)}
+    picks: list[tuple[frozenset[int], ComponentView, int]] = []
+    for _ in range(8 * count):
+        if len(picks) >= count or not views:
+            break
+        view = rng.choice(views)
+        idom = dominator_tree(view)
+        v = rng.choice(view.nodes)
+        below = {u for u in view.nodes if _dominated_by(idom, u, v)} - {v}
+        region = trim_views(g, convex_core(g, below)) if below else frozenset()
+        if region and why_not_valid(g, dgraph, region, by_view[id(view)]) is None:
+            picks.append((region, view, v))
+
+    def keep(region: frozenset[int], view: ComponentView) -> frozenset[int] | None:
+        return region
+
+    tree = build_ftree([], memory_view(g, order), valid=keep, extra=picks)
+    return tree, dgraph
+
+
+def _dominated_by(idom: dict[int, int | None], u: int, v: int) -> bool:
+    while u is not None:
+        if u == v:
+            return True
+        u = idom.get(u)
+    return False
 
 
 def best_root_at_two(g: Graph, tree: FTree, dgraph: DGraph,

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from peakcut.analysis.memory import MemoryProfile  # noqa: E402
 from peakcut.ir.graph import Graph  # noqa: E402
+from peakcut.simulate.timeline import Timeline  # noqa: E402
 
 _PHASE_COLORS = {"forward": "#dbe9f6", "loss": "#fde2c8", "backward": "#e3f1dc", "optimizer": "#efe1f3"}
 
@@ -38,6 +39,44 @@ def plot_timeline(g: Graph, profile: MemoryProfile, path: str | Path, title: str
     ax.set_title(title)
     ax.legend(loc="upper right", fontsize=7, ncol=2)
     ax.margins(x=0)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def plot_before_after(before: Timeline, after: Timeline, path: str | Path, title: str) -> Path:
+    """Device memory over (simulated) time, eager vs the plan, each on its own time axis."""
+    fig, ax = plt.subplots(figsize=(10, 4), dpi=120)
+    for tl, label, color in ((before, "eager", "#888888"), (after, "peakcut plan", "#1f4e79")):
+        ax.step(tl.times * 1e3, tl.bytes / 2**30, where="post", color=color, lw=1.2,
+                label=f"{label}: peak {tl.peak_bytes / 2**30:.2f} GiB, {tl.latency_seconds * 1e3:.1f} ms")
+    ax.set_xlabel(f"time (ms, simulated: {after.cost_name})")
+    ax.set_ylabel("device memory (GiB)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def plot_front(points: list[tuple[float, float]], path: str | Path, title: str) -> Path:
+    """The memory/latency Pareto front: (peak ratio, latency ratio) to eager, per plan."""
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    xs = [p for p, _ in points]
+    ys = [(lat - 1) * 100 for _, lat in points]
+    ax.plot(xs, ys, "o-", color="#1f4e79", label="peakcut front")
+    ax.plot([1.0], [0.0], "s", color="#888888", label="eager")
+    ax.set_xlabel("peak memory / eager peak (simulated)")
+    ax.set_ylabel("latency overhead vs eager (%, simulated)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

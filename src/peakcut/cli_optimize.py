@@ -1,0 +1,122 @@
+"""`peakcut optimize`: search a workload's step under a limit; write program, report, plots.
+
+    peakcut optimize bert-base --size paper --memory-limit 40% --time-budget 60 --device h200
+    peakcut optimize mypkg.models:make --latency-limit 1.1 --out out/mine
+
+A `module:factory` workload is a function returning (model, batch, loss_fn); the step is
+captured with --optimizer. Writes into --out: program.py, report.json, graph.json and
+order.json (a saved plan, see peakcut.load_plan), memory.png (the simulated memory of eager
+and the plan over time) and, with --pareto, pareto.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3f} GiB"
+
+
+def _load_factory(spec: str) -> tuple[Any, Any, Any, str]:
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        raise SystemExit(f"workload {spec!r}: expected a workload name or module:factory")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise SystemExit(f"workload {spec!r}: cannot load {attr} from {module_name}: {e}") from None
+    made = factory()
+    if not (isinstance(made, tuple) and len(made) == 3):
+        raise SystemExit(f"workload {spec!r}: {attr}() must return (model, batch, loss_fn)")
+    return (*made, spec)
+
+
+def _workload(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:
+    from peakcut.workloads import WORKLOAD_NAMES, get_workload
+
+    if args.workload in WORKLOAD_NAMES:
+        inst = get_workload(args.workload).build(args.size)
+        return inst.model, inst.batch, inst.loss_fn, inst.description
+    return _load_factory(args.workload)
+
+
+def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
+    import peakcut
+    from peakcut.optimizer import optimize_graph
+    from peakcut.optimizer.plan import Plan
+    from peakcut.report.plot import plot_before_after, plot_front
+    from peakcut.simulate import simulate_timeline
+
+    err = Console(stderr=True)
+    target = Path(args.out or f"out/optimize/{args.workload.replace(':', '_').replace('/', '_')}")
+    with err.status("capturing", spinner="dots") as spinner:
+        model, batch, loss_fn, description = _workload(args)
+        g = peakcut.capture(model, batch, loss_fn, args.optimizer)
+
+        def progress(p: Any) -> None:
+            spinner.update(f"searching: {p.states} states, best peak {_gib(p.best_peak_bytes)}, latency "
+                           f"{p.best_latency_s * 1e3:.2f} ms, {'meets' if p.feasible else 'misses'} the limit, "
+                           f"{p.elapsed_s:.0f}/{args.time_budget:.0f} s")
+
+        found = optimize_graph(g, memory_limit=args.memory_limit, latency_limit=args.latency_limit,
+                               time_budget=args.time_budget, device=args.device, seed=args.seed,
+                               pareto=args.pareto, progress=progress)
+        spinner.update(f"writing {target}")
+        report = {"workload": args.workload, "description": description, **found.report}
+        best = found.best
+        plan = Plan(model, best.program, best.order, {**report, "title": f"peakcut plan: {description}"})
+        plan.save(target)
+        after = simulate_timeline(best.program, best.order, found.cost)
+        report["plots"] = [str(plot_before_after(found.eager, after, target / "memory.png",
+                                                 f"{description}: eager vs peakcut plan (simulated)"))]
+        if args.pareto:
+            points = [(s.peak_bytes / found.eager.peak_bytes, s.latency_s / found.eager.latency_seconds)
+                      for s in found.result.front]
+            report["plots"].append(str(plot_front(points, target / "pareto.png", f"{description}: front")))
+        (target / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    table = Table(title=f"peakcut optimize: {description} ({report['device']})")
+    table.add_column("")
+    table.add_column("eager", justify="right")
+    table.add_column("peakcut", justify="right")
+    table.add_column("ratio", justify="right")
+    table.add_row("peak memory", _gib(report["eager_peak_bytes"]), _gib(report["peak_bytes"]),
+                  f"{report['peak_ratio']:.1%}")
+    table.add_row("latency", f"{report['eager_latency_s'] * 1e3:.2f} ms", f"{report['latency_s'] * 1e3:.2f} ms",
+                  f"{report['latency_ratio']:.1%}")
+    out.print(table)
+    out.print(f"memory: {report['memory_method']}\nlatency: {report['latency_method']}")
+    s = report["search"]
+    out.print(f"search: {s['states']} states in {s['seconds']:.1f} s ({s['states_per_minute']:.0f}/min), "
+              f"stopped: {s['stopped']}; limit {'met' if report['feasible'] else 'NOT met'}")
+    for line in report["applied"][:20]:
+        out.print(f"  - {line}")
+    if len(report["applied"]) > 20:
+        out.print(f"  ... and {len(report['applied']) - 20} more (report.json)")
+    out.print(f"wrote {target}/program.py, report.json, " + ", ".join(Path(p).name for p in report["plots"]))
+    return 0 if report["feasible"] or args.pareto else 3
+
+
+def add_parser(sub: Any) -> None:
+    from peakcut.cost.model import KNOWN_SPECS
+
+    o = sub.add_parser("optimize", help="search a workload's step under a memory or latency limit")
+    o.add_argument("workload", help="a workload name (peakcut workloads) or module:factory")
+    limit = o.add_mutually_exclusive_group()
+    limit.add_argument("--memory-limit", default=None, help="e.g. 40%%, 0.4, 12GB: least latency under it")
+    limit.add_argument("--latency-limit", default=None, help="ratio to eager, e.g. 1.1: least memory under it")
+    o.add_argument("--time-budget", type=float, default=60.0, help="seconds for the whole search (default 60)")
+    o.add_argument("--device", default="h200", help=f"cost model: {', '.join(KNOWN_SPECS)}")
+    o.add_argument("--size", choices=("paper", "tiny"), default="paper")
+    o.add_argument("--optimizer", choices=("sgd", "adamw"), default="adamw")
+    o.add_argument("--pareto", action="store_true", help="collect the memory/latency front")
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--out", default=None, help="output directory (default out/optimize/WORKLOAD)")
+    o.set_defaults(func=cmd_optimize)

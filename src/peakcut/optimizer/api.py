@@ -1,0 +1,203 @@
+"""peakcut.optimize(): capture a step, search, and return a runnable Plan.
+
+    plan = peakcut.optimize(model, batch, loss_fn=loss, optimizer="adamw",
+                            memory_limit=0.4, time_budget=60, device="h200")
+    loss = plan.step(batch)
+
+optimize_graph() is the same search on an already captured graph (paper-size models
+on the meta device, the CLI, the benchmarks); it returns the search result and the
+report without building a program.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from peakcut.capture import capture
+from peakcut.cost import get_cost_model
+from peakcut.cost.measured import MeasuredCostModel
+from peakcut.cost.protocol import CostModel
+from peakcut.fission.analyzer import DEFAULT_LEVELS
+from peakcut.fission.build import analyze, random_ftree
+from peakcut.fission.loss import detach_loss
+from peakcut.ir.graph import Graph
+from peakcut.optimizer.budget import BudgetedCost
+from peakcut.optimizer.derive import Deriver
+from peakcut.optimizer.moves import MoveSettings
+from peakcut.optimizer.objective import Objective, parse_latency_limit, parse_memory_limit
+from peakcut.optimizer.plan import LimitNotMet, Plan
+from peakcut.optimizer.search import Progress, SearchResult, search
+from peakcut.optimizer.state import State, computation_hash
+from peakcut.schedule import schedule
+from peakcut.simulate import Timeline, simulate_timeline
+
+DEFAULT_LATENCY_LIMIT = 1.10      # MAGIS's default: least memory within 10% of eager latency
+REORDER_SHARE = 0.1               # share of the time budget the initial re-ordering may take
+MEASURE_SHARE = 0.8               # a measured cost model measures new calls until this share
+
+
+@dataclass
+class Optimized:
+    """What optimize_graph found: the search result, the eager figures and the report."""
+
+    result: SearchResult
+    objective: Objective
+    report: dict[str, Any]
+    cost: CostModel
+    eager: Timeline          # the captured step in capture order, under `cost`
+
+    @property
+    def best(self) -> State:
+        return self.result.best
+
+    @property
+    def feasible(self) -> bool:
+        return self.objective.feasible(self.best.peak_bytes, self.best.latency_s)
+
+
+def _cost(device: str | CostModel, deadline: float) -> CostModel:
+    """The cost model; a measured one stops measuring at the deadline (BudgetedCost)."""
+    cost = get_cost_model(device) if isinstance(device, str) else device
+    return BudgetedCost(cost, deadline) if isinstance(cost, MeasuredCostModel) else cost
+
+
+def _methods(cost: CostModel, workspace: str | None) -> tuple[str, str]:
+    memory = ("simulated: peakcut timeline (compute + copy streams), "
+              f"{workspace or 'no'} workspace model")
+    name = cost.name
+    if name.startswith("measured"):
+        latency = f"simulated from per-op times measured on this machine ({name}), on the peakcut timeline"
+        if isinstance(cost, BudgetedCost) and cost.estimated:
+            latency += (f"; {len(cost.estimated)} calls seen after the time budget ran out are "
+                        "analytic estimates")
+    else:
+        latency = f"simulated: {name} device profile on the peakcut timeline"
+    return memory, latency
+
+
+def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
+                   latency_limit: float | str | None = None, time_budget: float = 60.0,
+                   device: str | CostModel = "h200", seed: int = 0, max_states: int | None = None,
+                   pareto: bool = False, settings: MoveSettings | None = None,
+                   fission_dims: str = "batch", reorder: bool = True, workspace: str | None = "cpu",
+                   levels: int = DEFAULT_LEVELS, naive_fission_seed: int | None = None,
+                   progress: Callable[[Progress], None] | None = None) -> Optimized:
+    """Search the rules on captured graph `g` under one limit (see peakcut.optimize).
+
+    levels: L of Algorithm 1. naive_fission_seed: replace the F-Tree by random valid
+    regions (the "naive fission" ablation of MAGIS §7.2.5).
+    """
+    t0 = time.perf_counter()
+    if memory_limit is not None and latency_limit is not None:
+        raise ValueError("give memory_limit or latency_limit, not both (the other is minimized)")
+    if fission_dims not in ("batch", "all"):
+        raise ValueError(f"fission_dims={fission_dims!r}: expected 'batch' or 'all'")
+    if not isinstance(time_budget, (int, float)) or time_budget < 0 or math.isnan(time_budget):
+        raise ValueError(f"time_budget={time_budget!r}: expected seconds >= 0")
+    cost = _cost(device, t0 + MEASURE_SHARE * time_budget)
+    eager = simulate_timeline(g, g.order, cost, workspace)
+    if pareto:
+        objective = Objective("latency", math.inf)
+    elif memory_limit is not None:
+        objective = Objective("memory", parse_memory_limit(memory_limit, eager.peak_bytes))
+    else:
+        ratio = DEFAULT_LATENCY_LIMIT if latency_limit is None else latency_limit
+        objective = Objective("latency", parse_latency_limit(ratio, eager.latency_seconds))
+
+    base = detach_loss(g) if g.signature.mode != "inference" else g.copy()
+    order = list(base.order)
+    if reorder and time_budget > 0:
+        found = schedule(base, time_limit=max(0.05, REORDER_SHARE * time_budget), workspace=workspace)
+        order = list(found.order)
+    if naive_fission_seed is None:
+        tree, dgraph = analyze(base, order, levels, batch_only=fission_dims == "batch")
+    else:
+        tree, dgraph = random_ftree(base, order, naive_fission_seed, batch_only=fission_dims == "batch")
+    deriver = Deriver(cost, dgraph, workspace)
+    base_digest = computation_hash(base)
+    root = deriver.finish(base, order, tree, (), base, order, (), 0)
+    if order != list(base.order):
+        captured = deriver.finish(base, list(base.order), tree, (), base, list(base.order), (), 0)
+        if objective.better(objective.key(captured.peak_bytes, captured.latency_s),
+                            objective.key(root.peak_bytes, root.latency_s)):
+            root = captured
+        else:
+            root.applied = ("re-order (memory-aware schedule)",)
+    root.extra["base_digest"] = base_digest
+    left = max(0.0, time_budget - (time.perf_counter() - t0))
+    result = search(root, deriver, objective, time_budget=left, seed=seed, max_states=max_states,
+                    settings=settings, progress=progress)
+    memory_method, latency_method = _methods(cost, workspace)
+    best = result.best
+    report = {
+        "device": cost.name,
+        "mode": objective.mode,
+        "limit": objective.limit if math.isfinite(objective.limit) else None,
+        "feasible": objective.feasible(best.peak_bytes, best.latency_s),
+        "eager_peak_bytes": eager.peak_bytes,
+        "peak_bytes": best.peak_bytes,
+        "peak_ratio": best.peak_bytes / eager.peak_bytes,
+        "eager_latency_s": eager.latency_seconds,
+        "latency_s": best.latency_s,
+        "latency_ratio": best.latency_s / eager.latency_seconds if eager.latency_seconds else None,
+        "memory_method": memory_method,
+        "latency_method": latency_method,
+        "applied": list(best.applied),
+        "fission": [{"ftree_node": k, "n": n, "ops": len(tree.nodes[k].nodes)} for k, n in best.fission()],
+        "recipes": [r.description for r in best.recipes],
+        "ftree": tree.summary(),
+        "search": {"states": result.states, "expanded": result.expanded, "duplicates": result.duplicates,
+                   "failed": result.failed, "seconds": round(result.seconds, 3),
+                   "states_per_minute": round(result.states_per_minute, 1), "stopped": result.stopped,
+                   "time_budget_s": time_budget, "seed": seed, "total_seconds": round(time.perf_counter() - t0, 3)},
+        "front": [{"peak_bytes": s.peak_bytes, "latency_s": s.latency_s, "applied": len(s.applied)}
+                  for s in result.front],
+    }
+    return Optimized(result, objective, report, cost, eager)
+
+
+def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | None = None,
+             optimizer: Any = "adamw", *, memory_limit: float | int | str | None = None,
+             latency_limit: float | str | None = None, time_budget: float = 60.0,
+             device: str | CostModel = "h200", seed: int = 0, max_states: int | None = None,
+             pareto: bool = False, settings: MoveSettings | None = None, fission_dims: str = "batch",
+             keep_grads: bool = False, progress: Callable[[Progress], None] | None = None) -> Plan:
+    """Optimize one training step of `model` on `batch` and return a runnable Plan.
+
+    - loss_fn(model, batch) -> scalar loss; None optimizes inference of model(*batch);
+      optimizer "adamw", "sgd", a spec or None (the step then returns loss and gradients).
+    - memory_limit: 0.4 (fraction of the eager peak), "40%", "12GB" or bytes: the least
+      latency under it. latency_limit: 1.1 (ratio to eager): the least memory under it.
+      Neither: latency_limit 1.1. pareto=True: the memory/latency front is in the report.
+    - device: a cost model ("h200", "rtx3090", "a100-80gb", "h100", "cpu", "measured").
+    - time_budget (seconds) bounds the whole call; max_states bounds the states built; the
+      same seed gives the same plan when the search ends before the clock does.
+    - keep_grads: the step also returns the gradients (for checking against eager).
+    Raises LimitNotMet (with `.plan`, the best plan found) when the limit is not met.
+    """
+    if optimizer is not None and loss_fn is None:
+        raise ValueError("an optimizer needs loss_fn(model, batch) -> scalar loss")
+    t0 = time.perf_counter()
+    g = capture(model, batch, loss_fn, optimizer, keep_grads=keep_grads)
+    left = max(0.0, time_budget - (time.perf_counter() - t0))
+    found = optimize_graph(g, memory_limit=memory_limit, latency_limit=latency_limit, time_budget=left,
+                           device=device, seed=seed, max_states=max_states, pareto=pareto,
+                           settings=settings, fission_dims=fission_dims, progress=progress)
+    found.report["title"] = f"peakcut plan for {type(model).__name__}"
+    plan = Plan(model, found.best.program, found.best.order, found.report)
+    if not found.feasible and not pareto:
+        what = ("peak" if found.objective.mode == "memory" else "latency")
+        have = (f"{found.best.peak_bytes / 2**30:.3f} GiB" if found.objective.mode == "memory"
+                else f"{found.best.latency_s:.4g} s")
+        want = (f"{found.objective.limit / 2**30:.3f} GiB" if found.objective.mode == "memory"
+                else f"{found.objective.limit:.4g} s")
+        raise LimitNotMet(f"{what} limit not met within {time_budget:g} s: best {have}, limit {want} "
+                          f"({found.result.states} states searched); the best plan is on this error's .plan",
+                          plan)
+    return plan

@@ -1,0 +1,185 @@
+"""Deriving a child State from its parent: fission, remat/swap recipes, scheduling, simulation.
+
+- fission changes (a new F-Tree) re-expand the base and replay the recipes that still
+  apply outside the enabled regions;
+- a new remat/swap recipe is applied to the parent's program directly (its nodes are
+  outside every enabled region, where the program keeps the base's ids), then the
+  affected interval is rescheduled (Algorithm 2) and swaps/recomputes are placed;
+- removing a recipe (de-remat, de-swap) replays the others from the expanded base.
+Every derived program is simulated on the device cost model (timeline: compute and
+copy streams), which gives the state's peak and latency.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from peakcut.cost.protocol import CostModel
+from peakcut.fission.dgraph import DGraph
+from peakcut.fission.expand import FissionError, expand
+from peakcut.fission.ftree import FTree
+from peakcut.ir.graph import Graph, GraphError
+from peakcut.optimizer.state import Recipe, State, computation_hash
+from peakcut.schedule import Problem, Reachability, incremental_schedule, place
+from peakcut.simulate import simulate_timeline
+from peakcut.transform import Rewrite, RuleError, remat, swap, why_not_remat, why_not_swap
+
+RESCHEDULE_SECONDS = 0.3   # cap on one incremental reschedule (a fallback to a full one included)
+
+
+class DeriveError(ValueError):
+    """A child state could not be built (the message says which rule and why)."""
+
+
+@dataclass
+class Deriver:
+    """What every derivation needs: the cost model, the base's D-Graph and timing stats."""
+
+    cost: CostModel
+    dgraph: DGraph
+    workspace: str | None = "cpu"
+    reschedule: bool = True
+    seconds: dict[str, list[float]] = field(default_factory=dict)   # kind -> durations
+
+    def _time(self, kind: str, t0: float) -> None:
+        self.seconds.setdefault(kind, []).append(time.perf_counter() - t0)
+
+    def expected_seconds(self, kind: str) -> float:
+        """The longest recent duration of a derivation of this kind (0 when never seen)."""
+        return max(self.seconds.get(kind, [0.0])[-8:])
+
+    # ------------------------------------------------------------ building blocks
+    def finish(self, base: Graph, base_order: list[int], tree: FTree, recipes: tuple[Recipe, ...],
+               program: Graph, order: list[int], applied: tuple[str, ...], depth: int) -> State:
+        """Place swaps and recomputes, simulate, hash."""
+        if any(r.kind == "swap" for r in recipes) or any(r.kind == "remat" for r in recipes):
+            order = place(program, order, self.cost)
+        tl = simulate_timeline(program, order, self.cost, self.workspace)
+        return State(base, base_order, tree, recipes, program, order, tl.peak_bytes, tl.latency_seconds,
+                     applied, computation_hash(program, order), depth)
+
+    def expanded(self, base: Graph, base_order: list[int], tree: FTree) -> tuple[Graph, list[int]]:
+        if not tree.enabled():
+            return base, list(base_order)
+        try:
+            ex = expand(base, base_order, tree, self.dgraph, check=False)
+        except (FissionError, GraphError) as e:
+            raise DeriveError(f"fission {[(f.id, f.n) for f in tree.enabled()]}: {e}") from None
+        return ex.graph, list(ex.order)
+
+    def replay(self, program: Graph, order: list[int], recipes: Iterable[Recipe],
+               regions: frozenset[int]) -> tuple[Graph, list[int], tuple[Recipe, ...], list[str]]:
+        """Apply the recipes that still apply; returns the kept ones and why others were dropped."""
+        kept: list[Recipe] = []
+        dropped: list[str] = []
+        for r in recipes:
+            reason = why_not_recipe(program, order, r, regions)
+            if reason is not None:
+                dropped.append(f"{r.description} no longer applies: {reason}")
+                continue
+            rw = apply_recipe(program, order, r)
+            program, order = rw.graph, rw.order
+            kept.append(r)
+        return program, order, tuple(kept), dropped
+
+    # ------------------------------------------------------------ the child kinds
+    def with_tree(self, parent: State, tree: FTree, what: str) -> State:
+        t0 = time.perf_counter()
+        program, order = self.expanded(parent.base, parent.base_order, tree)
+        regions = region_nodes(tree)
+        program, order, kept, dropped = self.replay(program, order, parent.recipes, regions)
+        state = self.finish(parent.base, parent.base_order, tree, kept, program, order,
+                            (*parent.applied, what, *dropped), parent.depth + 1)
+        self._time("fission", t0)
+        return state
+
+    def with_recipe(self, parent: State, recipe: Recipe) -> State:
+        t0 = time.perf_counter()
+        reason = why_not_recipe(parent.program, parent.order, recipe, region_nodes(parent.tree))
+        if reason is not None:
+            raise DeriveError(f"{recipe.description}: {reason}")
+        rw = apply_recipe(parent.program, parent.order, recipe)
+        order = self.rescheduled(parent, rw)
+        state = self.finish(parent.base, parent.base_order, parent.tree, (*parent.recipes, recipe),
+                            rw.graph, order, (*parent.applied, recipe.description), parent.depth + 1)
+        self._time(recipe.kind, t0)
+        return state
+
+    def with_recipes(self, parent: State, recipes: tuple[Recipe, ...]) -> State:
+        """Several recipes at once (each must still apply after the ones before it)."""
+        t0 = time.perf_counter()
+        program, order, kept, dropped = self.replay(parent.program, parent.order, recipes,
+                                                    region_nodes(parent.tree))
+        if not kept:
+            raise DeriveError(f"none of {len(recipes)} recipes applies: {dropped[:1]}")
+        state = self.finish(parent.base, parent.base_order, parent.tree, (*parent.recipes, *kept),
+                            program, order, (*parent.applied, *(r.description for r in kept)),
+                            parent.depth + 1)
+        self._time(recipes[0].kind, t0)
+        return state
+
+    def without_recipe(self, parent: State, recipe: Recipe) -> State:
+        t0 = time.perf_counter()
+        program, order = self.expanded(parent.base, parent.base_order, parent.tree)
+        rest = tuple(r for r in parent.recipes if r != recipe)
+        program, order, kept, dropped = self.replay(program, order, rest, region_nodes(parent.tree))
+        undo = f"undo: {recipe.description}"
+        state = self.finish(parent.base, parent.base_order, parent.tree, kept, program, order,
+                            (*parent.applied, undo, *dropped), parent.depth + 1)
+        self._time("undo", t0)
+        return state
+
+    def rescheduled(self, parent: State, rw: Rewrite) -> list[int]:
+        """Algorithm 2 on the interval around the change, when it lowers the peak."""
+        if not self.reschedule:
+            return rw.order
+        nw = parent.extra.get("narrow_waist")
+        if nw is None:
+            nw = narrow_waist(parent.program, parent.order)
+            parent.extra["narrow_waist"] = nw
+        touched = set(rw.changed) | set(rw.removed)
+        h = rw.graph.copy()
+        h.order = list(rw.order)
+        result = incremental_schedule(parent.order, nw, h, touched, rw.added, time_limit=RESCHEDULE_SECONDS)
+        if result.peak_bytes < rw.graph.simulate(rw.order, self.workspace).peak_bytes:
+            return list(result.order)
+        return rw.order
+
+
+def narrow_waist(g: Graph, order: list[int]) -> dict[int, int]:
+    h = g.copy()
+    h.order = list(order)
+    problem = Problem(h)
+    return {problem.ids[v]: value for v, value in Reachability(problem).narrow_waist().items()}
+
+
+def region_nodes(tree: FTree) -> frozenset[int]:
+    """Base node ids inside any enabled region (the program replaced them by part copies)."""
+    out: set[int] = set()
+    for f in tree.enabled():
+        out |= f.nodes
+    return frozenset(out)
+
+
+def why_not_recipe(program: Graph, order: list[int], r: Recipe, regions: frozenset[int]) -> str | None:
+    touched = (r.node, *r.users)
+    inside = [v for v in touched if v in regions]
+    if inside:
+        return f"it would cross the boundary of an enabled fission region (node {inside[0]})"
+    missing = [v for v in touched if v not in program.nodes]
+    if missing or r.tensor not in program.tensors:
+        return "a node or tensor it names is gone"
+    if r.kind == "swap":
+        return why_not_swap(program, order, r.tensor, r.users)
+    return why_not_remat(program, order, r.node, r.users)
+
+
+def apply_recipe(program: Graph, order: list[int], r: Recipe) -> Rewrite:
+    try:
+        if r.kind == "swap":
+            return swap(program, order, r.tensor, r.users)
+        return remat(program, order, r.node, r.users)
+    except RuleError as e:
+        raise DeriveError(f"{r.description}: {e}") from None

@@ -1,0 +1,153 @@
+"""Algorithm 3 of MAGIS: best-first search over the rules, with relaxation and dedup.
+
+    result = search(root, deriver, objective, time_budget=60, seed=0)
+
+- the queue is ordered by the objective's key (BetterThan), ties by insertion;
+- a child is built only if its make-up (Move.key) and then its computation hash are
+  new; it becomes the best when BetterThan; it joins the queue when within the
+  relaxation δ of the best (MAGIS: 1.1);
+- the time budget is checked before every child, and a child whose kind recently
+  took longer than the time left is skipped, so the search ends within about a
+  second of the budget;
+- with the same seed (and a search that ends by exhausting its queue or
+  `max_states`, not by the clock) the result is the same;
+- every built state's (peak, latency) enters the Pareto front.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from peakcut.optimizer.derive import DeriveError, Deriver
+from peakcut.optimizer.moves import MoveSettings, make_key, moves
+from peakcut.optimizer.objective import Objective
+from peakcut.optimizer.state import State
+
+QUEUE_LIMIT = 48    # states kept in the queue (each holds a program graph)
+
+
+@dataclass(frozen=True)
+class Progress:
+    states: int
+    best_peak_bytes: int
+    best_latency_s: float
+    feasible: bool
+    elapsed_s: float
+
+
+@dataclass
+class SearchResult:
+    best: State
+    root: State
+    states: int                      # states built and simulated (the root included)
+    expanded: int                    # states whose children were generated
+    duplicates: int                  # children skipped because their hash was seen
+    failed: int                      # children whose rule failed while building
+    seconds: float
+    stopped: str                     # "queue empty" | "time budget" | "max states"
+    front: list[State] = field(default_factory=list)   # Pareto front (peak, latency), by peak
+
+    @property
+    def states_per_minute(self) -> float:
+        return 60 * self.states / self.seconds if self.seconds > 0 else 0.0
+
+
+def _dominated(a: State, b: State) -> bool:
+    """b dominates a."""
+    return (b.peak_bytes <= a.peak_bytes and b.latency_s <= a.latency_s
+            and (b.peak_bytes < a.peak_bytes or b.latency_s < a.latency_s))
+
+
+def _update_front(front: list[State], s: State) -> None:
+    if any(_dominated(s, f) or (f.peak_bytes, f.latency_s) == (s.peak_bytes, s.latency_s) for f in front):
+        return
+    front[:] = [f for f in front if not _dominated(f, s)]
+    front.append(s)
+    front.sort(key=lambda x: (x.peak_bytes, x.latency_s))
+
+
+def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: float = 60.0,
+           seed: int = 0, max_states: int | None = None, settings: MoveSettings | None = None,
+           progress: Callable[[Progress], None] | None = None) -> SearchResult:
+    """Best-first search from `root` (see module doc)."""
+    if time_budget < 0:
+        raise ValueError(f"time_budget must be >= 0 seconds, got {time_budget}")
+    settings = settings or MoveSettings()
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    deadline = t0 + time_budget
+    counter = itertools.count()
+    key = lambda s: objective.key(s.peak_bytes, s.latency_s)  # noqa: E731
+    best = root
+    heap: list[tuple[tuple, int, State]] = [(key(root), next(counter), root)]
+    seen_keys = {make_key(root)}
+    seen_hashes = {root.digest}
+    front: list[State] = []
+    _update_front(front, root)
+    states, expanded, duplicates, failed = 1, 0, 0, 0
+    stopped = "queue empty"
+
+    def report() -> None:
+        if progress is not None:
+            progress(Progress(states, best.peak_bytes, best.latency_s,
+                              objective.feasible(best.peak_bytes, best.latency_s),
+                              time.perf_counter() - t0))
+
+    while heap:
+        if time.perf_counter() >= deadline:
+            stopped = "time budget"
+            break
+        _, _, state = heapq.heappop(heap)
+        expanded += 1
+        children = list(moves(state, deriver, settings, rng)) if time.perf_counter() < deadline else []
+        rng.shuffle(children)
+        children.sort(key=lambda m: ("fission", "swap", "remat", "undo").index(m.kind))
+        for move in children:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                stopped = "time budget"
+                break
+            if max_states is not None and states >= max_states:
+                stopped = "max states"
+                break
+            if move.key in seen_keys:
+                duplicates += 1
+                continue
+            if deriver.expected_seconds(move.kind) > left:
+                continue
+            seen_keys.add(move.key)
+            try:
+                child = move.build()
+            except DeriveError:
+                failed += 1
+                continue
+            child.extra["base_digest"] = state.extra.get("base_digest", "")
+            if child.digest in seen_hashes:
+                duplicates += 1
+                continue
+            seen_hashes.add(child.digest)
+            states += 1
+            _update_front(front, child)
+            k = key(child)
+            if objective.better(k, key(best)):
+                best = child
+                report()
+            if objective.within_relaxation(k, key(best)):
+                heapq.heappush(heap, (k, next(counter), child))
+                if len(heap) > QUEUE_LIMIT:
+                    heap = heapq.nsmallest(QUEUE_LIMIT, heap)
+                    heapq.heapify(heap)
+        else:
+            report()
+            continue
+        break
+    if stopped == "queue empty" and max_states is not None and states >= max_states:
+        stopped = "max states"
+    report()
+    return SearchResult(best, root, states, expanded, duplicates, failed, time.perf_counter() - t0,
+                        stopped, front)
