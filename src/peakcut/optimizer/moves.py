@@ -44,23 +44,23 @@ class MoveSettings:
     remat: bool = True
     swap: bool = True
     hotspots_only: bool = True      # H2; False: candidates at every step's live set
-    direct_enable: bool = True      # enable any F-Tree node without enabled relatives
+    direct_enable: bool = True      # enable a root without enabled descendants directly
     together: bool = True           # also apply each kind's candidates all at once (a faster descent)
     per_kind: int = CANDIDATES_PER_KIND
 
 
 def fission_rules(tree: FTree, direct_enable: bool) -> list[tuple[str, int]]:
-    """The F-Tree mutations of §5.1, plus (beyond the paper) enabling any node whose
-    ancestors and descendants are all disabled: the root at n = 2 in one step instead of a
-    leaf lifted level by level through states that each must look good enough to expand."""
+    """The F-Tree mutations of §5.1, plus (beyond the paper) enabling a root whose
+    descendants are all disabled: the root at n = 2 in one step instead of a leaf lifted
+    level by level through states that each must look good enough to be expanded."""
     rules = tree.mutations()
     if direct_enable:
         plain = {k for rule, k in rules if rule == "enable"}
-        for f in tree.nodes:
-            related = [*tree.ancestors(f.id), *tree.descendants(f.id)]
-            if (not f.enabled and f.id not in plain and divisors(f.length)
-                    and not any(tree.nodes[r].enabled for r in related)):
-                rules.append(("enable-any", f.id))
+        for k in tree.roots():
+            f = tree.nodes[k]
+            if (not f.enabled and k not in plain and divisors(f.length)
+                    and not any(tree.nodes[d].enabled for d in tree.descendants(k))):
+                rules.append(("enable-any", k))
     return rules
 
 
