@@ -1,0 +1,470 @@
+"""The machinery the TASO-style rules share: an Edit that builds the rewritten graph (new nodes
+with metas derived on FakeTensors, rewired readers, views re-derived when the tensor they look
+at moves, removed nodes, control edges, storages), the order it splices everything into, and
+the checks every rule runs before returning.
+
+Metas of new tensors and of moved views come from running the ops on FakeTensors built from
+the graph's metas (shape, stride, storage offset, dtype): a view's storage is the one of the
+tensor it views (its first tensor argument), anything else gets a fresh storage of the bytes
+its result spans. The shape check after a rewrite re-runs every new and rewired node and
+compares with the metas the rest of the graph expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from peakcut.ir.graph import Graph
+from peakcut.ir.node import Node, Phase, iter_refs, map_refs
+from peakcut.ir.registry import OpKind, lookup, mutated_arguments
+from peakcut.ir.tensor import Role, TensorMeta
+from peakcut.transform.rewrite import (
+    IdAllocator,
+    Rewrite,
+    RuleError,
+    ancestors,
+    describe_node,
+    describe_tensor,
+    extent_bytes,
+    positions,
+    rewire,
+    writers_of,
+)
+
+TASO = "taso"   # Node.extra key of nodes a TASO-style rule created: {"rule": ..., ...}
+
+
+# ------------------------------------------------------------------ small queries
+def is_view_op(op: str) -> bool:
+    info = lookup(op)
+    return info is not None and info.kind is OpKind.VIEW
+
+
+def is_pure(g: Graph, nid: int) -> bool:
+    """Known to the registry, not random, not a swap op, writes nothing in place."""
+    n = g.nodes[nid]
+    info = lookup(n.op)
+    if info is None or info.random or info.kind in (OpKind.SWAP, OpKind.FACTORY):
+        return False
+    return not mutated_arguments(n.op)
+
+
+def first_ref(value: Any) -> int | None:
+    """The id of the first tensor inside an args structure (None when there is none)."""
+    return next((r.id for r in iter_refs(value)), None)
+
+
+def scalar(value: Any) -> bool:
+    """A Python number usable as an op's scalar argument (bools excluded)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def same_region(a: TensorMeta, b: TensorMeta) -> bool:
+    """The two tensors look at exactly the same elements in the same layout."""
+    return (a.storage, a.shape, a.stride, a.storage_offset, a.dtype) == (
+        b.storage, b.shape, b.stride, b.storage_offset, b.dtype)
+
+
+def common_module(modules: Iterable[str]) -> str:
+    parts = [m.split(".") for m in modules if m]
+    if not parts:
+        return ""
+    prefix: list[str] = []
+    for items in zip(*parts, strict=False):
+        if len(set(items)) != 1:
+            break
+        prefix.append(items[0])
+    return ".".join(prefix)
+
+
+def why_not_writes(g: Graph, nodes: Sequence[int], tensors: Iterable[int],
+                   before: Mapping[int, set[int]] | None = None) -> str | None:
+    """Nodes that read `tensors` are merged into one: every in-place writer of those tensors'
+    storages must run before all of them or after all of them (the merged node reads the
+    values each of them read). None when that holds. before: ancestors of each node, if known."""
+    tensors = list(tensors)
+    storages = {g.tensors[t].storage for t in tensors}
+    if before is None:
+        before = {n: ancestors(g, n) for n in nodes}
+    for s, ms in writers_of(g, storages).items():
+        for m in ms:
+            if m in nodes:
+                return f"{describe_node(g, m)} writes what it reads in place"
+            inside = [n for n in nodes if m in before[n]]
+            if inside and len(inside) != len(nodes):
+                t = next(t for t in tensors if g.tensors[t].storage == s)
+                outside = next(n for n in nodes if n not in inside)
+                return (f"{describe_node(g, m)} writes {describe_tensor(g, t)} in place after "
+                        f"{describe_node(g, outside)} reads it but before "
+                        f"{describe_node(g, inside[0])} does: they do not read the same values")
+    return None
+
+
+# ------------------------------------------------------------------ fake execution
+def _fake_input(g: Graph, tid: int, device: str) -> torch.Tensor:
+    m = g.tensors[tid]
+    room = max(g.storages.get(m.storage, 0), extent_bytes(m)) // m.itemsize
+    base = torch.empty((room,), dtype=m.torch_dtype, device=device)
+    return base.as_strided(m.shape, m.stride, m.storage_offset)
+
+
+def run_fake(g: Graph, node: Node) -> list[torch.Tensor | None]:
+    """Run `node` on FakeTensors shaped like g's metas of its inputs; its results, listed like
+    node.outputs (a RuleError naming the node when the op rejects those inputs or has no fake
+    kernel)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        fakes = {t: _fake_input(g, t, g.device) for t in node.input_ids()}
+        args = map_refs(node.args, lambda r: fakes[r.id])
+        kwargs = map_refs(node.kwargs, lambda r: fakes[r.id])
+        try:
+            result = node.overload()(*args, **kwargs)
+        except NotImplementedError:
+            raise RuleError(f"node {node.name or node.id} ({node.op}) has no fake kernel: its "
+                            "outputs cannot be derived for new inputs") from None
+        except (RuntimeError, ValueError, TypeError, IndexError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise RuleError(f"node {node.name or node.id} ({node.op}) would fail on its new "
+                            f"inputs: {first}") from None
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    return [r if isinstance(r, torch.Tensor) else None for r in results]
+
+
+def meta_from_fake(g: Graph, node: Node, out: torch.Tensor, tid: int, storage: int | None,
+                   role: Role = Role.ACTIVATION, name: str = "") -> TensorMeta:
+    """The meta of result `out` of `node`: a view lives in the storage of the node's first
+    tensor argument; anything else in `storage` (a fresh one the caller provides)."""
+    from peakcut.ir.tensor import dtype_name
+
+    if is_view_op(node.op):
+        base = first_ref(node.args)
+        if base is None:
+            raise RuleError(f"internal: view node {node.name} reads no tensor")
+        storage = g.tensors[base].storage
+    if storage is None:
+        raise RuleError(f"internal: no storage for an output of {node.name}")
+    return TensorMeta(tid, tuple(int(s) for s in out.shape), tuple(int(s) for s in out.stride()),
+                      dtype_name(out.dtype), storage, int(out.storage_offset()), role, name)
+
+
+# ------------------------------------------------------------------ the edit
+class Edit:
+    """A rewritten copy of `g` under construction (g itself is never touched)."""
+
+    def __init__(self, g: Graph, order: Sequence[int], rule: str) -> None:
+        self.g = g
+        self.order = list(order)
+        self.rule = rule
+        self.new = g.copy()
+        self.fresh = IdAllocator(g)
+        self.added: list[int] = []
+        self.removed: list[int] = []
+        self.changed: dict[int, None] = {}
+        self.replaced_by: dict[int, tuple[int, ...]] = {}   # removed node -> its stand-ins
+        self.inherit: dict[int, tuple[int, ...]] = {}       # new node -> nodes whose control it takes
+        self.moved_storages: set[int] = set()               # storages that may have emptied
+        self.principals: list[int] = []                     # nodes of g the new ones stand for
+        self._pos: tuple[dict[int, int], dict[int, int]] | None = None
+
+    def runs_before(self, a: int, b: int) -> bool:
+        """Node a comes before node b (both of the input graph) in both orders."""
+        if self._pos is None:
+            self._pos = (positions(self.order), positions(self.g.order))
+        return all(a in p and b in p and p[a] < p[b] for p in self._pos)
+
+    # -------------------------------------------------------------- building
+    def add(self, op: str, args: tuple, kwargs: Mapping[str, Any] | None = None, *,
+            name: str, phase: Phase, module: str, extra: Mapping[str, Any] | None = None,
+            multi_output: bool = False) -> Node:
+        """A new node calling `op`; its outputs' metas are derived on FakeTensors."""
+        probe = Node(id=-1, op=op, args=tuple(args), kwargs=dict(kwargs or {}), outputs=(),
+                     multi_output=multi_output)
+        results = run_fake(self.new, probe)
+        nid = self.fresh()
+        metas: list[TensorMeta] = []
+        outputs: list[int | None] = []
+        for i, out in enumerate(results):
+            if out is None:
+                outputs.append(None)
+                continue
+            tid = self.fresh()
+            storage = None
+            if not is_view_op(op):
+                storage = self.fresh()
+                self.new.storages[storage] = max(int(out.untyped_storage().nbytes()),
+                                                 out.numel() * out.element_size())
+            label = name if len(results) == 1 else f"{name}_{i}"
+            metas.append(meta_from_fake(self.new, probe, out, tid, storage, name=label))
+            outputs.append(tid)
+        node = Node(id=nid, op=op, args=tuple(args), kwargs=dict(kwargs or {}),
+                    outputs=tuple(outputs), multi_output=multi_output, module=module,
+                    phase=phase, name=name, extra={TASO: {"rule": self.rule, **(extra or {})}})
+        self.new.add_node(node, metas)
+        self.new.order.append(nid)    # Graph.users walks the order; the final one is set later
+        self.added.append(nid)
+        return node
+
+    def rewire(self, nid: int, mapping: Mapping[int, int]) -> None:
+        """Node `nid` reads mapping[t] in place of t (and is reported as changed)."""
+        node = self.new.nodes[nid]
+        if not any(t in mapping for t in node.input_ids()):
+            return
+        self.new.replace_node(rewire(node, mapping))
+        if nid not in self.added:
+            self.changed[nid] = None
+
+    def replace_args(self, nid: int, args: tuple, kwargs: Mapping[str, Any] | None = None) -> None:
+        old = self.new.nodes[nid]
+        node = Node(id=old.id, op=old.op, args=tuple(args),
+                    kwargs=dict(old.kwargs if kwargs is None else kwargs), outputs=old.outputs,
+                    multi_output=old.multi_output, module=old.module, phase=old.phase,
+                    name=old.name, extra=old.extra)
+        self.new.replace_node(node)
+        if nid not in self.added:
+            self.changed[nid] = None
+
+    def redirect(self, mapping: Mapping[int, int]) -> list[int]:
+        """Every reader of a tensor t in `mapping` reads mapping[t] instead; the readers."""
+        touched: dict[int, None] = {}
+        for t in mapping:
+            for u in list(self.new.users(t)):
+                touched[u] = None
+        for u in touched:
+            self.rewire(u, mapping)
+        return list(touched)
+
+    def remove(self, nid: int, stand_ins: Sequence[int] = ()) -> None:
+        """Remove node `nid` (its outputs must be unused by now); in control lists it is
+        replaced by `stand_ins`."""
+        n = self.new.nodes[nid]
+        for t in n.output_ids():
+            self.moved_storages.add(self.new.tensors[t].storage)
+            if t in self.new.outputs:
+                raise RuleError(f"internal: {describe_tensor(self.new, t)} is a program output")
+        self.new.remove_node(nid)
+        self.changed.pop(nid, None)
+        if nid in self.added:
+            self.added.remove(nid)
+        else:
+            self.removed.append(nid)
+        self.replaced_by[nid] = tuple(stand_ins)
+
+    def remove_dead(self, seeds: Iterable[int]) -> None:
+        """Remove pure nodes among `seeds` (and, transitively, their producers) whose outputs
+        nobody reads any more and which are no program outputs."""
+        stack = [s for s in seeds if s is not None]
+        outputs = set(self.new.outputs)
+        while stack:
+            nid = stack.pop()
+            if nid not in self.new.nodes or not is_pure(self.new, nid):
+                continue
+            outs = self.new.nodes[nid].output_ids()
+            if any(self.new.users(t) or t in outputs for t in outs):
+                continue
+            producers = [self.new.producer(t) for t in self.new.nodes[nid].input_ids()]
+            self.remove(nid)
+            stack.extend(p for p in producers if p is not None)
+
+    # -------------------------------------------------------------- views that move
+    def rederive(self, start: Iterable[int]) -> None:
+        """The nodes `start` read tensors whose layout or storage changed: re-run them (and,
+        for views, everything reading their outputs) on FakeTensors. Views take the derived
+        meta (storage of the tensor they view); other ops must keep their outputs' shape and
+        dtype, and take a new stride only when their storage still holds it."""
+        queue = list(dict.fromkeys(start))
+        seen: set[int] = set()
+        while queue:
+            nid = queue.pop(0)
+            if nid in seen or nid not in self.new.nodes:
+                continue
+            seen.add(nid)
+            node = self.new.nodes[nid]
+            if self.new.is_opaque(nid):
+                raise RuleError(f"{describe_node(self.new, nid)} is opaque to peakcut: its "
+                                "outputs cannot be re-derived for the new layout of its inputs")
+            results = run_fake(self.new, node)
+            if len(results) != len(node.outputs):
+                raise RuleError(f"internal: {describe_node(self.new, nid)} returns "
+                                f"{len(results)} values, graph says {len(node.outputs)}")
+            view = is_view_op(node.op)
+            for t, out in zip(node.outputs, results, strict=True):
+                if t is None or out is None:
+                    continue
+                old = self.new.tensors[t]
+                if view:
+                    meta = meta_from_fake(self.new, node, out, t, None, old.role, old.name)
+                    if meta == old:
+                        continue
+                    if (meta.shape, meta.dtype) != (old.shape, old.dtype):
+                        raise RuleError(f"{describe_node(self.new, nid)} would return "
+                                        f"{meta.shape}/{meta.dtype} instead of "
+                                        f"{old.shape}/{old.dtype}")
+                    self.moved_storages.add(old.storage)
+                    self.new.tensors[t] = meta   # metas feed no cached query: no invalidation
+                    queue.extend(self.new.users(t))
+                    continue
+                shape, stride = tuple(out.shape), tuple(out.stride())
+                if (shape, str(out.dtype).removeprefix("torch.")) != (old.shape, old.dtype):
+                    raise RuleError(f"{describe_node(self.new, nid)} would return "
+                                    f"{shape}/{out.dtype} instead of {old.shape}/{old.dtype}")
+                if stride != old.stride:
+                    meta = TensorMeta(t, old.shape, stride, old.dtype, old.storage,
+                                      old.storage_offset, old.role, old.name)
+                    if extent_bytes(meta) > self.new.storages[old.storage]:
+                        raise RuleError(f"{describe_node(self.new, nid)} would lay out its "
+                                        f"output with stride {stride}, past its storage")
+                    self.new.tensors[t] = meta
+                    queue.extend(self.new.users(t))
+
+    # -------------------------------------------------------------- finishing
+    def _fix_control(self) -> None:
+        """Removed nodes are replaced by their stand-ins in control lists; new nodes inherit
+        the control predecessors of the nodes they stand for; every in-place writer of a
+        storage a new node reads, that does not run before it, waits for it."""
+        new = self.new
+        removed = set(self.removed)
+        for m, preds in list(new.control.items()):
+            if m in removed or not any(p in removed for p in preds):
+                continue
+            keep = [p for p in preds if p not in removed]
+            for p in preds:
+                if p in removed:
+                    keep.extend(self.replaced_by.get(p, ()))
+            self._set_control(m, keep)
+        for a, originals in self.inherit.items():
+            preds = [p for o in originals for p in self.g.control.get(o, ())]
+            preds = [p for p in preds if p not in removed and p != a]
+            if preds:
+                self._set_control(a, [*new.control.get(a, ()), *preds])
+        new.changed()   # predecessors read g.control directly; successors are cached
+        reads = {a: {new.tensors[t].storage for t in new.nodes[a].input_ids()}
+                 for a in self.added}
+        storages = set().union(*reads.values()) if reads else set()
+        written = writers_of(new, storages)
+        if not written:
+            return
+        earlier: set[int] = set()
+        for p in self.principals:
+            earlier |= ancestors(self.g, p)
+        before: dict[int, set[int]] = {}
+        for s, ms in written.items():
+            for m in ms:
+                for a in self.added:
+                    if s not in reads[a] or m == a:
+                        continue
+                    if m in earlier:      # a write the originals saw: the new reader waits
+                        if a not in before:
+                            before[a] = ancestors(new, a)
+                        if m not in before[a]:
+                            self._set_control(a, [*new.control.get(a, ()), m])
+                            before[a] |= {m} | ancestors(new, m)
+                    elif not any(w in new.predecessors(m) for w in ms if w not in earlier):
+                        # a later write waits for the new reader; in a chain of later in-place
+                        # writes (each reading the result of the one before) the first does
+                        self._set_control(m, [*new.control.get(m, ()), a])
+        new.changed()
+
+    def _set_control(self, m: int, preds: Iterable[int]) -> None:
+        new = self.new
+        before = tuple(new.control.get(m, ()))
+        after = tuple(sorted(set(p for p in preds if p != m and p in new.nodes)))
+        if after == tuple(sorted(set(before))):
+            return
+        if after:
+            new.control[m] = after
+        else:
+            new.control.pop(m, None)
+        if m not in self.added:
+            self.changed[m] = None
+
+    def _drop_empty_storages(self) -> None:
+        live = {t.storage for t in self.new.tensors.values()}
+        for s in self.moved_storages:
+            if s not in live:
+                self.new.storages.pop(s, None)
+
+    def _place(self, order: Sequence[int], principals: Sequence[int]) -> list[int]:
+        """`order` without the removed nodes and with the added ones where the last of
+        `principals` (nodes of the input graph the new nodes stand for) was; nodes between the
+        first and the last principal that now depend on a new node move after the new ones."""
+        pos = positions(order)
+        removed = set(self.removed)
+        if principals:
+            first = min(pos[p] for p in principals)
+            last = max(pos[p] for p in principals)
+        else:
+            first = last = len(order)
+        new = self.new
+        between = {order[i] for i in range(first, min(last, len(order)))
+                   if order[i] not in removed}
+        late: set[int] = set()
+        frontier = list(self.added)
+        while frontier:
+            nid = frontier.pop()
+            for s in new.successors(nid):
+                if s in between and s not in late:
+                    late.add(s)
+                    frontier.append(s)
+        head = [n for n in order[:last] if n not in removed and n not in late]
+        moved = [n for n in order[:last] if n in late]
+        tail = [n for n in order[last:] if n not in removed]
+        return [*head, *self.added, *moved, *tail]
+
+    def finish(self, principals: Sequence[int], description: str,
+               check: Iterable[int] = ()) -> Rewrite:
+        """Control edges, storages, both orders, the shape check; the Rewrite."""
+        self.principals = list(principals)
+        self._fix_control()
+        self._drop_empty_storages()
+        new = self.new
+        order = self._place(self.order, principals)
+        new.order = self._place(self.g.order, principals)
+        new.changed()
+        for name, o in (("the order", order), ("the capture order", new.order)):
+            problem = order_problem(new, o)
+            if problem:
+                raise RuleError(f"{problem} in {name} after the rewrite (a cycle?)")
+        shape_check(new, [*self.added, *self.changed, *check])
+        return Rewrite(graph=new, order=order, added=tuple(self.added),
+                       changed=tuple(n for n in self.changed if n in new.nodes),
+                       removed=tuple(self.removed), description=description)
+
+
+# ------------------------------------------------------------------ checks
+def order_problem(g: Graph, order: Sequence[int]) -> str | None:
+    """Why `order` is not a topological order of g (None when it is)."""
+    if len(order) != len(g.nodes) or set(order) != set(g.nodes):
+        return f"the order has {len(order)} nodes, the graph {len(g.nodes)}"
+    pos = positions(order)
+    for nid in order:
+        for p in g.predecessors(nid):
+            if pos[p] > pos[nid]:
+                return f"{describe_node(g, nid)} comes before {describe_node(g, p)}"
+    return None
+
+
+def shape_check(g: Graph, nodes: Iterable[int]) -> None:
+    """Re-run `nodes` on FakeTensors of their inputs' metas: every output must have the
+    shape, dtype and stride the graph records (views also the storage offset)."""
+    for nid in dict.fromkeys(nodes):
+        if nid not in g.nodes or g.is_opaque(nid):
+            continue
+        node = g.nodes[nid]
+        results = run_fake(g, node)
+        if len(results) != len(node.outputs):
+            raise RuleError(f"shape check: {describe_node(g, nid)} returns {len(results)} "
+                            f"values, the graph says {len(node.outputs)}")
+        for t, out in zip(node.outputs, results, strict=True):
+            if t is None or out is None:
+                continue
+            meta = g.tensors[t]
+            got = (tuple(out.shape), tuple(out.stride()), str(out.dtype).removeprefix("torch."))
+            if got != (meta.shape, meta.stride, meta.dtype) or (
+                    is_view_op(node.op) and int(out.storage_offset()) != meta.storage_offset):
+                raise RuleError(f"shape check: {describe_node(g, nid)} gives {got[0]} stride "
+                                f"{got[1]} {got[2]}, the graph expects {meta.shape} stride "
+                                f"{meta.stride} {meta.dtype} for {describe_tensor(g, t)}")
