@@ -5,7 +5,10 @@
 - a new remat/swap recipe is applied to the parent's program directly (its nodes are
   outside every enabled region, where the program keeps the base's ids), then the
   affected interval is rescheduled (Algorithm 2) and swaps/recomputes are placed;
-- removing a recipe (de-remat, de-swap) replays the others from the expanded base.
+- removing a recipe (de-remat, de-swap) replays the others from the expanded base;
+- a TASO-style rewrite changes the base: the F-Tree is rebuilt on it (the F-Tree
+  update after a non-fission rewrite), the enabled nodes are carried over, and the
+  recipes are replayed.
 Every derived program is simulated on the device cost model (timeline: compute and
 copy streams), which gives the state's peak and latency.
 """
@@ -17,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from peakcut.cost.protocol import CostModel
+from peakcut.fission.analyzer import DEFAULT_LEVELS
+from peakcut.fission.build import analyze
 from peakcut.fission.dgraph import DGraph
 from peakcut.fission.expand import FissionError, expand
 from peakcut.fission.ftree import FTree
@@ -25,6 +30,7 @@ from peakcut.optimizer.state import Recipe, State, computation_hash
 from peakcut.schedule import Problem, Reachability, incremental_schedule, place
 from peakcut.simulate import simulate_timeline
 from peakcut.transform import Rewrite, RuleError, remat, swap, why_not_remat, why_not_swap
+from peakcut.transform.taso import TasoCandidate, taso_candidates
 
 RESCHEDULE_SECONDS = 0.3   # cap on one incremental reschedule (a fallback to a full one included)
 
@@ -35,13 +41,15 @@ class DeriveError(ValueError):
 
 @dataclass
 class Deriver:
-    """What every derivation needs: the cost model, the base's D-Graph and timing stats."""
+    """What every derivation needs: the cost model, how F-Trees are built, timing stats."""
 
     cost: CostModel
-    dgraph: DGraph
     workspace: str | None = "cpu"
     reschedule: bool = True
+    levels: int = DEFAULT_LEVELS
+    batch_only: bool = True
     seconds: dict[str, list[float]] = field(default_factory=dict)   # kind -> durations
+    taso_sites: dict[str, list[TasoCandidate]] = field(default_factory=dict)   # base digest -> sites
 
     def _time(self, kind: str, t0: float) -> None:
         self.seconds.setdefault(kind, []).append(time.perf_counter() - t0)
@@ -51,20 +59,22 @@ class Deriver:
         return max(self.seconds.get(kind, [0.0])[-8:])
 
     # ------------------------------------------------------------ building blocks
-    def finish(self, base: Graph, base_order: list[int], tree: FTree, recipes: tuple[Recipe, ...],
-               program: Graph, order: list[int], applied: tuple[str, ...], depth: int) -> State:
+    def finish(self, base: Graph, base_order: list[int], tree: FTree, dgraph: DGraph,
+               recipes: tuple[Recipe, ...], program: Graph, order: list[int], applied: tuple[str, ...],
+               depth: int) -> State:
         """Place swaps and recomputes, simulate, hash."""
-        if any(r.kind == "swap" for r in recipes) or any(r.kind == "remat" for r in recipes):
+        if recipes:
             order = place(program, order, self.cost)
         tl = simulate_timeline(program, order, self.cost, self.workspace)
-        return State(base, base_order, tree, recipes, program, order, tl.peak_bytes, tl.latency_seconds,
-                     applied, computation_hash(program, order), depth)
+        return State(base, base_order, tree, dgraph, recipes, program, order, tl.peak_bytes,
+                     tl.latency_seconds, applied, computation_hash(program, order), depth)
 
-    def expanded(self, base: Graph, base_order: list[int], tree: FTree) -> tuple[Graph, list[int]]:
+    def expanded(self, base: Graph, base_order: list[int], tree: FTree,
+                 dgraph: DGraph) -> tuple[Graph, list[int]]:
         if not tree.enabled():
             return base, list(base_order)
         try:
-            ex = expand(base, base_order, tree, self.dgraph, check=False)
+            ex = expand(base, base_order, tree, dgraph, check=False)
         except (FissionError, GraphError) as e:
             raise DeriveError(f"fission {[(f.id, f.n) for f in tree.enabled()]}: {e}") from None
         return ex.graph, list(ex.order)
@@ -87,10 +97,10 @@ class Deriver:
     # ------------------------------------------------------------ the child kinds
     def with_tree(self, parent: State, tree: FTree, what: str) -> State:
         t0 = time.perf_counter()
-        program, order = self.expanded(parent.base, parent.base_order, tree)
+        program, order = self.expanded(parent.base, parent.base_order, tree, parent.dgraph)
         regions = region_nodes(tree)
         program, order, kept, dropped = self.replay(program, order, parent.recipes, regions)
-        state = self.finish(parent.base, parent.base_order, tree, kept, program, order,
+        state = self.finish(parent.base, parent.base_order, tree, parent.dgraph, kept, program, order,
                             (*parent.applied, what, *dropped), parent.depth + 1)
         self._time("fission", t0)
         return state
@@ -102,7 +112,8 @@ class Deriver:
             raise DeriveError(f"{recipe.description}: {reason}")
         rw = apply_recipe(parent.program, parent.order, recipe)
         order = self.rescheduled(parent, rw)
-        state = self.finish(parent.base, parent.base_order, parent.tree, (*parent.recipes, recipe),
+        state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph,
+                            (*parent.recipes, recipe),
                             rw.graph, order, (*parent.applied, recipe.description), parent.depth + 1)
         self._time(recipe.kind, t0)
         return state
@@ -114,7 +125,8 @@ class Deriver:
                                                     region_nodes(parent.tree))
         if not kept:
             raise DeriveError(f"none of {len(recipes)} recipes applies: {dropped[:1]}")
-        state = self.finish(parent.base, parent.base_order, parent.tree, (*parent.recipes, *kept),
+        state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph,
+                            (*parent.recipes, *kept),
                             program, order, (*parent.applied, *(r.description for r in kept)),
                             parent.depth + 1)
         self._time(recipes[0].kind, t0)
@@ -122,14 +134,45 @@ class Deriver:
 
     def without_recipe(self, parent: State, recipe: Recipe) -> State:
         t0 = time.perf_counter()
-        program, order = self.expanded(parent.base, parent.base_order, parent.tree)
+        program, order = self.expanded(parent.base, parent.base_order, parent.tree, parent.dgraph)
         rest = tuple(r for r in parent.recipes if r != recipe)
         program, order, kept, dropped = self.replay(program, order, rest, region_nodes(parent.tree))
         undo = f"undo: {recipe.description}"
-        state = self.finish(parent.base, parent.base_order, parent.tree, kept, program, order,
+        state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph, kept, program, order,
                             (*parent.applied, undo, *dropped), parent.depth + 1)
         self._time("undo", t0)
         return state
+
+    def with_taso(self, parent: State, site: TasoCandidate) -> State:
+        """A TASO-style rewrite of the base; the F-Tree is rebuilt on the new base and the
+        enabled nodes carried over to the new nodes that cover the same ops."""
+        t0 = time.perf_counter()
+        inside = [v for v in site.nodes if v in region_nodes(parent.tree)]
+        if inside:
+            raise DeriveError(f"{site.description}: inside an enabled fission region")
+        try:
+            rw = site.apply(parent.base, parent.base_order)
+        except (RuleError, ValueError) as e:
+            raise DeriveError(f"{site.description}: {e}") from None
+        base, base_order = rw.graph, list(rw.order)
+        tree, dgraph = analyze(base, base_order, self.levels, batch_only=self.batch_only)
+        tree, lost = carry_enabled(parent.tree, tree)
+        program, order = self.expanded(base, base_order, tree, dgraph)
+        program, order, kept, dropped = self.replay(program, order, parent.recipes, region_nodes(tree))
+        notes = [f"fission of F-Tree node {k} lost: no node of the new F-Tree covers its ops" for k in lost]
+        state = self.finish(base, base_order, tree, dgraph, kept, program, order,
+                            (*parent.applied, f"taso: {site.description}", *notes, *dropped),
+                            parent.depth + 1)
+        state.extra["base_digest"] = computation_hash(base, base_order)
+        self._time("taso", t0)
+        return state
+
+    def sites(self, state: State, limit: int) -> list[TasoCandidate]:
+        """TASO-style sites of the state's base (found once per base graph)."""
+        digest = state.extra.get("base_digest", "")
+        if digest not in self.taso_sites:
+            self.taso_sites[digest] = taso_candidates(state.base, state.base_order, limit=limit)
+        return self.taso_sites[digest]
 
     def rescheduled(self, parent: State, rw: Rewrite) -> list[int]:
         """Algorithm 2 on the interval around the change, when it lowers the peak."""
@@ -146,6 +189,20 @@ class Deriver:
         if result.peak_bytes < rw.graph.simulate(rw.order, self.workspace).peak_bytes:
             return list(result.order)
         return rw.order
+
+
+def carry_enabled(old: FTree, new: FTree) -> tuple[FTree, list[int]]:
+    """`new` with the nodes enabled that best cover old's enabled ones (Jaccard >= 0.5), at the
+    same n where it divides; returns the tree and the old nodes that found no match."""
+    lost = []
+    for f in old.enabled():
+        score, best = max(((len(f.nodes & g.nodes) / len(f.nodes | g.nodes), g.id) for g in new.nodes),
+                          default=(0.0, None))
+        if best is None or score < 0.5 or new.nodes[best].length % f.n:
+            lost.append(f.id)
+            continue
+        new = new.with_n(best, f.n)
+    return new, lost
 
 
 def narrow_waist(g: Graph, order: list[int]) -> dict[int, int]:

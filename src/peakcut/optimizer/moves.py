@@ -8,6 +8,8 @@ duplicates before paying for it) and builds it on demand (`build`). Kinds:
   (heuristic H2: only tensors live across the peak), outside every enabled region, one
   by one and all of a kind at once (a step the size of the hot-spot: many small
   activations are saved for backward in a CNN);
+- taso: a TASO-style rewrite of the base graph (merge matmuls sharing an operand and its
+  inverse, algebraic simplifications; peakcut.transform.taso) outside enabled regions;
 - undo: de-remat / de-swap of a recipe the state holds.
 """
 
@@ -26,11 +28,12 @@ from peakcut.transform import Candidate, hotspot_candidates
 from peakcut.transform.rewrite import describe_node, describe_tensor
 
 CANDIDATES_PER_KIND = 4     # remat and swap candidates tried per expanded state
+TASO_SITES = 16             # TASO-style sites listed per base graph (the kinds interleaved)
 
 
 @dataclass(frozen=True)
 class Move:
-    kind: str                       # "fission" | "remat" | "swap" | "undo"
+    kind: str                       # "fission" | "remat" | "swap" | "taso" | "undo"
     key: tuple                      # identifies the child's make-up
     description: str
     build: Callable[[], State]
@@ -46,6 +49,8 @@ class MoveSettings:
     hotspots_only: bool = True      # H2; False: candidates at every step's live set
     direct_enable: bool = True      # enable a root without enabled descendants directly
     together: bool = True           # also apply each kind's candidates all at once (a faster descent)
+    taso: bool = True               # TASO-style rewrites of the base graph
+    taso_per_state: int = 2         # TASO sites tried per expanded state
     per_kind: int = CANDIDATES_PER_KIND
 
 
@@ -90,6 +95,11 @@ def moves(state: State, deriver: Deriver, settings: MoveSettings, rng: random.Ra
     kinds = [k for k in ("swap", "remat") if getattr(settings, k)]
     if kinds:
         yield from _recipe_moves(state, deriver, settings, kinds, rng)
+    if settings.taso:
+        for site in deriver.sites(state, TASO_SITES)[:settings.taso_per_state]:
+            key = ("taso", *make_key(state), site.kind, site.nodes, site.parts)
+            yield Move("taso", key, f"taso: {site.description}",
+                       lambda site=site: deriver.with_taso(state, site))
     for r in state.recipes:
         rest = tuple(x for x in state.recipes if x != r)
         yield Move("undo", make_key(state, recipes=rest), f"undo: {r.description}",

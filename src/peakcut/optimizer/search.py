@@ -106,7 +106,7 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
         expanded += 1
         children = list(moves(state, deriver, settings, rng)) if time.perf_counter() < deadline else []
         rng.shuffle(children)
-        children.sort(key=lambda m: ("fission", "swap", "remat", "undo").index(m.kind))
+        children.sort(key=lambda m: ("fission", "swap", "remat", "taso", "undo").index(m.kind))
         for move in children:
             left = deadline - time.perf_counter()
             if left <= 0:
@@ -126,7 +126,7 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
             except DeriveError:
                 failed += 1
                 continue
-            child.extra["base_digest"] = state.extra.get("base_digest", "")
+            child.extra.setdefault("base_digest", state.extra.get("base_digest", ""))
             if child.digest in seen_hashes:
                 duplicates += 1
                 continue

@@ -2,7 +2,7 @@
 
 A State keeps
 - base: the step graph fission regions refer to (loss-detached capture, after any
-  TASO-style rewrites), with its order and F-Tree;
+  TASO-style rewrites), with its order, F-Tree and D-Graph;
 - recipes: the remat/swap applications made on top of the fissioned program, in the
   ids of nodes outside every enabled region (rules never cross a region's boundary),
   so that they can be replayed when the F-Tree changes;
@@ -16,6 +16,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from peakcut.fission.dgraph import DGraph
 from peakcut.fission.ftree import FTree
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import TensorRef
@@ -37,6 +38,7 @@ class State:
     base: Graph
     base_order: list[int]
     tree: FTree
+    dgraph: DGraph                            # the base's D-Graph (what the tree's regions split)
     recipes: tuple[Recipe, ...]
     program: Graph
     order: list[int]

@@ -1,0 +1,76 @@
+"""The search's rules on a tiny BERT: TASO rewrites rebuild the F-Tree and keep fission;
+fission + recipes replay; every derived program keeps eager's numbers (SGD, float64)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import peakcut
+from peakcut.codegen.program import Step
+from peakcut.cost import get_cost_model
+from peakcut.optimizer import optimize_graph
+from peakcut.optimizer.derive import DeriveError, Deriver
+from peakcut.optimizer.moves import MoveSettings, moves
+from peakcut.workloads import get_workload
+from tests.helpers import in_float64
+
+SPEC = peakcut.SGD(lr=1e-2, momentum=0.9)
+
+
+@pytest.fixture(scope="module")
+def case():
+    inst = in_float64(get_workload("bert-base").build("tiny"))
+    g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, SPEC, keep_grads=True)
+    root = optimize_graph(g, time_budget=0, device="rtx3090").result.root
+    return inst, root, Deriver(get_cost_model("rtx3090"))
+
+
+def exact(inst, state) -> None:
+    report = peakcut.check_equivalence(inst.model, inst.batch, inst.loss_fn, SPEC,
+                                       lambda _m: Step(state.program, state.order), steps=2,
+                                       rtol=1e-7, atol=1e-9)
+    assert report.ok, f"{state.applied}: {report}"
+
+
+def test_a_qkv_merge_then_fission_then_swap_keeps_the_numbers(case) -> None:
+    inst, root, deriver = case
+    site = next(s for s in deriver.sites(root, 16) if s.kind == "merge_matmuls")
+    merged = deriver.with_taso(root, site)
+    assert merged.extra["base_digest"] != root.extra["base_digest"]
+    assert any(n.op == "aten.cat.default" for n in merged.program.nodes.values())
+    exact(inst, merged)
+    fission = next(m for m in moves(merged, deriver, MoveSettings(swap=False, remat=False, taso=False),
+                                    random.Random(0)) if m.kind == "fission")
+    split = fission.build()
+    assert split.fission()
+    exact(inst, split)
+    swaps = [m for m in moves(split, deriver, MoveSettings(fission=False, remat=False, taso=False),
+                              random.Random(0)) if m.kind == "swap"]
+    for move in swaps[:2]:
+        try:
+            state = move.build()
+        except DeriveError:
+            continue
+        exact(inst, state)
+
+
+def test_taso_inside_an_enabled_region_is_refused_and_fission_survives_outside_rewrites(case) -> None:
+    inst, root, _ = case
+    deriver = Deriver(get_cost_model("rtx3090"))
+    sites = deriver.sites(root, 64)
+    splits = [m.build() for m in moves(root, deriver, MoveSettings(swap=False, remat=False, taso=False),
+                                       random.Random(0)) if m.kind == "fission"]
+    split = max(splits, key=lambda s: sum(len(f.nodes) for f in s.tree.enabled()))
+    region = set().union(*(f.nodes for f in split.tree.enabled()))
+    inside = [s for s in sites if set(s.nodes) & region]
+    assert inside
+    with pytest.raises(DeriveError, match="inside an enabled fission region"):
+        deriver.with_taso(split, inside[0])
+    outside = [s for s in sites if not set(s.nodes) & region]
+    assert outside
+    for site in outside[:2]:
+        state = deriver.with_taso(split, site)
+        assert state.fission(), state.applied
+        exact(inst, state)
