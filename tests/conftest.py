@@ -6,6 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers import cross_entropy_loss
+
 
 @pytest.fixture(autouse=True)
 def _program_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -27,9 +29,7 @@ class SmallCNN(nn.Module):
         return self.ln(self.fc(y.flatten(1)))
 
 
-def cnn_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    x, y = batch
-    return nn.functional.cross_entropy(model(x), y)
+cnn_loss = cross_entropy_loss
 
 
 @pytest.fixture

@@ -18,3 +18,9 @@ def in_float64(inst: WorkloadInstance) -> WorkloadInstance:
     """
     batch = tuple(t.double() if t.is_floating_point() else t for t in inst.batch)
     return replace(inst, model=inst.model.double(), batch=batch, dtype=torch.float64)
+
+
+def cross_entropy_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """loss_fn for (inputs, class labels) batches."""
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x), y)

@@ -14,6 +14,7 @@ from peakcut.codegen.program import Step
 from peakcut.optimizer import LimitNotMet, optimize_graph
 from peakcut.optimizer.state import computation_hash
 from peakcut.transform import hotspot_candidates
+from tests.helpers import cross_entropy_loss as mlp_loss
 
 
 class MLP(nn.Module):
@@ -26,11 +27,6 @@ class MLP(nn.Module):
         for layer in self.layers:
             x = torch.nn.functional.gelu(layer(x))
         return self.head(x)
-
-
-def mlp_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    x, y = batch
-    return nn.functional.cross_entropy(model(x), y)
 
 
 @pytest.fixture

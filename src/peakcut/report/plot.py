@@ -16,6 +16,15 @@ from peakcut.simulate.timeline import Timeline  # noqa: E402
 _PHASE_COLORS = {"forward": "#dbe9f6", "loss": "#fde2c8", "backward": "#e3f1dc", "optimizer": "#efe1f3"}
 
 
+def _save(fig: plt.Figure, path: str | Path) -> Path:
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
 def plot_timeline(g: Graph, profile: MemoryProfile, path: str | Path, title: str) -> Path:
     """Bytes live per op (simulated), phases shaded, the peak marked; writes a PNG."""
     fig, ax = plt.subplots(figsize=(10, 4), dpi=120)
@@ -39,12 +48,7 @@ def plot_timeline(g: Graph, profile: MemoryProfile, path: str | Path, title: str
     ax.set_title(title)
     ax.legend(loc="upper right", fontsize=7, ncol=2)
     ax.margins(x=0)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return _save(fig, path)
 
 
 def plot_before_after(before: Timeline, after: Timeline, path: str | Path, title: str) -> Path:
@@ -57,12 +61,7 @@ def plot_before_after(before: Timeline, after: Timeline, path: str | Path, title
     ax.set_ylabel("device memory (GiB)")
     ax.set_title(title, fontsize=9)
     ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return _save(fig, path)
 
 
 def plot_front(points: list[tuple[float, float]], path: str | Path, title: str) -> Path:
@@ -77,9 +76,4 @@ def plot_front(points: list[tuple[float, float]], path: str | Path, title: str) 
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return _save(fig, path)
