@@ -28,6 +28,7 @@ from peakcut.fission.ftree import FTree
 from peakcut.ir.graph import Graph, GraphError
 from peakcut.optimizer.state import Recipe, State, computation_hash
 from peakcut.schedule import Problem, Reachability, incremental_schedule, place
+from peakcut.schedule.incremental import reschedule_interval
 from peakcut.simulate import simulate_timeline
 from peakcut.transform import Rewrite, RuleError, remat, swap, why_not_remat, why_not_swap
 from peakcut.transform.taso import TasoCandidate, taso_candidates
@@ -183,6 +184,8 @@ class Deriver:
             nw = narrow_waist(parent.program, parent.order)
             parent.extra["narrow_waist"] = nw
         touched = set(rw.changed) | set(rw.removed)
+        if reschedule_interval(parent.order, nw, touched) is None:
+            return rw.order    # no narrow interval: Algorithm 2 would fall back to a full schedule
         h = rw.graph.copy()
         h.order = list(rw.order)
         result = incremental_schedule(parent.order, nw, h, touched, rw.added, time_limit=RESCHEDULE_SECONDS)

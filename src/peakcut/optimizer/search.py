@@ -5,7 +5,8 @@
 - the queue is ordered by the objective's key (BetterThan), ties by insertion;
 - a child is built only if its make-up (Move.key) and then its computation hash are
   new; it becomes the best when BetterThan; it joins the queue when within the
-  relaxation δ of the best (MAGIS: 1.1);
+  relaxation δ of the best (MAGIS: 1.1), else a reserve queue that is expanded (best
+  first) once the main one is empty, so the budget is not left unused;
 - the time budget is checked before every child, and a child whose kind recently
   took longer than the time left is skipped, so the search ends within about a
   second of the budget;
@@ -85,6 +86,7 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
     key = lambda s: objective.key(s.peak_bytes, s.latency_s)  # noqa: E731
     best = root
     heap: list[tuple[tuple, int, State]] = [(key(root), next(counter), root)]
+    reserve: list[tuple[tuple, int, State]] = []    # built, outside the relaxation: used when heap empties
     seen_keys = {make_key(root)}
     seen_hashes = {root.digest}
     front: list[State] = []
@@ -98,11 +100,11 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
                               objective.feasible(best.peak_bytes, best.latency_s),
                               time.perf_counter() - t0))
 
-    while heap:
+    while heap or reserve:
         if time.perf_counter() >= deadline:
             stopped = "time budget"
             break
-        _, _, state = heapq.heappop(heap)
+        _, _, state = heapq.heappop(heap if heap else reserve)
         expanded += 1
         children = list(moves(state, deriver, settings, rng)) if time.perf_counter() < deadline else []
         rng.shuffle(children)
@@ -137,11 +139,17 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
             if objective.better(k, key(best)):
                 best = child
                 report()
+            entry = (k, next(counter), child)
             if objective.within_relaxation(k, key(best)):
-                heapq.heappush(heap, (k, next(counter), child))
+                heapq.heappush(heap, entry)
                 if len(heap) > QUEUE_LIMIT:
                     heap = heapq.nsmallest(QUEUE_LIMIT, heap)
                     heapq.heapify(heap)
+            else:
+                heapq.heappush(reserve, entry)
+                if len(reserve) > QUEUE_LIMIT:
+                    reserve = heapq.nsmallest(QUEUE_LIMIT, reserve)
+                    heapq.heapify(reserve)
         else:
             report()
             continue
