@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.peakcut-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean bench bench-quick
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m bench.peers            # peers vs peakcut: tiny measured (~20 min) + paper simulated (~15 min)
+
+bench-quick: $(STAMP)
+	$(PY) -m bench.peers --quick
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,268 @@
+"""Paper sizes, simulated: each peer's training step as a peakcut Graph, run through the
+same memory simulator (Graph.simulate, CPU workspace model) and device cost models
+(simulate_timeline with the analytic rtx3090 / h200 profiles) as peakcut's own plans.
+
+- eager: peakcut.capture of the step (make_fx over FakeTensors, AdamW update included).
+- checkpoint: the same capture of the model with checkpoint wrappers; make_fx records
+  the recomputation where autograd runs it (inside the backward).
+- compile (aot_eager partition): AOTAutograd traces the joint forward+backward graph of
+  the loss over FakeTensors once per workload; inside its partition_fn the min-cut
+  partitioner (torch._functorch.partitioners.min_cut_rematerialization_partition, what
+  the aot_eager and inductor backends use) is run once per budget/solver. Each partitioned
+  forward/backward pair is then re-traced as one program (forward, then backward fed the
+  forward's saved outputs and a ones tangent, then the same AdamW update), so saved
+  tensors stay live until the backward's last reader, and converted with fx_to_graph.
+  The joint graph is the whole loss without graph breaks (no Dynamo).
+- compile inductor: not simulated (Inductor's fused kernels have no peakcut IR or cost).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+import peakcut
+from bench.peers.peakcut_hook import peakcut_graph
+from bench.peers.results import Cell, fail_reason
+from bench.peers.tools import Tool, apply_checkpointing
+from peakcut.capture import BoundModel
+from peakcut.capture.optimizers import AdamW, apply_update, init_state, spec_to_dict
+from peakcut.capture.trace import TraceLog, new_fake_mode
+from peakcut.cost import get_cost_model
+from peakcut.ir.graph import Graph, StepSignature
+from peakcut.ir.tensor import Role
+from peakcut.simulate import simulate_timeline
+from peakcut.workloads import WorkloadInstance
+
+PROFILES: tuple[str, ...] = ("rtx3090", "h200")
+OPTIMIZER = AdamW()  # torch.optim.AdamW defaults, foreach=False semantics
+INDUCTOR_REASON = "Inductor's fused kernels have no peakcut IR"
+
+
+def evaluate(cell: Cell, g: Graph, order: list[int] | None = None) -> Cell:
+    """Fill peak (Graph.simulate) and per-profile latency (simulate_timeline) of a graph."""
+    order = list(g.order if order is None else order)
+    profile = g.simulate(order)
+    cell.peak_bytes = int(profile.peak_bytes)
+    cell.baseline_bytes = int(profile.baseline_bytes)
+    cell.nodes = len(g.nodes)
+    for profile in PROFILES:
+        cell.latency[profile] = float(simulate_timeline(g, order, get_cost_model(profile)).latency_seconds)
+    return cell
+
+
+def _fake(fake_mode: Any, t: torch.Tensor, requires_grad: bool = False) -> torch.Tensor:
+    """A FakeTensor on cpu with t's layout (t may live on the meta device)."""
+    with fake_mode:
+        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+    return out.requires_grad_(requires_grad)
+
+
+@contextlib.contextmanager
+def _hf_sees_tracing() -> Iterator[None]:
+    """Make transformers treat FunctionalTensors as traced (as it does fake tensors under make_fx).
+
+    AOTAutograd's metadata pass runs the model on FunctionalTensor-wrapped fakes, which
+    transformers' is_tracing() misses; it then calls padding_mask.all() (data-dependent).
+    With the patch the explicit attention mask is built, as in peakcut.capture's graph.
+    """
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        yield
+        return
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    original = masking_utils.is_tracing
+
+    def is_tracing(tensor: Any = None) -> bool:
+        return isinstance(tensor, FunctionalTensor) or original(tensor)
+
+    masking_utils.is_tracing = is_tracing
+    try:
+        yield
+    finally:
+        masking_utils.is_tracing = original
+
+
+def capture_checkpointed(inst: WorkloadInstance) -> tuple[Graph, str]:
+    """peakcut.capture of the step with checkpoint wrappers on a copy of the model.
+
+    peakcut.capture binds parameters with functional_call, whose substitution ends when the
+    forward returns; checkpoint's recomputation runs later, inside the backward, and would
+    read the module's own (meta) parameters. So the loss here re-binds the traced
+    parameters on the model itself and keeps them bound until capture returns.
+    """
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    model = copy.deepcopy(inst.model)
+    note = apply_checkpointing(inst.name, model)
+    with contextlib.ExitStack() as outer:
+        bindings: list[contextlib.ExitStack] = []
+
+        def loss_fn(bound: BoundModel, batch: Any) -> torch.Tensor:
+            for stack in bindings:  # capture re-traces when some parameter gets no gradient
+                stack.close()
+            stack = outer.enter_context(contextlib.ExitStack())
+            bindings.append(stack)
+            stack.enter_context(_reparametrize_module(model, bound._state, tie_weights=True))
+            return inst.loss_fn(model, batch)
+
+        g = peakcut.capture(model, inst.batch, loss_fn, OPTIMIZER)
+    return g, note
+
+
+class JointCapture:
+    """The min-cut partitions of one workload's loss, one per compile tool."""
+
+    def __init__(self, inst: WorkloadInstance, tools: list[Tool]) -> None:
+        self.inst = inst
+        model = inst.model
+        self.param_items = list(model.named_parameters(remove_duplicate=True))
+        self.buffer_items = list(model.named_buffers(remove_duplicate=True))
+        self.batch_leaves, self.batch_spec = pytree.tree_flatten(inst.batch)
+        self.partitions: dict[Tool, tuple[torch.fx.GraphModule, torch.fx.GraphModule, int] | BaseException] = {}
+        self.seconds = 0.0
+        self._trace(tools)
+
+    def _loss(self, params: list[torch.Tensor], buffers: list[torch.Tensor], leaves: list[torch.Tensor]) -> torch.Tensor:
+        state = {n: p for (n, _), p in zip(self.param_items, params, strict=True)}
+        state.update({n: b for (n, _), b in zip(self.buffer_items, buffers, strict=True)})
+        batch = pytree.tree_unflatten(list(leaves), self.batch_spec)
+        return self.inst.loss_fn(BoundModel(self.inst.model, state), batch)
+
+    def _trace(self, tools: list[Tool]) -> None:
+        from functorch.compile import aot_function, min_cut_rematerialization_partition, nop
+
+        def partition(joint: torch.fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
+            for tool in tools:
+                with tool.config():
+                    try:
+                        fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kw)
+                        self.partitions[tool] = (fw, bw, kw["num_fwd_outputs"])
+                    except Exception as e:  # noqa: BLE001 - recorded per tool
+                        self.partitions[tool] = e
+            return min_cut_rematerialization_partition(joint, joint_inputs, **kw)
+
+        fake_mode = new_fake_mode()
+        params = [_fake(fake_mode, p, p.requires_grad) for _, p in self.param_items]
+        buffers = [_fake(fake_mode, b) for _, b in self.buffer_items]
+        leaves = [_fake(fake_mode, t) for t in self.batch_leaves]
+        t0 = time.perf_counter()
+        compiled = aot_function(self._loss, fw_compiler=nop, bw_compiler=nop, partition_fn=partition)
+        with fake_mode, _hf_sees_tracing():
+            compiled(params, buffers, leaves)
+        self.seconds = time.perf_counter() - t0
+
+    def graph(self, tool: Tool) -> Graph:
+        """The partitioned forward+backward of `tool`, re-traced with the AdamW update."""
+        part = self.partitions[tool]
+        if isinstance(part, BaseException):
+            raise part
+        fw, bw, num_fwd_outputs = part
+        return _joint_graph(self, fw, bw, num_fwd_outputs)
+
+
+def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _joint_graph(jc: JointCapture, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule,
+                 num_fwd_outputs: int) -> Graph:
+    spec = OPTIMIZER
+    n_params, n_buffers = len(jc.param_items), len(jc.buffer_items)
+    bw_out = [n for n in bw.graph.nodes if n.op == "output"][0].args[0]
+    has_grad = [bw_out[i] is not None for i in range(n_params)]
+    n_tangents = sum(1 for n in _placeholders(bw) if n.name.startswith("tangents"))
+    if len(_placeholders(fw)) != n_params + n_buffers + len(jc.batch_leaves):
+        raise RuntimeError(f"forward has {len(_placeholders(fw))} inputs, expected primals only")
+    if n_tangents != 1:
+        raise RuntimeError(f"backward takes {n_tangents} tangents, expected 1 (the loss)")
+
+    def step(params: list, buffers: list, flat_slots: list, shared: list, leaves: list) -> list:
+        outs = fw(*params, *buffers, *leaves)
+        user, saved = outs[:num_fwd_outputs], outs[num_fwd_outputs:]
+        loss = [o for o in user if o.dim() == 0 and o.is_floating_point()][-1]
+        del outs, user
+        grads = bw(*saved, torch.ones_like(loss))[:n_params]
+        del saved
+        targets = [p for p, h in zip(params, has_grad, strict=True) if h]
+        used = [g for g in grads if g is not None]
+        n_slots = len(spec.slots())
+        groups = [list(flat_slots[i * n_slots:(i + 1) * n_slots]) for i in range(len(targets))]
+        with torch.no_grad():
+            apply_update(spec, targets, used, groups, list(shared))
+        return [loss]
+
+    fake_mode = new_fake_mode()
+    params = [_fake(fake_mode, p) for _, p in jc.param_items]
+    buffers = [_fake(fake_mode, b) for _, b in jc.buffer_items]
+    leaves = [_fake(fake_mode, t) for t in jc.batch_leaves]
+    with fake_mode:
+        slots, shared = init_state(spec, [p for p, h in zip(params, has_grad, strict=True) if h])
+    flat_slots = [t for per in slots for t in per]
+    gm = make_fx(step, tracing_mode="fake", decomposition_table={})(params, buffers, flat_slots, shared, leaves)
+    train_names = [n for (n, _), h in zip(jc.param_items, has_grad, strict=True) if h]
+    input_names = (
+        [f"param:{n}" for n, _ in jc.param_items] + [f"buffer:{n}" for n, _ in jc.buffer_items]
+        + [f"state:{n}.{s}" for n in train_names for s in spec.slots()]
+        + [f"state:{s}" for s in spec.shared_slots()]
+        + [f"batch:{i}" for i in range(len(leaves))]
+    )
+    roles = ([Role.PARAM] * len(params) + [Role.BUFFER] * len(buffers)
+             + [Role.OPT_STATE] * (len(flat_slots) + len(shared)) + [Role.INPUT] * len(leaves))
+    signature = StepSignature(batch_spec=pytree.treespec_dumps(jc.batch_spec), optimizer=spec_to_dict(spec))
+    from peakcut.capture.convert import fx_to_graph
+
+    return fx_to_graph(gm, input_names, roles, ["loss"], [Role.ACTIVATION], [True], TraceLog(), "cpu", signature)
+
+
+def _timed(cell: Cell, make: Callable[[], tuple[Graph, list[int] | None]]) -> Cell:
+    try:
+        t0 = time.perf_counter()
+        g, order = make()
+        cell.setup_seconds += time.perf_counter() - t0
+        evaluate(cell, g, order)
+    except Exception as e:  # noqa: BLE001 - a failing peer is a table cell, not a crash
+        cell.error = fail_reason(e)
+    return cell
+
+
+def simulate_workload(inst: WorkloadInstance, tools: list[Tool]) -> list[Cell]:
+    """One cell per tool for a paper-size workload."""
+    cells: list[Cell] = []
+    compile_tools = [t for t in tools if t.family == "compile" and t.backend == "aot_eager"]
+    joint: JointCapture | BaseException | None = None
+    if compile_tools:
+        try:
+            joint = JointCapture(inst, compile_tools)
+        except Exception as e:  # noqa: BLE001
+            joint = e
+    for tool in tools:
+        cell = Cell(inst.name, tool.name, tool.curve, "paper")
+        if tool.family == "eager":
+            _timed(cell, lambda: (peakcut.capture(inst.model, inst.batch, inst.loss_fn, OPTIMIZER), None))
+        elif tool.family == "checkpoint":
+            def make(cell: Cell = cell) -> tuple[Graph, None]:
+                g, cell.note = capture_checkpointed(inst)
+                return g, None
+            _timed(cell, make)
+        elif tool.family == "peakcut":
+            _timed(cell, lambda t=tool: peakcut_graph(t.limit, inst))
+        elif tool.backend == "inductor":
+            cell.error = f"not simulated: {INDUCTOR_REASON}"
+        elif isinstance(joint, BaseException):
+            cell.error = fail_reason(joint)
+        else:
+            assert joint is not None
+            cell.setup_seconds = joint.seconds
+            _timed(cell, lambda t=tool: (joint.graph(t), None))
+        cells.append(cell)
+    return cells
