@@ -93,30 +93,10 @@ def _hf_sees_tracing() -> Iterator[None]:
 
 
 def capture_checkpointed(inst: WorkloadInstance) -> tuple[Graph, str]:
-    """peakcut.capture of the step with checkpoint wrappers on a copy of the model.
-
-    peakcut.capture binds parameters with functional_call, whose substitution ends when the
-    forward returns; checkpoint's recomputation runs later, inside the backward, and would
-    read the module's own (meta) parameters. So the loss here re-binds the traced
-    parameters on the model itself and keeps them bound until capture returns.
-    """
-    from torch.nn.utils.stateless import _reparametrize_module
-
+    """peakcut.capture of the step with checkpoint wrappers on a copy of the model."""
     model = copy.deepcopy(inst.model)
     note = apply_checkpointing(inst.name, model)
-    with contextlib.ExitStack() as outer:
-        bindings: list[contextlib.ExitStack] = []
-
-        def loss_fn(bound: BoundModel, batch: Any) -> torch.Tensor:
-            for stack in bindings:  # capture re-traces when some parameter gets no gradient
-                stack.close()
-            stack = outer.enter_context(contextlib.ExitStack())
-            bindings.append(stack)
-            stack.enter_context(_reparametrize_module(model, bound._state, tie_weights=True))
-            return inst.loss_fn(model, batch)
-
-        g = peakcut.capture(model, inst.batch, loss_fn, OPTIMIZER)
-    return g, note
+    return peakcut.capture(model, inst.batch, inst.loss_fn, OPTIMIZER), note
 
 
 class JointCapture:

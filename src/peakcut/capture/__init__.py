@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch.func import functional_call
+from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils import _pytree as pytree
 
 from peakcut.capture.convert import fx_to_graph
@@ -184,14 +185,17 @@ def _trace(model: torch.nn.Module, param_items: list, buffer_items: list, batch_
             out_leaves, out_spec = pytree.tree_flatten(out)
             output_info["spec"] = out_spec
             return [o.detach() if isinstance(o, torch.Tensor) else o for o in out_leaves]
-        loss = loss_fn(bound, b)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise CaptureError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} "
-                               f"{tuple(getattr(loss, 'shape', ()))}")
-        _hook_backward_meta(loss)
-        log.set_phase(Phase.BACKWARD)
-        live_train = [p for p, tr in zip(live, trainable, strict=True) if tr]
-        grads = torch.autograd.grad(loss, live_train, allow_unused=True)
+        # The traced tensors stay bound on the module through the backward too:
+        # activation checkpointing re-runs forward code inside the backward.
+        with _reparametrize_module(model, state, tie_weights=True, strict=False):
+            loss = loss_fn(bound, b)
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise CaptureError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} "
+                                   f"{tuple(getattr(loss, 'shape', ()))}")
+            _hook_backward_meta(loss)
+            log.set_phase(Phase.BACKWARD)
+            live_train = [p for p, tr in zip(live, trainable, strict=True) if tr]
+            grads = torch.autograd.grad(loss, live_train, allow_unused=True)
         output_info["used"] = [g is not None for g in grads]
         if spec is not None:
             log.set_phase(Phase.OPTIMIZER)
