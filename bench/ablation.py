@@ -44,9 +44,11 @@ def run(workload: str, setting: str, mode: str, value: float, budget: float, dev
                            progress=lambda p: history.append((p.elapsed_s, p.best_peak_bytes, p.best_latency_s)))
     r = found.report
     met = next((t for t, peak, lat in history if found.objective.feasible(peak, lat)), None)
+    final = (r["peak_bytes"], r["latency_s"])
+    best_at = next((t for t, peak, lat in history if (peak, lat) == final), 0.0)
     return {"setting": setting, "mode": mode, "value": value, "feasible": r["feasible"],
             "peak_ratio": r["peak_ratio"], "latency_ratio": r["latency_ratio"], "states": r["search"]["states"],
-            "met_at": met, "best_at": history[-1][0] if history else 0.0}
+            "met_at": met, "best_at": best_at}
 
 
 def main() -> None:

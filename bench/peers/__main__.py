@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--solvers", default=",".join(SOLVERS), help="aot_eager solvers")
     p.add_argument("--inductor-budgets", default="1.0,0.4,0.0")
     p.add_argument("--inductor-solvers", default="dp")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where the tiny sizes run: auto = cuda when a GPU is present, else cpu")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the tiny runs (0 = torch default)")
     p.add_argument("--repeats", type=int, default=7, help="timed steps per tool (tiny), >= 5")
     p.add_argument("--report-only", action="store_true",
@@ -83,13 +85,14 @@ def tool_list(args: argparse.Namespace) -> list[Tool]:
     return tools
 
 
-def run_size(size: str, workloads: list[str], tools: list[Tool], repeats: int) -> list[results.Cell]:
+def run_size(size: str, workloads: list[str], tools: list[Tool], repeats: int,
+             device: str = "cpu") -> list[results.Cell]:
     cells: list[results.Cell] = []
     for name in workloads:
         inst = get_workload(name).build(size)
         t0 = time.perf_counter()
         if size == "tiny":
-            mine = [measure.measure_tool(t, inst, repeats=repeats) for t in tools]
+            mine = [measure.measure_tool(t, inst, repeats=repeats, device=device) for t in tools]
         else:
             mine = simulate.simulate_workload(inst, tools)
         cells += mine
@@ -118,8 +121,12 @@ def main(argv: list[str] | None = None) -> None:
             cells, meta = results.load(path)
         else:
             t0 = time.perf_counter()
-            cells = run_size(size, workloads, tools, args.repeats)
-            meta = {"env": report.environment(), "seconds": time.perf_counter() - t0,
+            device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+            cells = run_size(size, workloads, tools, args.repeats, device)
+            how = ("tiny measured on cuda: max_memory_allocated, CUDA events" if device == "cuda"
+                   else "tiny measured on cpu: allocator events + caller-held bytes, wall time")
+            meta = {"env": f"{report.environment()} {how if size == 'tiny' else ''}".strip(),
+                    "seconds": time.perf_counter() - t0,
                     "workloads": workloads, "tools": [t.name for t in tools]}
             if args.merge and path.exists():
                 cells, meta = results.merge(*results.load(path), cells, meta)

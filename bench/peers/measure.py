@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -70,22 +71,64 @@ def build_step(tool: Tool, inst: WorkloadInstance) -> tuple[Callable[[], Any], t
     return step, model, opt, note, list
 
 
-def measure_tool(tool: Tool, inst: WorkloadInstance, repeats: int = 7, peak_repeats: int = 2) -> Cell:
-    """Warm up (compile), time `repeats` steps, then profile `peak_repeats` steps for the peak."""
+def on_device(inst: WorkloadInstance, device: str) -> WorkloadInstance:
+    """The workload with a copy of its model and its batch on `device`."""
+    model = copy.deepcopy(inst.model).to(device)
+    batch = tuple(t.to(device) for t in inst.batch)
+    return replace(inst, model=model, batch=batch)
+
+
+def _cuda_seconds(step: Callable[[], Any]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    step()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _cuda_peak(step: Callable[[], Any]) -> int:
+    """max_memory_allocated over one step: every byte on the device, caller-held included."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated()
+
+
+def measure_tool(tool: Tool, inst: WorkloadInstance, repeats: int = 7, peak_repeats: int = 2,
+                 device: str = "cpu") -> Cell:
+    """Warm up (compile), time `repeats` steps, then measure `peak_repeats` steps for the peak.
+
+    CPU: wall time per step; peak = caller-held bytes + the allocator-event peak of a step.
+    CUDA: CUDA-event time per step; peak = torch.cuda.max_memory_allocated over a step.
+    """
     cell = Cell(inst.name, tool.name, tool.curve, "tiny")
+    cuda = device.startswith("cuda")
     try:
+        if cuda:
+            inst = on_device(inst, device)
         with fresh_dynamo(), tool.config():
             t0 = time.perf_counter()
             step, model, opt, cell.note, held = build_step(tool, inst)
             for _ in range(WARMUP):
                 step()
+            if cuda:
+                torch.cuda.synchronize()
             cell.setup_seconds = time.perf_counter() - t0
-            cell.baseline_bytes = caller_held_bytes(model, opt, inst.batch, held())
+            cell.baseline_bytes = (torch.cuda.memory_allocated() if cuda
+                                   else caller_held_bytes(model, opt, inst.batch, held()))
             for _ in range(repeats):
+                if cuda:
+                    cell.times.append(_cuda_seconds(step))
+                    continue
                 t0 = time.perf_counter()
                 step()
                 cell.times.append(time.perf_counter() - t0)
             for _ in range(peak_repeats):
+                if cuda:
+                    cell.peaks.append(_cuda_peak(step))
+                    continue
                 delta, _ = profiler_peak(step)
                 cell.peaks.append(cell.baseline_bytes + delta)
             cell.peak_bytes = max(cell.peaks)
