@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from peakcut.analysis.memory import MemoryProfile
 from peakcut.ir.graph import Graph
 from peakcut.transform.remat import remat, why_not_remat
-from peakcut.transform.rewrite import Rewrite, check_order_matches, program_output_storages
+from peakcut.transform.rewrite import Rewrite, check_candidate_query, program_output_storages
 from peakcut.transform.swap import swap, why_not_swap
 
 KINDS = ("swap", "remat")
@@ -110,14 +110,7 @@ def hotspot_candidates(
     profile: g.simulate(order) (computed when None; it must be of this order). At most
     `limit` candidates of each kind; only candidates whose rule applies are returned.
     """
-    unknown = [k for k in kinds if k not in KINDS]
-    if unknown:
-        raise ValueError(f"unknown candidate kinds {unknown}; known: {KINDS}")
-    if limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
-    stale = check_order_matches(g, order)
-    if stale:
-        raise ValueError(stale)
+    check_candidate_query(g, order, kinds, KINDS, limit, "candidate")
     if profile is None:
         profile = g.simulate(list(order))
     elif tuple(profile.order) != tuple(order):

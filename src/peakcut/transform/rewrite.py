@@ -108,6 +108,19 @@ def check_order_matches(g: Graph, order: Sequence[int]) -> str | None:
     return None
 
 
+def check_candidate_query(g: Graph, order: Sequence[int], kinds: Sequence[str],
+                          known: Sequence[str], limit: int, what: str) -> None:
+    """ValueError for unknown candidate kinds, a negative limit or an order of another graph."""
+    unknown = [k for k in kinds if k not in known]
+    if unknown:
+        raise ValueError(f"unknown {what} kinds {unknown}; known: {tuple(known)}")
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    stale = check_order_matches(g, order)
+    if stale:
+        raise ValueError(stale)
+
+
 def program_output_storages(g: Graph) -> set[int]:
     return {g.tensors[t].storage for t in g.outputs}
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from peakcut.ir.graph import Graph
-from peakcut.transform.rewrite import Rewrite, check_order_matches, describe_node, positions
+from peakcut.transform.rewrite import Rewrite, check_candidate_query, describe_node, positions
 from peakcut.transform.taso import algebra, matmul
 from peakcut.transform.taso.edit import is_view_op
 
@@ -154,14 +154,7 @@ def taso_candidates(g: Graph, order: Sequence[int], limit: int = 32,
     """Applicable TASO-style rewrites of (g, order): at most `limit`, the kinds interleaved in
     the order of `kinds` (first of each kind, then second of each, ...), each kind's sites in
     the order the module docstring gives. Deterministic for a given graph."""
-    unknown = [k for k in kinds if k not in KINDS]
-    if unknown:
-        raise ValueError(f"unknown TASO candidate kinds {unknown}; known: {KINDS}")
-    if limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
-    stale = check_order_matches(g, order)
-    if stale:
-        raise ValueError(stale)
+    check_candidate_query(g, order, kinds, KINDS, limit, "TASO candidate")
     per_kind = [_found(g, order, k) for k in dict.fromkeys(kinds)]
     out: list[TasoCandidate] = []
     depth = max((len(c) for c in per_kind), default=0)
