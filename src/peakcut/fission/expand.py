@@ -51,6 +51,17 @@ in its storage or sharing it with another, a part shape that is not the original
 along L, a label that does not divide, a non-convex region, enabled regions that overlap
 without nesting.
 
+Compact expansion (compact=True, what the optimizer evaluates its fission states on): every
+region builds part 0 only (nested regions inside it likewise), then an aten.alias node per
+region input that the caller does not hold ({"fission": id, "role": "keep"}, after the part's
+last touch of that input). Parts are identical and contiguous, and the full expansion's part
+k < n - 1 holds every region input live, so the memory curve over part 0 here equals the
+full one's over any part k < n - 1, and part n - 1 never exceeds it: the simulated peak of
+the compact graph is the full one's (n >= 2). Latency is the full one's when a node of
+path ((f1, _), (f2, _), ...) is priced n(f1) * n(f2) * ... times and a "keep" node nothing
+(peakcut.optimizer.compact.RepeatedCost). The compact graph is for evaluation only: it does
+not compute the step.
+
 Speed (an optimizer calls expand per candidate): the FakeTensor run of a node is memoized per
 expansion by op, arguments and input layouts (parts and repeated layers make the same calls),
 and the final Graph.check runs its shape check once per distinct call; check=False skips it.
@@ -129,11 +140,16 @@ class _Out:
 
 
 def expand(g: Graph, order: Sequence[int], tree: FTree, dgraph: DGraph, *,
-           check: bool = True) -> Expanded:
+           check: bool = True, compact: bool = False,
+           memo: dict[tuple[Any, ...], list[Any]] | None = None) -> Expanded:
     """The unrolled graph of every enabled F-Tree node (see module doc); g is not modified.
 
     check: validate the expanded graph as Graph.check does (raising GraphError); a caller that
     trusts g and the expansion may skip it.
+    compact: build part 0 of every region only, for evaluation (see "Compact expansion" in
+    the module doc); the result is not a program.
+    memo: the FakeTensor-run memo to use (share one across expansions of graphs of the same
+    device; its entries are pure functions of their keys).
     """
     order = list(order)
     if len(order) != len(g.nodes) or set(order) != set(g.nodes):
@@ -141,7 +157,7 @@ def expand(g: Graph, order: Sequence[int], tree: FTree, dgraph: DGraph, *,
                            "(not a permutation of the graph's nodes)")
     enabled = tree.enabled()
     children, roots = _nesting(g, enabled, dgraph)
-    expander = _Expander(g, order, dgraph.rules)
+    expander = _Expander(g, order, dgraph.rules, compact, memo)
     by_id = {f.id: f for f in enabled}
 
     def split(f: FNode, current: Mapping[int, int], path: Path) -> None:
@@ -200,15 +216,17 @@ def _nesting(g: Graph, enabled: Sequence[FNode],
 class _Expander:
     """Expands regions one after the other on a private copy of the graph."""
 
-    def __init__(self, g: Graph, order: list[int], rules: Mapping[int, DimRule]) -> None:
+    def __init__(self, g: Graph, order: list[int], rules: Mapping[int, DimRule], compact: bool = False,
+                 memo: dict[tuple[Any, ...], list[_Layout | None]] | None = None) -> None:
         self.g = g.copy()
+        self.compact = compact
         self.order = order
         self.rules: dict[int, DimRule] = dict(rules)
         self.regions: list[ExpandedRegion] = []
         self._next = self.g.next_id()
         self._fake = FakeTensorMode(allow_non_fake_inputs=False)
         self._bases: dict[int, torch.Tensor] = {}   # storage id -> fake uint8 tensor spanning it
-        self._memo: dict[tuple[Any, ...], list[_Layout | None]] = {}   # see _memo_key
+        self._memo: dict[tuple[Any, ...], list[_Layout | None]] = {} if memo is None else memo   # see _memo_key
 
     # ------------------------------------------------------------ ids, fakes, nodes
     def _id(self) -> int:
@@ -351,7 +369,7 @@ class _Expander:
         parts: list[dict[int, int]] = []
         blocks: list[list[int]] = []
         last_write: dict[int, int] = {}    # preallocated tensor -> its latest write node
-        for k in range(n):
+        for k in range(1 if self.compact else n):
             copy_of: dict[int, int] = {}
             part_of: dict[int, int] = {}   # tensor of S -> its part tensor
             slices: dict[tuple[int, int], int] = {}
@@ -369,6 +387,8 @@ class _Expander:
                         self._write(o, part_of, totals, k, n, fid, here, block, last_write)
             parts.append(copy_of)
             blocks.append(block)
+        if self.compact:
+            blocks[0].extend(self._keep_alive(copied, produced, blocks[0], fid, path))
         merges = self._finish(outs, totals, n, fid, path, last_write)
 
         # control edges: the originals' (mapped to the copies), readers after the last write
@@ -397,6 +417,33 @@ class _Expander:
                                            tuple(tuple(b) for b in blocks), tuple(merges),
                                            tuple(v for v in members if v in replayed)))
         return parts
+
+    def _keep_alive(self, copied: list[int], produced: Mapping[int, int], block: list[int], fid: int,
+                    path: Path) -> list[int]:
+        """Compact expansion: after part 0, an alias of every region input the step does not
+        hold anyway, ordered after the part's last touch of the input's storage. In the full
+        expansion such an input is touched again by the later parts, so it stays live through
+        part 0 as it does here; the aliases cost nothing (role "keep")."""
+        g = self.g
+        if not block:
+            return []
+        skip = g.caller_held_storages() | g.host_storages()
+        inputs = sorted({t for v in copied for t in g.nodes[v].input_ids() if t not in produced
+                         and g.tensors[t].storage not in skip})
+        touching: dict[int, list[int]] = {}     # storage -> block nodes reading it
+        for b in block:
+            for t in g.nodes[b].input_ids():
+                touching.setdefault(g.tensors[t].storage, []).append(b)
+        keep: list[int] = []
+        for t in inputs:
+            node = self._add("aten.alias.default", (TensorRef(t),), {},
+                             name=f"{g.tensors[t].name or t}_keep", phase=g.nodes[block[-1]].phase,
+                             module=g.nodes[block[-1]].module,
+                             extra={"fission": fid, "role": "keep", "path": path},
+                             what=f"keep-alive of {describe_tensor(g, t)}")
+            self._control(node.id, touching.get(g.tensors[t].storage, ()))
+            keep.append(node.id)
+        return keep
 
     def _copied(self, members: list[int], replayed: frozenset[int],
                 control: Mapping[int, tuple[int, ...]]) -> list[int]:

@@ -132,7 +132,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     root.extra["base_digest"] = base_digest
     left = max(0.0, time_budget - (time.perf_counter() - t0))
     result = search(root, deriver, objective, time_budget=left, seed=seed, max_states=max_states,
-                    settings=settings, progress=progress)
+                    settings=settings, progress=progress, exact_front=pareto)
     memory_method, latency_method = _methods(cost, workspace)
     best = result.best
     report = {
@@ -156,8 +156,8 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    "failed": result.failed, "seconds": round(result.seconds, 3),
                    "states_per_minute": round(result.states_per_minute, 1), "stopped": result.stopped,
                    "time_budget_s": time_budget, "seed": seed, "total_seconds": round(time.perf_counter() - t0, 3)},
-        "front": [{"peak_bytes": s.peak_bytes, "latency_s": s.latency_s, "applied": len(s.applied)}
-                  for s in result.front],
+        "front": [{"peak_bytes": s.peak_bytes, "latency_s": s.latency_s, "applied": len(s.applied),
+                   "exact": not s.compact} for s in result.front],
     }
     return Optimized(result, objective, report, cost, eager)
 

@@ -11,6 +11,12 @@
   recipes are replayed.
 Every derived program is simulated on the device cost model (timeline: compute and
 copy streams), which gives the state's peak and latency.
+
+With `compact` (the default), a state with enabled regions holds the compact expansion
+(part 0 of each region, peakcut.fission.expand(compact=True)) priced by RepeatedCost: the
+same peak and, without copies around a region, the same latency as the full expansion, at a
+fraction of the nodes. `exact(state)` re-derives such a state on the full expansion: the
+program that runs, and the figures reported.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from peakcut.fission.dgraph import DGraph
 from peakcut.fission.expand import FissionError, expand
 from peakcut.fission.ftree import FTree
 from peakcut.ir.graph import Graph, GraphError
+from peakcut.optimizer.compact import RepeatedCost
 from peakcut.optimizer.state import Recipe, State, computation_hash
 from peakcut.schedule import Problem, Reachability, incremental_schedule, place
 from peakcut.schedule.incremental import reschedule_interval
@@ -49,7 +56,9 @@ class Deriver:
     reschedule: bool = True
     levels: int = DEFAULT_LEVELS
     batch_only: bool = True
+    compact: bool = True
     seconds: dict[str, list[float]] = field(default_factory=dict)   # kind -> durations
+    memo: dict[tuple, list] = field(default_factory=dict)   # expand's FakeTensor-run memo
     taso_sites: dict[str, list[TasoCandidate]] = field(default_factory=dict)   # base digest -> sites
 
     def _time(self, kind: str, t0: float) -> None:
@@ -62,23 +71,43 @@ class Deriver:
     # ------------------------------------------------------------ building blocks
     def finish(self, base: Graph, base_order: list[int], tree: FTree, dgraph: DGraph,
                recipes: tuple[Recipe, ...], program: Graph, order: list[int], applied: tuple[str, ...],
-               depth: int) -> State:
-        """Place swaps and recomputes, simulate, hash."""
+               depth: int, compact: bool | None = None) -> State:
+        """Place swaps and recomputes, simulate, hash (a compact program priced per part)."""
+        compact = self.compact if compact is None else compact
+        cost = RepeatedCost(self.cost, tree) if compact and tree.enabled() else self.cost
         if recipes:
-            order = place(program, order, self.cost)
-        tl = simulate_timeline(program, order, self.cost, self.workspace)
-        return State(base, base_order, tree, dgraph, recipes, program, order, tl.peak_bytes,
-                     tl.latency_seconds, applied, computation_hash(program, order), depth)
+            order = place(program, order, cost)
+        tl = simulate_timeline(program, order, cost, self.workspace)
+        state = State(base, base_order, tree, dgraph, recipes, program, order, tl.peak_bytes,
+                      tl.latency_seconds, applied, computation_hash(program, order), depth)
+        state.compact = cost is not self.cost
+        return state
 
     def expanded(self, base: Graph, base_order: list[int], tree: FTree,
-                 dgraph: DGraph) -> tuple[Graph, list[int]]:
+                 dgraph: DGraph, compact: bool | None = None) -> tuple[Graph, list[int]]:
         if not tree.enabled():
             return base, list(base_order)
+        compact = self.compact if compact is None else compact
         try:
-            ex = expand(base, base_order, tree, dgraph, check=False)
+            ex = expand(base, base_order, tree, dgraph, check=False, compact=compact, memo=self.memo)
         except (FissionError, GraphError) as e:
             raise DeriveError(f"fission {[(f.id, f.n) for f in tree.enabled()]}: {e}") from None
         return ex.graph, list(ex.order)
+
+    def exact(self, state: State) -> State:
+        """`state` on the full expansion of its regions (itself when it is not compact): the
+        program that runs, with its simulated peak and latency."""
+        if not state.compact:
+            return state
+        t0 = time.perf_counter()
+        program, order = self.expanded(state.base, state.base_order, state.tree, state.dgraph, compact=False)
+        program, order, kept, dropped = self.replay(program, order, state.recipes, region_nodes(state.tree))
+        exact = self.finish(state.base, state.base_order, state.tree, state.dgraph, kept, program, order,
+                            (*state.applied, *dropped), state.depth, compact=False)
+        exact.extra = {"base_digest": state.extra.get("base_digest", ""),
+                       "compact_estimate": (state.peak_bytes, state.latency_s)}
+        self._time("exact", t0)
+        return exact
 
     def replay(self, program: Graph, order: list[int], recipes: Iterable[Recipe],
                regions: frozenset[int]) -> tuple[Graph, list[int], tuple[Recipe, ...], list[str]]:

@@ -96,7 +96,9 @@ def moves(state: State, deriver: Deriver, settings: MoveSettings, rng: random.Ra
     if kinds:
         yield from _recipe_moves(state, deriver, settings, kinds, rng)
     if settings.taso:
-        for site in deriver.sites(state, TASO_SITES)[:settings.taso_per_state]:
+        regions = region_nodes(state.tree)
+        outside = [s for s in deriver.sites(state, TASO_SITES) if not regions.intersection(s.nodes)]
+        for site in outside[:settings.taso_per_state]:
             key = ("taso", *make_key(state), site.kind, site.nodes, site.parts)
             yield Move("taso", key, f"taso: {site.description}",
                        lambda site=site: deriver.with_taso(state, site))

@@ -12,13 +12,19 @@
   second of the budget;
 - with the same seed (and a search that ends by exhausting its queue or
   `max_states`, not by the clock) the result is the same;
-- every built state's (peak, latency) enters the Pareto front.
+- every built state's (peak, latency) enters the Pareto front;
+- states are evaluated on compact fission expansions (Deriver); the result is validated
+  on the full expansion (Deriver.exact): the latest best first, then older bests while
+  the exact figures differ from the estimate, and the best exact one is returned (with a
+  time reserve for that kept out of the search). With `exact_front`, the front's compact
+  states are re-derived too.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import random
 import time
 from collections.abc import Callable
@@ -30,6 +36,8 @@ from peakcut.optimizer.objective import Objective
 from peakcut.optimizer.state import State
 
 QUEUE_LIMIT = 48    # states kept in the queue (each holds a program graph)
+VALIDATE = 3        # latest bests re-derived on the full expansion at the end, at most
+FRONT_SHARE = 0.25  # of the budget kept for re-deriving the Pareto front (exact_front)
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,7 @@ def _update_front(front: list[State], s: State) -> None:
 
 def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: float = 60.0,
            seed: int = 0, max_states: int | None = None, settings: MoveSettings | None = None,
-           progress: Callable[[Progress], None] | None = None) -> SearchResult:
+           progress: Callable[[Progress], None] | None = None, exact_front: bool = False) -> SearchResult:
     """Best-first search from `root` (see module doc)."""
     if time_budget < 0:
         raise ValueError(f"time_budget must be >= 0 seconds, got {time_budget}")
@@ -85,6 +93,7 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
     counter = itertools.count()
     key = lambda s: objective.key(s.peak_bytes, s.latency_s)  # noqa: E731
     best = root
+    bests = [root]                 # every state that became the best, oldest first
     heap: list[tuple[tuple, int, State]] = [(key(root), next(counter), root)]
     reserve: list[tuple[tuple, int, State]] = []    # built, outside the relaxation: used when heap empties
     seen_keys = {make_key(root)}
@@ -100,8 +109,15 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
                               objective.feasible(best.peak_bytes, best.latency_s),
                               time.perf_counter() - t0))
 
+    def reserve_s() -> float:
+        """Time kept for validating the best on the full expansion."""
+        front_share = FRONT_SHARE * time_budget if exact_front else 0.0
+        if not best.compact:
+            return front_share
+        return front_share + (deriver.expected_seconds("exact") or 4 * deriver.expected_seconds("fission"))
+
     while heap or reserve:
-        if time.perf_counter() >= deadline:
+        if time.perf_counter() >= deadline - reserve_s():
             stopped = "time budget"
             break
         _, _, state = heapq.heappop(heap if heap else reserve)
@@ -110,7 +126,7 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
         rng.shuffle(children)
         children.sort(key=lambda m: ("fission", "swap", "remat", "taso", "undo").index(m.kind))
         for move in children:
-            left = deadline - time.perf_counter()
+            left = deadline - reserve_s() - time.perf_counter()
             if left <= 0:
                 stopped = "time budget"
                 break
@@ -138,6 +154,7 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
             k = key(child)
             if objective.better(k, key(best)):
                 best = child
+                bests.append(child)
                 report()
             entry = (k, next(counter), child)
             if objective.within_relaxation(k, key(best)):
@@ -156,6 +173,44 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
         break
     if stopped == "queue empty" and max_states is not None and states >= max_states:
         stopped = "max states"
+    best = _validated(bests, deriver, objective)
+    if exact_front and any(s.compact for s in front):
+        front = _exact_front(front, deriver, deadline)
     report()
     return SearchResult(best, root, states, expanded, duplicates, failed, time.perf_counter() - t0,
                         stopped, front)
+
+
+def _exact_front(front: list[State], deriver: Deriver, deadline: float) -> list[State]:
+    """The front re-derived on full expansions; compact states the budget leaves no time
+    for are dropped (the front holds exact figures only)."""
+    exact: list[State] = []
+    for s in front:
+        if s.compact and time.perf_counter() + deriver.expected_seconds("exact") > deadline:
+            continue
+        try:
+            _update_front(exact, deriver.exact(s))
+        except DeriveError:
+            continue
+    return exact
+
+
+def _validated(bests: list[State], deriver: Deriver, objective: Objective) -> State:
+    """The best of the latest bests on the full expansion (see module doc)."""
+    key = lambda s: objective.key(s.peak_bytes, s.latency_s)  # noqa: E731
+    found: list[State] = [s for s in bests if not s.compact]    # exact already (the root is)
+    for s in reversed(bests[-VALIDATE:]):
+        if not s.compact:
+            break
+        try:
+            e = deriver.exact(s)
+        except DeriveError:
+            continue
+        found.append(e)
+        if e.peak_bytes == s.peak_bytes and math.isclose(e.latency_s, s.latency_s, rel_tol=1e-9):
+            break       # as estimated: the older bests are worse
+    winner = found[0]
+    for s in found[1:]:
+        if objective.better(key(s), key(winner)):
+            winner = s
+    return winner

@@ -7,7 +7,9 @@ A State keeps
   ids of nodes outside every enabled region (rules never cross a region's boundary),
   so that they can be replayed when the F-Tree changes;
 - program/order: what runs (the base with its enabled regions expanded into their
-  parts, then the recipes applied), and its simulated peak and latency.
+  parts, then the recipes applied), and its simulated peak and latency; in a compact
+  state (`compact`), part 0 of each region only, priced per part (optimizer.compact),
+  which Deriver.exact turns into the program that runs.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class State:
     digest: str                               # computation hash of the program
     depth: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    compact: bool = False                     # program is a compact expansion (Deriver.exact)
 
     def fission(self) -> tuple[tuple[int, int], ...]:
         """(F-Tree node, n) of every enabled node."""

@@ -1,0 +1,43 @@
+"""Pricing a compact fission expansion (peakcut.fission.expand(compact=True)).
+
+The search evaluates a fission state on a graph that holds part 0 of every enabled region
+only. A part node runs once per part of every region around it, so it is priced that many
+times; the keep-alive aliases that hold region inputs live through part 0 cost nothing.
+The memory curve needs no correction (see the expand module doc); with swaps or recomputes
+placed around a region, the copy stream overlaps one long part-0 node instead of n short
+ones, which is why the optimizer re-derives its result on the full expansion
+(Deriver.exact) before reporting it.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from peakcut.cost.protocol import CostModel
+from peakcut.fission.ftree import FTree
+from peakcut.ir.graph import Graph
+
+
+class RepeatedCost:
+    """A cost model pricing the nodes of a compact expansion under `tree` (see module doc)."""
+
+    def __init__(self, cost: CostModel, tree: FTree) -> None:
+        self.cost = cost
+        self.name = cost.name
+        self.overlap_copies = cost.overlap_copies
+        self._n = {f.id: f.n for f in tree.enabled()}
+
+    def repeat(self, g: Graph, nid: int) -> int:
+        """How many times node `nid` of the compact graph runs in the full expansion."""
+        path = g.nodes[nid].extra.get("path", ())
+        return prod(self._n[f] for f, _ in path) if path else 1
+
+    def node_seconds(self, g: Graph, nid: int) -> float:
+        extra = g.nodes[nid].extra
+        if extra.get("role") == "keep":
+            return 0.0
+        seconds = self.cost.node_seconds(g, nid)
+        return seconds * self.repeat(g, nid) if "path" in extra else seconds
+
+    def copy_seconds(self, nbytes: int, direction: str) -> float:
+        return self.cost.copy_seconds(nbytes, direction)
