@@ -68,7 +68,7 @@ def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
 
         found = optimize_graph(g, memory_limit=args.memory_limit, latency_limit=args.latency_limit,
                                time_budget=args.time_budget, device=args.device, seed=args.seed,
-                               pareto=args.pareto, progress=progress)
+                               pareto=args.pareto, progress=progress, jobs=args.jobs)
         spinner.update(f"writing {target}")
         report = {"workload": args.workload, "description": description, **found.report}
         best = found.best
@@ -118,5 +118,7 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--optimizer", choices=("sgd", "adamw"), default="adamw")
     o.add_argument("--pareto", action="store_true", help="collect the memory/latency front")
     o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--jobs", type=int, default=1,
+                   help="processes to search on (forked; not with --device measured; default 1)")
     o.add_argument("--out", default=None, help="output directory (default out/optimize/WORKLOAD)")
     o.set_defaults(func=cmd_optimize)

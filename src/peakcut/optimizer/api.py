@@ -31,8 +31,9 @@ from peakcut.optimizer.budget import BudgetedCost
 from peakcut.optimizer.derive import Deriver
 from peakcut.optimizer.moves import MoveSettings
 from peakcut.optimizer.objective import Objective, parse_latency_limit, parse_memory_limit
+from peakcut.optimizer.parallel import parallel_search
 from peakcut.optimizer.plan import LimitNotMet, Plan
-from peakcut.optimizer.search import Progress, SearchResult, search
+from peakcut.optimizer.search import Progress, SearchResult
 from peakcut.optimizer.state import State, computation_hash
 from peakcut.schedule import schedule
 from peakcut.simulate import Timeline, simulate_timeline
@@ -87,7 +88,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    pareto: bool = False, settings: MoveSettings | None = None,
                    fission_dims: str = "batch", reorder: bool = True, workspace: str | None = "cpu",
                    levels: int = DEFAULT_LEVELS, naive_fission_seed: int | None = None,
-                   progress: Callable[[Progress], None] | None = None) -> Optimized:
+                   progress: Callable[[Progress], None] | None = None, jobs: int = 1) -> Optimized:
     """Search the rules on captured graph `g` under one limit (see peakcut.optimize).
 
     levels: L of Algorithm 1. naive_fission_seed: replace the F-Tree by random valid
@@ -100,7 +101,12 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         raise ValueError(f"fission_dims={fission_dims!r}: expected 'batch' or 'all'")
     if not isinstance(time_budget, (int, float)) or time_budget < 0 or math.isnan(time_budget):
         raise ValueError(f"time_budget={time_budget!r}: expected seconds >= 0")
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs={jobs!r}: expected a number of processes >= 1")
     cost = _cost(device, t0 + MEASURE_SHARE * time_budget)
+    if jobs > 1 and isinstance(cost, BudgetedCost):
+        raise ValueError(f"jobs={jobs} with device {cost.name!r}: a measured cost model measures op "
+                         "latencies during the search, which parallel searches would disturb; use jobs=1")
     eager = simulate_timeline(g, g.order, cost, workspace)
     if pareto:
         objective = Objective("latency", math.inf)
@@ -131,8 +137,8 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
             root.applied = ("re-order (memory-aware schedule)",)
     root.extra["base_digest"] = base_digest
     left = max(0.0, time_budget - (time.perf_counter() - t0))
-    result = search(root, deriver, objective, time_budget=left, seed=seed, max_states=max_states,
-                    settings=settings, progress=progress, exact_front=pareto)
+    result = parallel_search(root, deriver, objective, jobs=jobs, time_budget=left, seed=seed,
+                             max_states=max_states, settings=settings, progress=progress, exact_front=pareto)
     memory_method, latency_method = _methods(cost, workspace)
     best = result.best
     report = {
@@ -155,9 +161,10 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         "search": {"states": result.states, "expanded": result.expanded, "duplicates": result.duplicates,
                    "failed": result.failed, "seconds": round(result.seconds, 3),
                    "states_per_minute": round(result.states_per_minute, 1), "stopped": result.stopped,
+                   "jobs": result.jobs,
                    "time_budget_s": time_budget, "seed": seed, "total_seconds": round(time.perf_counter() - t0, 3)},
         "front": [{"peak_bytes": s.peak_bytes, "latency_s": s.latency_s, "applied": len(s.applied),
-                   "exact": not s.compact} for s in result.front],
+                   "exact": s.exact} for s in result.front],
     }
     return Optimized(result, objective, report, cost, eager)
 
@@ -167,7 +174,8 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
              latency_limit: float | str | None = None, time_budget: float = 60.0,
              device: str | CostModel = "h200", seed: int = 0, max_states: int | None = None,
              pareto: bool = False, settings: MoveSettings | None = None, fission_dims: str = "batch",
-             keep_grads: bool = False, progress: Callable[[Progress], None] | None = None) -> Plan:
+             keep_grads: bool = False, progress: Callable[[Progress], None] | None = None,
+             jobs: int = 1) -> Plan:
     """Optimize one training step of `model` on `batch` and return a runnable Plan.
 
     - loss_fn(model, batch) -> scalar loss; None optimizes inference of model(*batch);
@@ -179,6 +187,8 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
     - time_budget (seconds) bounds the whole call; max_states bounds the states built; the
       same seed gives the same plan when the search ends before the clock does.
     - keep_grads: the step also returns the gradients (for checking against eager).
+    - jobs: processes to search on (forked; analytic cost models only; see
+      peakcut.optimizer.parallel).
     Raises LimitNotMet (with `.plan`, the best plan found) when the limit is not met.
     """
     if optimizer is not None and loss_fn is None:
@@ -188,7 +198,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
     left = max(0.0, time_budget - (time.perf_counter() - t0))
     found = optimize_graph(g, memory_limit=memory_limit, latency_limit=latency_limit, time_budget=left,
                            device=device, seed=seed, max_states=max_states, pareto=pareto,
-                           settings=settings, fission_dims=fission_dims, progress=progress)
+                           settings=settings, fission_dims=fission_dims, progress=progress, jobs=jobs)
     found.report["title"] = f"peakcut plan for {type(model).__name__}"
     plan = Plan(model, found.best.program, found.best.order, found.report)
     if not found.feasible and not pareto:

@@ -49,6 +49,17 @@ class Progress:
     elapsed_s: float
 
 
+@dataclass(frozen=True)
+class FrontPoint:
+    """A state on the Pareto front: its figures, what it applied, and whether they are exact
+    (simulated on the program that runs) or a compact-expansion estimate."""
+
+    peak_bytes: int
+    latency_s: float
+    applied: tuple[str, ...]
+    exact: bool
+
+
 @dataclass
 class SearchResult:
     best: State
@@ -59,7 +70,8 @@ class SearchResult:
     failed: int                      # children whose rule failed while building
     seconds: float
     stopped: str                     # "queue empty" | "time budget" | "max states"
-    front: list[State] = field(default_factory=list)   # Pareto front (peak, latency), by peak
+    front: list[FrontPoint] = field(default_factory=list)   # Pareto front (peak, latency), by peak
+    jobs: int = 1                    # processes the search ran on (optimizer.parallel)
 
     @property
     def states_per_minute(self) -> float:
@@ -82,8 +94,13 @@ def _update_front(front: list[State], s: State) -> None:
 
 def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: float = 60.0,
            seed: int = 0, max_states: int | None = None, settings: MoveSettings | None = None,
-           progress: Callable[[Progress], None] | None = None, exact_front: bool = False) -> SearchResult:
-    """Best-first search from `root` (see module doc)."""
+           progress: Callable[[Progress], None] | None = None, exact_front: bool = False,
+           share: tuple[int, int] = (0, 1)) -> SearchResult:
+    """Best-first search from `root` (see module doc).
+
+    share (i, k): expand only the root's children at positions i, i + k, ... (one of k
+    searches run side by side, see optimizer.parallel).
+    """
     if time_budget < 0:
         raise ValueError(f"time_budget must be >= 0 seconds, got {time_budget}")
     settings = settings or MoveSettings()
@@ -122,9 +139,15 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
             break
         _, _, state = heapq.heappop(heap if heap else reserve)
         expanded += 1
-        children = list(moves(state, deriver, settings, rng)) if time.perf_counter() < deadline else []
+        children: list = []
+        if deadline - reserve_s() - time.perf_counter() > deriver.expected_seconds("moves"):
+            t_moves = time.perf_counter()
+            children = list(moves(state, deriver, settings, rng))
+            deriver.seconds.setdefault("moves", []).append(time.perf_counter() - t_moves)
         rng.shuffle(children)
         children.sort(key=lambda m: ("fission", "swap", "remat", "taso", "undo").index(m.kind))
+        if state is root and share[1] > 1:
+            children = children[share[0]::share[1]]
         for move in children:
             left = deadline - reserve_s() - time.perf_counter()
             if left <= 0:
@@ -177,8 +200,9 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
     if exact_front and any(s.compact for s in front):
         front = _exact_front(front, deriver, deadline)
     report()
+    points = [FrontPoint(s.peak_bytes, s.latency_s, s.applied, not s.compact) for s in front]
     return SearchResult(best, root, states, expanded, duplicates, failed, time.perf_counter() - t0,
-                        stopped, front)
+                        stopped, points)
 
 
 def _exact_front(front: list[State], deriver: Deriver, deadline: float) -> list[State]:

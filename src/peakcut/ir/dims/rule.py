@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 Label = str
 Dims = tuple[Label | None, ...]
@@ -94,6 +95,10 @@ class DimRule:
         unmerged = self.reduce() - set(self.merge)
         if unmerged:
             raise ValueError(f"reduce labels without a merge kind: {sorted(unmerged)}")
+
+    def __reduce__(self) -> tuple[type[DimRule], tuple[Any, ...]]:
+        """Pickle the mappings as dicts (read-only views of them do not pickle)."""
+        return (DimRule, (self.inputs, self.outputs, dict(self.args), dict(self.merge)))
 
     def __hash__(self) -> int:
         return hash((self.inputs, self.outputs, tuple(sorted(self.args.items())),

@@ -1,0 +1,150 @@
+"""The search on several processes: k best-first searches over disjoint shares of the root.
+
+    result = parallel_search(root, deriver, objective, jobs=2, time_budget=60, seed=0)
+
+Worker i is a forked copy of this process (the root state, the deriver and its memos come
+without copying) that runs `search(..., share=(i, jobs))`: it expands the root's children
+at positions i, i + jobs, ... and then searches on from them on its own, under the same
+deadline. Each worker validates its best on the full expansion (search module doc) and
+sends it back with its Pareto front and counts; the result is the best of the workers'
+bests (BetterThan, ties to the lower worker), the merged front, and the summed counts.
+Progress messages of the workers are merged (states summed, the best of the bests).
+
+Needs the "fork" start method (Linux; not Windows) and a cost model that does not measure:
+measuring op latencies in two processes at once would disturb each other's timings.
+The same seed and jobs give the same result when every worker ends by its queue or
+`max_states` (split evenly between the workers).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+
+from peakcut.optimizer.derive import Deriver
+from peakcut.optimizer.moves import MoveSettings
+from peakcut.optimizer.objective import Objective
+from peakcut.optimizer.search import FrontPoint, Progress, SearchResult, search
+from peakcut.optimizer.state import State
+
+HANDBACK_SECONDS = 1.0     # of the budget kept for workers to send their result back
+
+
+def can_fork() -> bool:
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+def parallel_search(root: State, deriver: Deriver, objective: Objective, *, jobs: int,
+                    time_budget: float = 60.0, seed: int = 0, max_states: int | None = None,
+                    settings: MoveSettings | None = None,
+                    progress: Callable[[Progress], None] | None = None,
+                    exact_front: bool = False) -> SearchResult:
+    """`search` on `jobs` processes (see module doc); jobs = 1 is `search` itself."""
+    if jobs < 1:
+        raise ValueError(f"jobs={jobs}: expected at least 1 process")
+    if jobs == 1:
+        return search(root, deriver, objective, time_budget=time_budget, seed=seed, max_states=max_states,
+                      settings=settings, progress=progress, exact_front=exact_front)
+    if not can_fork():
+        raise ValueError(f"jobs={jobs} needs the 'fork' start method, which this platform lacks; use jobs=1")
+    t0 = time.perf_counter()
+    budget = max(0.0, time_budget - HANDBACK_SECONDS)
+    each = None if max_states is None else max(1, math.ceil(max_states / jobs))
+    ctx = multiprocessing.get_context("fork")
+    conns: list[Connection] = []
+    workers = []
+    for i in range(jobs):
+        receive, send = ctx.Pipe(duplex=False)
+
+        def work(i: int = i, send: Connection = send) -> None:
+            _worker(send, root, deriver, objective, budget, seed, each, settings, exact_front, (i, jobs),
+                    progress is not None)
+
+        p = ctx.Process(target=work, name=f"peakcut-search-{i}", daemon=True)
+        p.start()
+        send.close()
+        conns.append(receive)
+        workers.append(p)
+    results: dict[int, SearchResult] = {}
+    latest: dict[int, Progress] = {}
+    index = {id(c): i for i, c in enumerate(conns)}
+    pending = list(conns)
+    try:
+        while pending:
+            for conn in wait(pending):
+                i = index[id(conn)]
+                try:
+                    kind, payload = conn.recv()
+                except EOFError:
+                    raise RuntimeError(f"search worker {i} ended without a result "
+                                       f"(exit code {workers[i].exitcode})") from None
+                if kind == "error":
+                    raise RuntimeError(f"search worker {i} failed:\n{payload}")
+                if kind == "progress":
+                    latest[i] = payload
+                    if progress is not None:
+                        progress(_merged_progress(latest, objective))
+                    continue
+                payload.root = root
+                results[i] = payload
+                pending.remove(conn)
+    finally:
+        for p in workers:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    return _merged(root, [results[i] for i in range(jobs)], objective, time.perf_counter() - t0)
+
+
+def _worker(send: Connection, root: State, deriver: Deriver, objective: Objective, budget: float,
+            seed: int, max_states: int | None, settings: MoveSettings | None, exact_front: bool,
+            share: tuple[int, int], report_progress: bool) -> None:
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        tell = (lambda p: send.send(("progress", p))) if report_progress else None
+        result = search(root, deriver, objective, time_budget=budget, seed=seed, max_states=max_states,
+                        settings=settings, progress=tell, exact_front=exact_front, share=share)
+        result.root = None    # type: ignore[assignment]  # the parent has it: not sent back
+        send.send(("result", result))
+    except BaseException:   # noqa: BLE001 - everything goes back to the parent, which raises
+        send.send(("error", traceback.format_exc()))
+    finally:
+        send.close()
+        os._exit(0)        # skip the parent's atexit handlers and finalizers in the fork
+
+
+def _merged_progress(latest: dict[int, Progress], objective: Objective) -> Progress:
+    best = _best_of(list(latest.values()), lambda p: objective.key(p.best_peak_bytes, p.best_latency_s),
+                    objective)
+    return Progress(sum(p.states for p in latest.values()), best.best_peak_bytes, best.best_latency_s,
+                    best.feasible, max(p.elapsed_s for p in latest.values()))
+
+
+def _best_of(items: list, key: Callable, objective: Objective):  # noqa: ANN202 - State or Progress
+    winner = items[0]
+    for item in items[1:]:
+        if objective.better(key(item), key(winner)):
+            winner = item
+    return winner
+
+
+def _merged(root: State, results: list[SearchResult], objective: Objective, seconds: float) -> SearchResult:
+    best = _best_of([r.best for r in results], lambda s: objective.key(s.peak_bytes, s.latency_s), objective)
+    front: list[FrontPoint] = []
+    for point in sorted((p for r in results for p in r.front),
+                        key=lambda p: (p.peak_bytes, p.latency_s, not p.exact)):
+        if not any(f.peak_bytes <= point.peak_bytes and f.latency_s <= point.latency_s for f in front):
+            front.append(point)
+    stopped = {r.stopped for r in results}
+    return SearchResult(
+        best=best, root=root, states=sum(r.states for r in results) - (len(results) - 1),
+        expanded=sum(r.expanded for r in results) - (len(results) - 1),
+        duplicates=sum(r.duplicates for r in results), failed=sum(r.failed for r in results),
+        seconds=seconds, stopped=" / ".join(sorted(stopped)), front=front, jobs=len(results))

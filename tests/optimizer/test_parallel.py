@@ -1,0 +1,69 @@
+"""The search on two processes (optimizer.parallel) and the compact-evaluated best it returns."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import peakcut
+from peakcut.codegen.program import Step
+from peakcut.optimizer import optimize_graph
+from peakcut.optimizer.parallel import can_fork
+from peakcut.workloads import get_workload
+from tests.helpers import in_float64
+
+SPEC = peakcut.SGD(lr=1e-2, momentum=0.9)
+needs_fork = pytest.mark.skipif(not can_fork(), reason="no 'fork' start method on this platform")
+
+
+@pytest.fixture(scope="module")
+def bert():
+    inst = in_float64(get_workload("bert-base").build("tiny"))
+    return inst, peakcut.capture(inst.model, inst.batch, inst.loss_fn, SPEC, keep_grads=True)
+
+
+@needs_fork
+def test_two_processes_give_a_runnable_exact_plan_and_the_same_one_twice(bert) -> None:
+    inst, g = bert
+    runs = [optimize_graph(g, latency_limit=1.3, device="rtx3090", time_budget=60, max_states=24, jobs=2)
+            for _ in range(2)]
+    first, second = (r.report for r in runs)
+    assert first["search"]["jobs"] == 2
+    assert (first["peak_bytes"], first["latency_s"], first["applied"]) == (
+        second["peak_bytes"], second["latency_s"], second["applied"])
+    best = runs[0].best
+    assert not best.compact
+    assert first["peak_bytes"] <= first["eager_peak_bytes"]
+    report = peakcut.check_equivalence(inst.model, inst.batch, inst.loss_fn, SPEC,
+                                       lambda _m: Step(best.program, best.order), steps=2,
+                                       rtol=1e-7, atol=1e-9)
+    assert report.ok, report
+
+
+@needs_fork
+def test_two_processes_keep_the_time_budget(bert) -> None:
+    _, g = bert
+    t0 = time.perf_counter()
+    found = optimize_graph(g, memory_limit=0.3, device="h200", time_budget=6, jobs=2)
+    assert time.perf_counter() - t0 < 6 + 1.0
+    assert found.report["search"]["states"] >= 2
+    assert all(p["exact"] in (True, False) for p in found.report["front"])
+
+
+def test_bad_jobs_are_refused_with_the_reason(bert) -> None:
+    _, g = bert
+    with pytest.raises(ValueError, match="jobs=0"):
+        optimize_graph(g, latency_limit=1.1, time_budget=1, jobs=0)
+    with pytest.raises(ValueError, match="measured cost model"):
+        optimize_graph(g, latency_limit=1.1, time_budget=1, device="measured", jobs=2)
+
+
+@needs_fork
+def test_the_pareto_front_of_two_processes_is_exact(bert) -> None:
+    _, g = bert
+    found = optimize_graph(g, pareto=True, device="rtx3090", time_budget=8, jobs=2)
+    front = found.report["front"]
+    assert front and all(p["exact"] for p in front)
+    peaks = [p["peak_bytes"] for p in front]
+    assert peaks == sorted(peaks)
