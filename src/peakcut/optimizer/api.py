@@ -68,6 +68,12 @@ def _cost(device: str | CostModel, deadline: float) -> CostModel:
     return BudgetedCost(cost, deadline) if isinstance(cost, MeasuredCostModel) else cost
 
 
+def _estimate(best: State) -> dict[str, float] | None:
+    """The search's compact-expansion figures of the best, when it was re-derived in full."""
+    found = best.extra.get("compact_estimate")
+    return None if found is None else {"peak_bytes": found[0], "latency_s": found[1]}
+
+
 def _methods(cost: CostModel, workspace: str | None) -> tuple[str, str]:
     memory = ("simulated: peakcut timeline (compute + copy streams), "
               f"{workspace or 'no'} workspace model")
@@ -162,6 +168,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    "failed": result.failed, "seconds": round(result.seconds, 3),
                    "states_per_minute": round(result.states_per_minute, 1), "stopped": result.stopped,
                    "jobs": result.jobs,
+                   "compact_estimate": _estimate(best),
                    "time_budget_s": time_budget, "seed": seed, "total_seconds": round(time.perf_counter() - t0, 3)},
         "front": [{"peak_bytes": s.peak_bytes, "latency_s": s.latency_s, "applied": len(s.applied),
                    "exact": s.exact} for s in result.front],

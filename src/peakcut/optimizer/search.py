@@ -139,11 +139,13 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
             break
         _, _, state = heapq.heappop(heap if heap else reserve)
         expanded += 1
-        children: list = []
-        if deadline - reserve_s() - time.perf_counter() > deriver.expected_seconds("moves"):
-            t_moves = time.perf_counter()
-            children = list(moves(state, deriver, settings, rng))
-            deriver.seconds.setdefault("moves", []).append(time.perf_counter() - t_moves)
+        if deadline - reserve_s() - time.perf_counter() <= deriver.expected_seconds("moves"):
+            stopped = "time budget"
+            break
+        t_moves = time.perf_counter()
+        children = list(moves(state, deriver, settings, rng))
+        deriver.seconds.setdefault("moves", []).append(time.perf_counter() - t_moves)
+        late = False      # a child was skipped: its kind takes longer than the time left
         rng.shuffle(children)
         children.sort(key=lambda m: ("fission", "swap", "remat", "taso", "undo").index(m.kind))
         if state is root and share[1] > 1:
@@ -160,6 +162,7 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
                 duplicates += 1
                 continue
             if deriver.expected_seconds(move.kind) > left:
+                late = True
                 continue
             seen_keys.add(move.key)
             try:
@@ -192,7 +195,9 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
                     heapq.heapify(reserve)
         else:
             report()
-            continue
+            if not late:
+                continue
+            stopped = "time budget"    # the next states' children would be skipped alike
         break
     if stopped == "queue empty" and max_states is not None and states >= max_states:
         stopped = "max states"
