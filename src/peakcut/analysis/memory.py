@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from peakcut.analysis.workspace import node_workspace
+from peakcut.analysis.workspace import order_workspace
 from peakcut.ir.graph import Graph, GraphError
 
 
@@ -65,10 +65,10 @@ def tensor_lifetimes(g: Graph, order: list[int] | tuple[int, ...]) -> dict[int, 
     end = len(order)
     life: dict[int, tuple[int, int]] = {t: (-1, -1) for t in g.inputs}
     for nid in order:
-        for t in g.nodes[nid].output_ids():
+        for t in g.nodes[nid].output_tuple:
             life[t] = (pos[nid], pos[nid])
     for nid in order:
-        for t in g.nodes[nid].input_ids():
+        for t in g.nodes[nid].input_tuple:
             start, stop = life[t]
             life[t] = (start, max(stop, pos[nid]))
     for t in g.outputs:
@@ -88,31 +88,32 @@ def simulate(g: Graph, order: list[int] | None = None, workspace: str | None = "
 
     alloc: dict[int, int] = {}
     free: dict[int, int] = {}
+    nodes = g.nodes
+    tensors = g.tensors
     for i, nid in enumerate(order_t):
-        node = g.nodes[nid]
-        for t in node.output_ids():
-            s = g.tensors[t].storage
+        node = nodes[nid]
+        for t in node.output_tuple:
+            s = tensors[t].storage
             if s not in held and s not in alloc and s not in host:
                 alloc[s] = i
                 free[s] = i
-        for t in node.input_ids():
-            s = g.tensors[t].storage
-            if s in free and free[s] < i:
+        for t in node.input_tuple:
+            s = tensors[t].storage
+            f = free.get(s)
+            if f is not None and f < i:
                 free[s] = i
     for s in outs:
         if s in free:
             free[s] = n - 1
 
     delta = np.zeros(n + 1, dtype=np.int64)
-    for s, a in alloc.items():
-        b = g.storages[s]
-        delta[a] += b
-        delta[free[s] + 1] -= b
+    if alloc:
+        sizes = np.fromiter((g.storages[s] for s in alloc), dtype=np.int64, count=len(alloc))
+        np.add.at(delta, np.fromiter(alloc.values(), dtype=np.int64, count=len(alloc)), sizes)
+        np.subtract.at(delta, np.fromiter((free[s] + 1 for s in alloc), dtype=np.int64,
+                                          count=len(alloc)), sizes)
     baseline = sum(g.storages[s] for s in held)
-    ws = np.zeros(n, dtype=np.int64)
-    if workspace is not None:
-        for i, nid in enumerate(order_t):
-            ws[i] = node_workspace(g, nid, workspace)
+    ws = np.zeros(n, dtype=np.int64) if workspace is None else order_workspace(g, order_t, workspace)
     timeline = np.cumsum(delta[:n]) + baseline + ws
     peak_index = int(np.argmax(timeline)) if n else 0
     peak = int(timeline[peak_index]) if n else baseline
@@ -140,7 +141,9 @@ def _owner_tensors(g: Graph, order: tuple[int, ...], held: set[int]) -> dict[int
     owner: dict[int, int] = {}
     for t in g.inputs:
         owner.setdefault(g.tensors[t].storage, t)
+    nodes = g.nodes
+    tensors = g.tensors
     for nid in order:
-        for t in g.nodes[nid].output_ids():
-            owner.setdefault(g.tensors[t].storage, t)
+        for t in nodes[nid].output_tuple:
+            owner.setdefault(tensors[t].storage, t)
     return owner

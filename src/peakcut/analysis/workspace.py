@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 from peakcut.ir.graph import Graph
@@ -10,18 +13,45 @@ from peakcut.ir.node import TensorRef, map_refs
 WORKSPACE_MODELS = ("cpu",)
 
 
-def node_workspace(g: Graph, nid: int, model: str) -> int:
-    """Bytes a node allocates and frees while it runs, beyond its outputs."""
-    from peakcut.ir.workspace import WORKSPACE_OPS, cpu_workspace_bytes
-
+def _check_model(model: str) -> None:
     if model != "cpu":
         raise ValueError(f"unknown workspace model {model!r}; known: {WORKSPACE_MODELS}")
-    node = g.nodes[nid]
-    if node.op not in WORKSPACE_OPS:
+
+
+def node_workspace(g: Graph, nid: int, model: str) -> int:
+    """Bytes a node allocates and frees while it runs, beyond its outputs."""
+    from peakcut.ir.workspace import WORKSPACE_OPS
+
+    _check_model(model)
+    if g.nodes[nid].op not in WORKSPACE_OPS:
         return 0
+    return _cached_workspace(g, nid)
+
+
+def order_workspace(g: Graph, order: Sequence[int], model: str) -> np.ndarray:
+    """node_workspace of every node of `order`, as int64 (zeros for an empty order)."""
+    from peakcut.ir.workspace import WORKSPACE_OPS
+
+    ws = np.zeros(len(order), dtype=np.int64)
+    if len(order):
+        _check_model(model)
+    nodes = g.nodes
+    cache = g.workspace_cache
+    for i, nid in enumerate(order):
+        if nodes[nid].op in WORKSPACE_OPS:
+            value = cache.get(nid)
+            ws[i] = _cached_workspace(g, nid) if value is None else value
+    return ws
+
+
+def _cached_workspace(g: Graph, nid: int) -> int:
+    """The workspace of a node whose op has a rule, from g.workspace_cache when there."""
+    from peakcut.ir.workspace import cpu_workspace_bytes
+
     cached = g.workspace_cache.get(nid)
     if cached is not None:
         return cached
+    node = g.nodes[nid]
 
     def to_meta(ref: TensorRef) -> torch.Tensor:
         return g.tensors[ref.id].to_meta()

@@ -13,7 +13,9 @@ from __future__ import annotations
 from peakcut.cost.calls import NodeWork, call_key, is_swap, node_work, swap_transfer
 from peakcut.cost.profiles import DeviceProfile
 from peakcut.ir.graph import Graph
+from peakcut.ir.node import Node
 from peakcut.ir.registry import OpKind
+from peakcut.ir.tensor import TensorMeta
 
 ALLOCATION_ONLY_OPS: frozenset[str] = frozenset({
     "aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default",
@@ -22,6 +24,9 @@ ALLOCATION_ONLY_OPS: frozenset[str] = frozenset({
 """Factories that allocate without writing: no bandwidth, one launch."""
 
 _TENSOR_CORE_KINDS = (OpKind.MATMUL, OpKind.CONV)
+
+NODE_MEMO_LIMIT = 1 << 16
+"""Entries of a model's per-node memo before it is emptied (bounds the nodes it keeps alive)."""
 
 
 def ramp_seconds(work: float, peak: float, half: float) -> float:
@@ -44,9 +49,28 @@ class AnalyticCostModel:
         self.name = f"analytic:{profile.name}"
         self.overlap_copies = profile.overlap_copies
         self._seconds: dict[str, float] = {}  # call key -> seconds, for this instance only
+        # id(node) -> (node, its input metas, seconds). Nodes are immutable and shared by graph
+        # copies; a node's call key is a function of the node and its input metas (and a swap's
+        # transfer of its input metas), so the same node object with the same input metas has
+        # the same latency and its key need not be rendered again. The node is kept so that its
+        # id cannot be reused by another object while the entry lives.
+        self._by_node: dict[int, tuple[Node, tuple[TensorMeta, ...], float]] = {}
 
     def node_seconds(self, g: Graph, nid: int) -> float:
         """Latency of node `nid`; swap nodes cost their host<->device transfer."""
+        node = g.nodes[nid]
+        tensors = g.tensors
+        metas = tuple([tensors[t] for t in node.input_tuple])
+        hit = self._by_node.get(id(node))
+        if hit is not None and hit[0] is node and hit[1] == metas:
+            return hit[2]
+        seconds = self._call_seconds(g, nid)
+        if len(self._by_node) >= NODE_MEMO_LIMIT:
+            self._by_node.clear()
+        self._by_node[id(node)] = (node, metas, seconds)
+        return seconds
+
+    def _call_seconds(self, g: Graph, nid: int) -> float:
         if is_swap(g, nid):
             return self.copy_seconds(*swap_transfer(g, nid))
         key = call_key(g, nid)

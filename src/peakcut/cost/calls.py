@@ -22,13 +22,19 @@ from peakcut.ir.tensor import TensorMeta
 
 def tensor_layout(meta: TensorMeta) -> str:
     """'T[4,64;64,1;float32]': shape; stride; dtype."""
-    shape = ",".join(str(s) for s in meta.shape)
-    stride = ",".join(str(s) for s in meta.stride)
+    shape = ",".join(map(str, meta.shape))
+    stride = ",".join(map(str, meta.stride))
     return f"T[{shape};{stride};{meta.dtype}]"
+
+
+_PLAIN = frozenset({int, float, bool, str, type(None)})
+"""Argument types rendered by their repr (checked first: most arguments are of these)."""
 
 
 def _render(value: Any, g: Graph) -> str:
     """Deterministic text of one argument, tensors by layout."""
+    if type(value) in _PLAIN:
+        return repr(value)
     if isinstance(value, TensorRef):
         return tensor_layout(g.tensors[value.id])
     if isinstance(value, torch.device):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from peakcut.ir.node import Node
-from peakcut.ir.registry import argument_names, is_opaque, mutated_arguments
+from peakcut.ir.registry import is_opaque
 from peakcut.ir.tensor import Role, TensorMeta
 
 if TYPE_CHECKING:
@@ -56,6 +56,9 @@ class Graph:
     _users: dict[int, list[int]] | None = field(default=None, repr=False, compare=False)
     _successors: dict[int, set[int]] | None = field(default=None, repr=False, compare=False)
     _writers: dict[int, list[int]] | None = field(default=None, repr=False, compare=False)
+    _owner: dict[int, int] | None = field(default=None, repr=False, compare=False)
+    _owner_order: list[int] | None = field(default=None, repr=False, compare=False)
+    _host: frozenset[int] | None = field(default=None, repr=False, compare=False)
 
     # ---------------------------------------------------------------- copying
     def copy(self) -> Graph:
@@ -73,27 +76,58 @@ class Graph:
         self._users = None
         self._successors = None
         self._writers = None
+        self._owner = None
+        self._owner_order = None
+        self._host = None
 
     # ---------------------------------------------------------------- queries
     def producer(self, tensor: int) -> int | None:
         """The node that outputs `tensor`, or None for program inputs."""
         if self._producer is None:
-            self._producer = {t: n.id for n in self.nodes.values() for t in n.output_ids()}
+            self._producer = {t: n.id for n in self.nodes.values() for t in n.output_tuple}
         return self._producer.get(tensor)
+
+    def producer_map(self) -> dict[int, int]:
+        """Tensor id -> producing node for every node output (cached; do not modify)."""
+        if self._producer is None:
+            self._producer = {t: n.id for n in self.nodes.values() for t in n.output_tuple}
+        return self._producer
 
     def users(self, tensor: int) -> list[int]:
         """Nodes that read `tensor`, in capture order."""
         if self._users is None:
             users: dict[int, list[int]] = {}
+            nodes = self.nodes
             for nid in self.order:
-                for t in self.nodes[nid].input_ids():
-                    users.setdefault(t, []).append(nid)
+                for t in nodes[nid].input_tuple:
+                    found = users.get(t)
+                    if found is None:
+                        users[t] = [nid]
+                    else:
+                        found.append(nid)
             self._users = users
         return self._users.get(tensor, [])
 
+    def users_of(self, tensors: Iterable[int]) -> dict[int, list[int]]:
+        """{t: self.users(t)} for each of `tensors`; one pass over the order when users()
+        is not cached (cheaper than building it for every tensor)."""
+        wanted = set(tensors)
+        if self._users is not None or not wanted:
+            return {t: list(self.users(t)) for t in wanted}
+        nodes = self.nodes
+        order = self.order
+        found: dict[int, list[int]] = {t: [] for t in wanted}
+        disjoint = wanted.isdisjoint
+        for nid in [nid for nid in order if not disjoint(nodes[nid].input_tuple)]:
+            for t in nodes[nid].input_tuple:
+                if t in wanted:
+                    found[t].append(nid)
+        return found
+
     def predecessors(self, node: int) -> set[int]:
         """Nodes that must run before `node`: producers of its inputs and control deps."""
-        preds = {p for t in self.nodes[node].input_ids() if (p := self.producer(t)) is not None}
+        producer = self.producer_map()
+        preds = {p for t in self.nodes[node].input_tuple if (p := producer.get(t)) is not None}
         preds.update(self.control.get(node, ()))
         preds.discard(node)
         return preds
@@ -112,29 +146,51 @@ class Graph:
         """Nodes that write `storage` in place, in graph order (cached until the graph changes)."""
         if self._writers is None:
             writers: dict[int, list[int]] = {}
-            for nid in self.order:
-                for t in self.mutated_tensors(nid):
-                    found = writers.setdefault(self.tensors[t].storage, [])
+            nodes = self.nodes
+            tensors = self.tensors
+            for nid in self._writing_nodes():
+                for t in nodes[nid].mutated_ids():
+                    found = writers.setdefault(tensors[t].storage, [])
                     if nid not in found:
                         found.append(nid)
             self._writers = writers
         return self._writers.get(storage, [])
 
+    def _writing_nodes(self) -> list[int]:
+        """Nodes of self.order that write a tensor in place (or whose op is unknown), in order."""
+        nodes = self.nodes
+        # Node._mutated is what mutated_ids() returns, None when it raises (kept: it raises)
+        return [nid for nid in self.order if (written := nodes[nid]._mutated) or written is None]
+
+    def adopt_caches(self, other: Graph, added: Iterable[Node]) -> None:
+        """Take over `other`'s cached producers, in-place writers and host storages, with the
+        nodes `added` (added last, in this order) included, instead of rebuilding them.
+
+        For a graph made from `other` by adding `added`, rewiring readers (their outputs
+        unchanged) and re-homing views that no node writes in place and no swap-out makes,
+        with the nodes of `other` in the same relative order and no node removed: what swap
+        and remat do (their preconditions guarantee the rest). Call it after the last edit;
+        any later edit drops the caches again.
+        """
+        from peakcut.ir.ops import STORE_OP
+
+        added = list(added)
+        if other._producer is not None:
+            producer = dict(other._producer)
+            for n in added:
+                for t in n.output_tuple:
+                    producer[t] = n.id
+            self._producer = producer
+        if not any(n.mutated_ids() for n in added):
+            self._writers = other._writers   # shared, read-only
+        if other._host is not None:
+            tensors = self.tensors
+            self._host = other._host | {tensors[t].storage for n in added if n.op == STORE_OP
+                                        for t in n.output_tuple}
+
     def mutated_tensors(self, node: int) -> list[int]:
         """Input tensors that `node` writes in place (from the op schema)."""
-        n = self.nodes[node]
-        written = mutated_arguments(n.op)
-        if not written:
-            return []
-        names = argument_names(n.op)
-        out: list[int] = []
-        for name, value in zip(names, n.args, strict=False):
-            if name in written:
-                out.extend(r.id for r in _refs(value))
-        for name, value in n.kwargs.items():
-            if name in written:
-                out.extend(r.id for r in _refs(value))
-        return out
+        return list(self.nodes[node].mutated_ids())
 
     def is_opaque(self, node: int) -> bool:
         """True when the registry does not know the op: it runs, untransformed."""
@@ -151,21 +207,44 @@ class Graph:
         """Storages in host memory: the outputs of swap-out (peakcut.store) nodes."""
         from peakcut.ir.ops import STORE_OP
 
-        return {self.tensors[t].storage for n in self.nodes.values() if n.op == STORE_OP for t in n.output_ids()}
+        if self._host is None:
+            tensors = self.tensors
+            self._host = frozenset({tensors[t].storage for n in self.nodes.values() if n.op == STORE_OP
+                                    for t in n.output_tuple})
+        return set(self._host)
+
+    def is_host_storage(self, storage: int) -> bool:
+        """storage in host_storages(), without building the set (cached until the graph changes)."""
+        if self._host is None:
+            self.host_storages()
+        return storage in self._host
 
     def output_storages(self) -> set[int]:
         return {self.tensors[t].storage for t in self.outputs}
 
     def storage_owner(self) -> dict[int, int]:
         """Storage id -> node that allocates it (the first producer in capture order)."""
-        held = self.caller_held_storages()
-        owner: dict[int, int] = {}
-        for nid in self.order:
-            for t in self.nodes[nid].output_ids():
-                s = self.tensors[t].storage
-                if s not in held and s not in owner:
-                    owner[s] = nid
-        return owner
+        return dict(self._owners())
+
+    def storage_owner_of(self, storage: int) -> int | None:
+        """storage_owner().get(storage), without copying the map."""
+        return self._owners().get(storage)
+
+    def _owners(self) -> dict[int, int]:
+        # cached until the graph changes or self.order is assigned another list
+        if self._owner is None or self._owner_order is not self.order:
+            held = self.caller_held_storages()
+            nodes = self.nodes
+            tensors = self.tensors
+            owner: dict[int, int] = {}
+            for nid in self.order:
+                for t in nodes[nid].output_tuple:
+                    s = tensors[t].storage
+                    if s not in held and s not in owner:
+                        owner[s] = nid
+            self._owner = owner
+            self._owner_order = self.order
+        return self._owner
 
     def param_bytes(self) -> int:
         return sum(self.storages[s] for s in {t.storage for t in self.tensors_with_role(Role.PARAM)})
@@ -211,8 +290,10 @@ class Graph:
     def changed(self) -> None:
         """Tell the graph that nodes, tensors or control edges were edited directly.
 
-        Cached producers/users are rebuilt; cached workspaces are kept (they depend
-        on a node's op and shapes only; replace_node drops the replaced node's).
+        Cached producers, users, successors, in-place writers, storage owners and host
+        storages are dropped and rebuilt when next asked for (storage owners also when
+        `order` is assigned another list); cached workspaces are kept (they depend on a
+        node's op and shapes only; replace_node drops the replaced node's).
         """
         self._invalidate()
 
@@ -252,9 +333,3 @@ class Graph:
             "param_bytes": self.param_bytes(),
             "opaque_nodes": sum(1 for n in self.nodes if self.is_opaque(n)),
         }
-
-
-def _refs(value: Any) -> list:
-    from peakcut.ir.node import iter_refs
-
-    return list(iter_refs(value))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
 import torch
+
+from peakcut.ir.registry import argument_names, mutated_arguments
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,12 @@ class Node:
     outputs: tensor ids of the op's results, None where the op returns None
     (e.g. convolution_backward with an output masked off). multi_output tells
     whether the op returns a tuple/list (even of length one).
+
+    Derived facts are computed once per node object (it never changes):
+    input_tuple / output_tuple (what input_ids() / output_ids() return, as tuples,
+    for hot loops that only read them), the tensors it writes in place
+    (mutated_ids), and `memo`, where other modules keep values that are pure
+    functions of op, args and kwargs (keyed by a name of their own).
     """
 
     id: int
@@ -82,7 +90,10 @@ class Node:
     phase: Phase = Phase.FORWARD
     name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-    _inputs: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    input_tuple: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    output_tuple: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    memo: dict[str, Any] = field(init=False, repr=False, compare=False)
+    _mutated: tuple[int, ...] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # computed once: every analysis asks for a node's inputs, often many times
@@ -91,14 +102,62 @@ class Node:
             seen.setdefault(ref.id)
         for ref in iter_refs(self.kwargs):
             seen.setdefault(ref.id)
-        object.__setattr__(self, "_inputs", tuple(seen))
+        object.__setattr__(self, "input_tuple", tuple(seen))
+        object.__setattr__(self, "output_tuple", tuple(t for t in self.outputs if t is not None))
+        object.__setattr__(self, "memo", {})
+        try:
+            mutated: tuple[int, ...] | None = _mutated_refs(self.op, self.args, self.kwargs)
+        except Exception:
+            mutated = None   # e.g. an op PyTorch does not know: mutated_ids() raises the error
+        object.__setattr__(self, "_mutated", mutated)
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        # pickles (and copies) hold what the node was built from; the derived facts and the
+        # memo are made again on the other side
+        return tuple(getattr(self, f) for f in _INIT_FIELDS)
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        for name, value in zip(_INIT_FIELDS, state, strict=True):
+            object.__setattr__(self, name, value)
+        self.__post_init__()
 
     def input_ids(self) -> list[int]:
         """Tensor ids read by this node, in argument order, without repeats."""
-        return list(self._inputs)
+        return list(self.input_tuple)
 
     def output_ids(self) -> list[int]:
-        return [t for t in self.outputs if t is not None]
+        """Tensor ids of the outputs that are not None, in order."""
+        return list(self.output_tuple)
+
+    def mutated_ids(self) -> tuple[int, ...]:
+        """Input tensor ids the op writes in place (from its schema), in argument order.
+
+        Positional arguments first, then keyword arguments; a tensor given twice
+        appears twice. Computed with the node; raises ValueError for an op PyTorch
+        does not know (like the registry's mutated_arguments).
+        """
+        written = self._mutated
+        if written is None:
+            written = _mutated_refs(self.op, self.args, self.kwargs)
+            object.__setattr__(self, "_mutated", written)
+        return written
 
     def overload(self) -> torch._ops.OpOverload:
         return resolve_op(self.op)
+
+
+_INIT_FIELDS = tuple(f.name for f in fields(Node) if f.init)
+
+
+def _mutated_refs(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, ...]:
+    written = mutated_arguments(op)
+    if not written:
+        return ()
+    out: list[int] = []
+    for name, value in zip(argument_names(op), args, strict=False):
+        if name in written:
+            out.extend(r.id for r in iter_refs(value))
+    for name, value in kwargs.items():
+        if name in written:
+            out.extend(r.id for r in iter_refs(value))
+    return tuple(out)

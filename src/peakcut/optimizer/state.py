@@ -21,7 +21,7 @@ from typing import Any
 from peakcut.fission.dgraph import DGraph
 from peakcut.fission.ftree import FTree
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import TensorRef
+from peakcut.ir.node import Node, TensorRef
 
 
 @dataclass(frozen=True)
@@ -65,29 +65,103 @@ def computation_hash(g: Graph, order: list[int] | None = None) -> str:
     the graph by the sorted multiset of node hashes. Node ids, order, names and modules
     do not enter; control edges do (they order in-place writes). Part copies of a
     fissioned region differ in their slice arguments, so fission numbers are visible.
+
+    A node's hash is blake2b of repr((op, args, kwargs, control)) with every tensor
+    argument replaced by its tensor's hash, every other value by its repr, lists by
+    tuples and dicts by their sorted (key, value) pairs. The text around the tensor
+    hashes depends on the node alone, so it is built once per node object (_hash_template);
+    a node object hashed again with the same tensor and control hashes (a graph derived
+    from one hashed before) reuses its last hash.
     """
     order = list(g.order if order is None else order)
     tensor_hash: dict[int, str] = {t: f"in:{name}" for t, name in zip(g.inputs, g.input_names, strict=True)}
+    tensor_text = {t: repr(h) for t, h in tensor_hash.items()}   # repr(tensor_hash[t])
     node_hash: dict[int, str] = {}
-
-    def arg(value: Any) -> Any:
-        if isinstance(value, TensorRef):
-            return tensor_hash.get(value.id, f"?{value.id}")
-        if isinstance(value, (list, tuple)):
-            return tuple(arg(v) for v in value)
-        if isinstance(value, dict):
-            return tuple(sorted((k, arg(v)) for k, v in value.items()))
-        return repr(value)
-
+    nodes = g.nodes
+    control = g.control
+    blake2b = hashlib.blake2b
     for nid in order:
-        node = g.nodes[nid]
-        key = repr((node.op, arg(node.args), arg(node.kwargs),
-                    tuple(sorted(node_hash.get(c, "?") for c in g.control.get(nid, ())))))
-        h = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+        node = nodes[nid]
+        memo = node.memo
+        template = memo.get(_TEMPLATE)
+        if template is None:
+            template = memo[_TEMPLATE] = _hash_template(node)
+        text, tensors = template
+        texts = tuple(map(tensor_text.get, tensors))
+        if None in texts:   # a tensor no node (before this one) makes
+            texts = tuple(tensor_text.get(t) or repr(f"?{t}") for t in tensors)
+        deps = control.get(nid)
+        tail = repr(tuple(sorted(node_hash.get(c, "?") for c in deps))) + ")" if deps else "())"
+        last = memo.get(_LAST)
+        if last is not None and last[0] == texts and last[1] == tail:
+            h, outs = last[2], last[3]   # the same key as last time: the same hash
+        else:
+            key = (text.format(*texts) if tensors else text) + tail
+            h = blake2b(key.encode(), digest_size=16).hexdigest()
+            # each output's hash and its repr (hex digits, a colon and digits: plain quotes)
+            outs = tuple((t, f"{h}:{i}", f"'{h}:{i}'") for i, t in enumerate(node.outputs)
+                         if t is not None)
+            memo[_LAST] = (texts, tail, h, outs)
         node_hash[nid] = h
-        for i, t in enumerate(node.outputs):
-            if t is not None:
-                tensor_hash[t] = f"{h}:{i}"
+        for t, raw, quoted in outs:
+            tensor_hash[t] = raw
+            tensor_text[t] = quoted
     outputs = tuple(tensor_hash.get(t, "?") for t in g.outputs)
     whole = repr((sorted(node_hash.values()), outputs))
     return hashlib.blake2b(whole.encode(), digest_size=16).hexdigest()
+
+
+# Keys of computation_hash's entries in Node.memo: the node's template (_hash_template), and
+# (texts of its tensor arguments, control part, node hash, its outputs' hashes) of the last
+# time the node was hashed.
+_TEMPLATE = "computation_hash.template"
+_LAST = "computation_hash.last"
+
+
+def _hash_template(node: Node) -> tuple[str, tuple[int, ...]]:
+    """The text of a node's key up to its control part, and the ids of its tensor arguments in
+    order. With tensor arguments the text is a str.format template with a {} where
+    repr(each one's hash) goes; without, the text itself."""
+    tensors: list[int] = []
+    text = "(" + _braces(repr(node.op)) + ", " + _template_of(node.args, tensors) + ", "
+    text += _template_of(node.kwargs, tensors) + ", "
+    return (text, tuple(tensors)) if tensors else (text.format(), ())
+
+
+def _template_of(value: Any, tensors: list[int]) -> str:
+    """repr(v) as a template, v being what the hash puts in place of `value`: the tensor's
+    hash for a TensorRef (a {}), a tuple for a list or tuple, the sorted (key, value) pairs
+    for a dict (its keys are distinct, so they alone decide the order), else repr(value)."""
+    if isinstance(value, (list, tuple)):
+        parts: list[str] = []
+        for v in value:   # the common element types inline, the others by recursion
+            kind = type(v)
+            if kind is TensorRef:
+                tensors.append(v.id)
+                parts.append("{}")
+            elif kind in _PLAIN:
+                parts.append("'" + repr(v) + "'")
+            else:
+                parts.append(_template_of(v, tensors))
+        return "(" + ", ".join(parts) + (",)" if len(parts) == 1 else ")")
+    if type(value) in _PLAIN:
+        return "'" + repr(value) + "'"
+    if isinstance(value, TensorRef):
+        tensors.append(value.id)
+        return "{}"
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda kv: kv[0])
+        inner = ", ".join(["(" + _braces(repr(k)) + ", " + _template_of(v, tensors) + ")"
+                           for k, v in items])
+        return "(" + inner + (",)" if len(items) == 1 else ")")
+    return _braces(repr(repr(value)))
+
+
+_PLAIN = frozenset({int, bool, type(None)})
+"""Types whose repr is plain ASCII without quotes, backslashes or braces: repr(repr(x)) is
+"'" + repr(x) + "'"."""
+
+
+def _braces(text: str) -> str:
+    """`text` as a literal part of a str.format template."""
+    return text.replace("{", "{{").replace("}", "}}") if "{" in text or "}" in text else text

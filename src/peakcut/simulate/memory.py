@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from peakcut.analysis.memory import Hotspot
-from peakcut.analysis.workspace import node_workspace
+from peakcut.analysis.workspace import order_workspace
 from peakcut.ir.graph import Graph
 from peakcut.simulate.order import Schedule
 from peakcut.simulate.streams import StreamTiming
@@ -67,17 +67,22 @@ def storage_lives(g: Graph, schedule: Schedule, timing: StreamTiming) -> Storage
     end = timing.end.tolist()
     alloc: dict[int, int] = {}
     last: dict[int, int] = {}
-    for i in range(len(schedule.order)):
-        for t in schedule.outputs[i]:
-            s = tensors[t].storage
-            if s not in skip and s not in alloc:
-                alloc[s] = i
-                last[s] = i
-        for t in (*schedule.outputs[i], *schedule.inputs[i]):
+    for i, (outputs, inputs) in enumerate(zip(schedule.outputs, schedule.inputs, strict=True)):
+        e = end[i]
+        for t in outputs:
             s = tensors[t].storage
             j = last.get(s)
+            if j is None:
+                if s not in skip:   # allocated here (a storage in `last` is in `alloc`)
+                    alloc[s] = i
+                    last[s] = i
             # the toucher that ends last frees it; at equal end times, the later in order
-            if j is not None and (end[i] > end[j] or (end[i] == end[j] and i > j)):
+            elif e > end[j] or (e == end[j] and i > j):
+                last[s] = i
+        for t in inputs:
+            s = tensors[t].storage
+            j = last.get(s)
+            if j is not None and (e > end[j] or (e == end[j] and i > j)):
                 last[s] = i
     lasts: dict[int, int | None] = {s: (None if s in outs else j) for s, j in last.items()}
     return StorageLife(alloc=alloc, last=lasts, held=frozenset(held))
@@ -85,11 +90,9 @@ def storage_lives(g: Graph, schedule: Schedule, timing: StreamTiming) -> Storage
 
 def workspace_bytes(g: Graph, schedule: Schedule, workspace: str | None) -> np.ndarray:
     """Transient workspace of each node in order (zeros when workspace is None)."""
-    ws = np.zeros(len(schedule.order), dtype=np.int64)
-    if workspace is not None:
-        for i, nid in enumerate(schedule.order):
-            ws[i] = node_workspace(g, nid, workspace)
-    return ws
+    if workspace is None:
+        return np.zeros(len(schedule.order), dtype=np.int64)
+    return order_workspace(g, schedule.order, workspace)
 
 
 def memory_curve(
@@ -101,12 +104,15 @@ def memory_curve(
     ws = workspace_bytes(g, schedule, workspace)
     on_start = ws.copy()
     on_end = -ws
-    for s, a in lives.alloc.items():
-        size = g.storages[s]
-        on_start[a] += size
-        f = lives.last[s]
-        if f is not None:
-            on_end[f] -= size
+    if lives.alloc:
+        count = len(lives.alloc)
+        sizes = np.fromiter((g.storages[s] for s in lives.alloc), dtype=np.int64, count=count)
+        np.add.at(on_start, np.fromiter(lives.alloc.values(), dtype=np.int64, count=count), sizes)
+        # storages that are never freed (program outputs) subtract nothing
+        frees = (lives.last[s] for s in lives.alloc)
+        last = np.fromiter((-1 if f is None else f for f in frees), dtype=np.int64, count=count)
+        freed = last >= 0
+        np.subtract.at(on_end, last[freed], sizes[freed])
     baseline = sum(g.storages[s] for s in lives.held)
 
     times = np.concatenate([timing.start, timing.end])
@@ -132,9 +138,12 @@ def memory_curve(
 def live_storages(curve: MemoryCurve, k: int) -> list[int]:
     """Storages live at curve point k: caller-held ones, then those allocated and not yet freed."""
     live = list(curve.lives.held)
+    start_index = curve.start_index.tolist()
+    end_index = curve.end_index.tolist()
+    last = curve.lives.last
     for s, a in curve.lives.alloc.items():
-        f = curve.lives.last[s]
-        if curve.start_index[a] <= k and (f is None or curve.end_index[f] > k):
+        f = last[s]
+        if start_index[a] <= k and (f is None or end_index[f] > k):
             live.append(s)
     return live
 
@@ -155,10 +164,11 @@ def hotspots(g: Graph, schedule: Schedule, curve: MemoryCurve, k: int) -> tuple[
         meta = g.tensors[t] if t is not None else None
         a = curve.lives.alloc.get(s)
         producer = g.nodes[schedule.order[a]] if a is not None else None
+        # Enum._value_ is what .value returns, without the descriptor's cost
         spots.append(Hotspot(
             storage=s, bytes=g.storages[s], tensor=meta.name if meta else str(s),
-            module=producer.module if producer else "", role=meta.role.value if meta else "",
-            phase=producer.phase.value if producer else "",
+            module=producer.module if producer else "", role=meta.role._value_ if meta else "",
+            phase=producer.phase._value_ if producer else "",
         ))
     spots.sort(key=lambda h: -h.bytes)
     return tuple(spots)

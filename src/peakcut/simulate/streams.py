@@ -74,30 +74,48 @@ def time_streams(g: Graph, schedule: Schedule, cost: CostModel) -> StreamTiming:
     """Start and end of every node when issued in `schedule.order`."""
     overlap = bool(cost.overlap_copies)
     n = len(schedule.order)
-    seconds = node_seconds(g, schedule.order, cost).tolist()
+    times = node_seconds(g, schedule.order, cost)
+    swap_ops = (STORE_OP, LOAD_OP)
+    ops = [g.nodes[nid].op for nid in schedule.order]
+    copies = np.fromiter((op in swap_ops for op in ops), dtype=bool, count=n)
+    if not (overlap and copies.any()):
+        # one stream: each node starts when the one before ends (cumsum adds in order, as the
+        # loop below would); inline copies are exposed for their whole time
+        ends = np.cumsum(np.concatenate(([0.0], times)))
+        exposed = 0.0
+        if not overlap:
+            for s in times[copies].tolist():
+                exposed += s
+        return StreamTiming(start=ends[:-1].copy(), end=ends[1:].copy(), stream=(COMPUTE,) * n,
+                            exposed_copy_seconds=float(exposed))
+    seconds = times.tolist()
     start = [0.0] * n
     end = [0.0] * n
     streams: list[str] = []
     on_copy_stream = [False] * n
     stream_free = dict.fromkeys(STREAMS, 0.0)
     exposed = 0.0
-    for i, nid in enumerate(schedule.order):
-        op = g.nodes[nid].op
-        stream = node_stream(op, overlap)
+    # only waits on a copy stream, and the waits of copies, can delay a node: the others are
+    # for nodes that ran earlier on the same stream
+    waits = schedule.waits_of(copies)
+    no_waits: list[int] = []
+    for i, op in enumerate(ops):
+        preds = waits.get(i, no_waits)
+        stream = node_stream(op, overlap) if op in swap_ops else COMPUTE
         compute_free = stream_free[COMPUTE]
         if stream == COMPUTE:
             # compute predecessors ran earlier on this stream: only copies can hold it back
             begin = compute_free
-            for p in schedule.preds[i]:
+            for p in preds:
                 if on_copy_stream[p] and end[p] > begin:
                     begin = end[p]
             exposed += begin - compute_free
-            if not overlap and op in (STORE_OP, LOAD_OP):
+            if not overlap and op in swap_ops:
                 exposed += seconds[i]
         else:
             # issued once the compute node before it in order has finished
             begin = max(stream_free[stream], compute_free)
-            for p in schedule.preds[i]:
+            for p in preds:
                 begin = max(begin, end[p])
             on_copy_stream[i] = True
         start[i] = begin

@@ -65,17 +65,19 @@ def _idle_storages(g: Graph, order: Sequence[int], profile: MemoryProfile) -> li
     accesses: dict[int, list[int]] = {}
     reads_after: dict[int, dict[int, list[int]]] = {}
     made_after: set[int] = set()
+    nodes = g.nodes
+    tensors = g.tensors
     for i, nid in enumerate(order):
-        node = g.nodes[nid]
-        for t in (*node.input_ids(), *node.output_ids()):
-            s = g.tensors[t].storage
+        node = nodes[nid]
+        for t in (*node.input_tuple, *node.output_tuple):
+            s = tensors[t].storage
             seen = accesses.setdefault(s, [])
             if not seen or seen[-1] != i:
                 seen.append(i)
         if i > peak:
-            made_after.update(node.output_ids())
-            for t in node.input_ids():
-                readers = reads_after.setdefault(g.tensors[t].storage, {}).setdefault(t, [])
+            made_after.update(node.output_tuple)
+            for t in node.input_tuple:
+                readers = reads_after.setdefault(tensors[t].storage, {}).setdefault(t, [])
                 if not readers or readers[-1] != nid:
                     readers.append(nid)
     found: list[_Idle] = []

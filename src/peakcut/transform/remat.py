@@ -100,11 +100,10 @@ def _why_not_outputs(g: Graph, node: int) -> str | None:
         return f"{what} has no tensor outputs"
     input_storages = {g.tensors[t].storage for t in n.input_ids()}
     held = g.caller_held_storages()
-    owners = g.storage_owner()
     results = program_output_storages(g)
     for t in outs:
         s = g.tensors[t].storage
-        if s in held or s in input_storages or owners.get(s) != node:
+        if s in held or s in input_storages or g.storage_owner_of(s) != node:
             return (f"output {describe_tensor(g, t)} of {what} lives in memory the node does not "
                     "allocate (an alias of an input)")
         if s in results:
@@ -173,8 +172,8 @@ def _plan(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> _P
         if reason:
             return reason
     n = g.nodes[node]
-    before = ancestors(g, node)
     written = writers_of(g, {g.tensors[t].storage for t in n.input_ids()})
+    before = ancestors(g, node) if written else set()   # the walk is long; often not needed
     hazards = tuple(sorted({m for ms in written.values() for m in ms
                             if m not in before and m != node}))
     position = _insert_index(g, order, node, users, hazards)
@@ -241,6 +240,7 @@ def remat(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> Re
         new.control[m] = tuple(sorted({*g.control.get(m, ()), a2.id}))
     new.order = splice(g.order, a2.id, plan.capture_position)
     new.changed()
+    new.adopt_caches(g, [a2])   # see _plan: nothing that is written in place moves
     guard = (f"; runs before in-place writer(s) {', '.join(g.nodes[m].name for m in plan.hazards)}"
              if plan.hazards else "")
     return Rewrite(

@@ -98,7 +98,8 @@ def writers_of(g: Graph, storages: Iterable[int]) -> dict[int, list[int]]:
 
 
 def positions(order: Sequence[int]) -> dict[int, int]:
-    return {nid: i for i, nid in enumerate(order)}
+    """Node id -> index in `order` (the last one for a repeated id)."""
+    return dict(zip(order, range(len(order)), strict=False))
 
 
 def check_order_matches(g: Graph, order: Sequence[int]) -> str | None:

@@ -34,7 +34,6 @@ from peakcut.transform.rewrite import (
     describe_node,
     describe_tensor,
     describe_users,
-    positions,
     program_output_storages,
     reads_any,
     replace_node,
@@ -67,7 +66,7 @@ def _why_not_tensor(g: Graph, tensor: int) -> str | None:
         return (f"{what} is held by the caller ({meta.role.value}): parameters, buffers, optimizer "
                 "state and batch tensors are never swapped (an in-place update would land on the "
                 "copy and be lost)")
-    if meta.storage in g.host_storages():
+    if g.is_host_storage(meta.storage):
         return f"{what} already lives in host memory"
     prod = g.producer(tensor)
     if prod is None:
@@ -103,8 +102,9 @@ def _why_not_users(g: Graph, order: Sequence[int], tensor: int, users: Sequence[
     what = describe_tensor(g, tensor)
     if not users:
         return f"no users given to read a loaded copy of {what}"
-    pos = positions(order)
+    # `order` lists every node once (checked by the caller): index() is its position
     prod = g.producer(tensor)
+    prod_at = order.index(prod) if prod is not None else None
     for u in users:
         if u not in g.nodes:
             return f"user {u} is not a node of the graph"
@@ -112,7 +112,7 @@ def _why_not_users(g: Graph, order: Sequence[int], tensor: int, users: Sequence[
             return f"{describe_node(g, u)} does not read {what}"
         if is_swap_op(g.nodes[u].op):
             return f"{describe_node(g, u)} is a swap op: it keeps reading the original"
-        if prod is not None and pos[u] <= pos[prod]:
+        if prod_at is not None and order.index(u) <= prod_at:
             return f"{describe_node(g, u)} runs before the producer of {what} in this order"
     return None
 
@@ -159,11 +159,9 @@ def swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> R
         raise RuleError(reason)
     meta = g.tensors[tensor]
     prod = g.nodes[g.producer(tensor)]
-    pos = positions(order)
-    users = sorted(users, key=pos.__getitem__)
+    users = sorted(users, key=order.index)   # order lists every node once (checked above)
     first = g.nodes[users[0]]
-    capture_pos = positions(g.order)
-    capture_first = min(users, key=capture_pos.__getitem__)
+    capture_first = min(users, key=g.order.index)
 
     new = g.copy()
     fresh = IdAllocator(g)
@@ -191,6 +189,7 @@ def swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> R
                                   meta.storage_offset * meta.itemsize, views)])
     new.order = _spliced(g.order, prod.id, capture_first, store.id, load.id)
     new.changed()
+    new.adopt_caches(g, [store, load])   # nothing written in place (_why_not_stale) moves
     return Rewrite(
         graph=new, order=_spliced(order, prod.id, first.id, store.id, load.id),
         added=(store.id, load.id), changed=tuple(users), removed=(),
