@@ -61,7 +61,8 @@ class Deriver:
     memo: dict[tuple, list] = field(default_factory=dict)   # expand's FakeTensor-run memo
     taso_sites: dict[str, list[TasoCandidate]] = field(default_factory=dict)   # base digest -> sites
 
-    def _time(self, kind: str, t0: float) -> None:
+    def record(self, kind: str, t0: float) -> None:
+        """Note how long a step of this kind took since t0 (expected_seconds reads it)."""
         self.seconds.setdefault(kind, []).append(time.perf_counter() - t0)
 
     def expected_seconds(self, kind: str) -> float:
@@ -106,7 +107,7 @@ class Deriver:
                             (*state.applied, *dropped), state.depth, compact=False)
         exact.extra = {"base_digest": state.extra.get("base_digest", ""),
                        "compact_estimate": (state.peak_bytes, state.latency_s)}
-        self._time("exact", t0)
+        self.record("exact", t0)
         return exact
 
     def replay(self, program: Graph, order: list[int], recipes: Iterable[Recipe],
@@ -132,7 +133,7 @@ class Deriver:
         program, order, kept, dropped = self.replay(program, order, parent.recipes, regions)
         state = self.finish(parent.base, parent.base_order, tree, parent.dgraph, kept, program, order,
                             (*parent.applied, what, *dropped), parent.depth + 1)
-        self._time("fission", t0)
+        self.record("fission", t0)
         return state
 
     def with_recipe(self, parent: State, recipe: Recipe) -> State:
@@ -145,7 +146,7 @@ class Deriver:
         state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph,
                             (*parent.recipes, recipe),
                             rw.graph, order, (*parent.applied, recipe.description), parent.depth + 1)
-        self._time(recipe.kind, t0)
+        self.record(recipe.kind, t0)
         return state
 
     def with_recipes(self, parent: State, recipes: tuple[Recipe, ...]) -> State:
@@ -159,7 +160,7 @@ class Deriver:
                             (*parent.recipes, *kept),
                             program, order, (*parent.applied, *(r.description for r in kept)),
                             parent.depth + 1)
-        self._time(recipes[0].kind, t0)
+        self.record(recipes[0].kind, t0)
         return state
 
     def without_recipe(self, parent: State, recipe: Recipe) -> State:
@@ -170,7 +171,7 @@ class Deriver:
         undo = f"undo: {recipe.description}"
         state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph, kept, program, order,
                             (*parent.applied, undo, *dropped), parent.depth + 1)
-        self._time("undo", t0)
+        self.record("undo", t0)
         return state
 
     def with_taso(self, parent: State, site: TasoCandidate) -> State:
@@ -194,7 +195,7 @@ class Deriver:
                             (*parent.applied, f"taso: {site.description}", *notes, *dropped),
                             parent.depth + 1)
         state.extra["base_digest"] = computation_hash(base, base_order)
-        self._time("taso", t0)
+        self.record("taso", t0)
         return state
 
     def sites(self, state: State, limit: int) -> list[TasoCandidate]:

@@ -144,7 +144,7 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
             break
         t_moves = time.perf_counter()
         children = list(moves(state, deriver, settings, rng))
-        deriver.seconds.setdefault("moves", []).append(time.perf_counter() - t_moves)
+        deriver.record("moves", t_moves)
         late = False      # a child was skipped: its kind takes longer than the time left
         rng.shuffle(children)
         children.sort(key=lambda m: ("fission", "swap", "remat", "taso", "undo").index(m.kind))
