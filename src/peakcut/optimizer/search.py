@@ -7,6 +7,7 @@
   new; it becomes the best when BetterThan; it joins the queue when within the
   relaxation δ of the best (MAGIS: 1.1), else a reserve queue that is expanded (best
   first) once the main one is empty, so the budget is not left unused;
+- Python's cyclic garbage collector is relaxed meanwhile (optimizer.collector);
 - the time budget is checked before every child, and a child whose kind recently
   took longer than the time left is skipped, so the search ends within about a
   second of the budget;
@@ -30,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from peakcut.optimizer.collector import relaxed_collection
 from peakcut.optimizer.derive import DeriveError, Deriver
 from peakcut.optimizer.moves import MoveSettings, make_key, moves
 from peakcut.optimizer.objective import Objective
@@ -103,6 +105,15 @@ def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: 
     """
     if time_budget < 0:
         raise ValueError(f"time_budget must be >= 0 seconds, got {time_budget}")
+    with relaxed_collection():
+        return _search(root, deriver, objective, time_budget, seed, max_states, settings, progress,
+                       exact_front, share)
+
+
+def _search(root: State, deriver: Deriver, objective: Objective, time_budget: float, seed: int,
+            max_states: int | None, settings: MoveSettings | None,
+            progress: Callable[[Progress], None] | None, exact_front: bool,
+            share: tuple[int, int]) -> SearchResult:
     settings = settings or MoveSettings()
     rng = random.Random(seed)
     t0 = time.perf_counter()
