@@ -85,9 +85,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from peakcut.fission.dgraph import DGraph
 from peakcut.fission.ftree import FNode, FTree
 from peakcut.ir.check import _check_node_shapes, check_graph
-from peakcut.ir.dims import CAT, SAME, DimRule, split_node_args
+from peakcut.ir.dims import CAT, SAME, DimRule, PartCall, split_node_args
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import Node, Phase, TensorRef, map_refs
+from peakcut.ir.node import Node, Phase, TensorRef, iter_refs, map_refs, resolve_op
 from peakcut.ir.registry import OpKind, lookup
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.transform.rewrite import describe_node, describe_tensor
@@ -260,11 +260,10 @@ class _Expander:
         """
         g = self.g
         nid = self._id()
-        probe = Node(id=nid, op=op, args=args, kwargs=kwargs, outputs=())
         out_ids: list[int | None] = []
         metas: list[TensorMeta] = []
         fresh: dict[int, int] = {}     # fresh storage of the run -> its storage id
-        layouts = self._layouts(probe, what)
+        layouts = self._layouts(op, args, kwargs, what)
         for j, layout in enumerate(layouts):
             want = None if expect is None else expect[j]
             if layout is None:
@@ -303,13 +302,14 @@ class _Expander:
         g.add_node(node, metas)
         return node
 
-    def _layouts(self, probe: Node, what: str) -> list[_Layout | None]:
-        """Per output of the op call `probe` (None where it returns no tensor): its layout and
+    def _layouts(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 what: str) -> list[_Layout | None]:
+        """Per output of the op call (None where it returns no tensor): its layout and
         storage, from running it on FakeTensors of its inputs, or from the memo of an earlier
         run of the same call on inputs of the same layouts (see _memo_key)."""
         g = self.g
-        inputs = probe.input_ids()
-        key = _memo_key(g, probe, inputs)
+        inputs = _input_ids(args, kwargs)
+        key = _memo_key(g, op, args, kwargs, inputs)
         if key is not None:
             cached = self._memo.get(key)
             if cached is not None:
@@ -317,8 +317,8 @@ class _Expander:
         with self._fake:
             fakes = {t: self._fake_of(t) for t in inputs}
             try:
-                result = probe.overload()(*map_refs(probe.args, lambda r: fakes[r.id]),
-                                          **map_refs(probe.kwargs, lambda r: fakes[r.id]))
+                result = resolve_op(op)(*map_refs(args, lambda r: fakes[r.id]),
+                                        **map_refs(kwargs, lambda r: fakes[r.id]))
             except (RuntimeError, NotImplementedError, ValueError, TypeError, IndexError) as e:
                 raise FissionError(f"{what} fails on its part inputs: {e}") from None
         known = {StorageWeakRef(self._bases[g.tensors[t].storage].untyped_storage()): i
@@ -679,7 +679,7 @@ class _Expander:
         rule, label = self.rules[v], labels[v]
         fid, component = region
         try:
-            call = split_node_args(g, v, rule, label, n, k)
+            call = _part_call(g, v, rule, label, n, k)
         except ValueError as e:
             raise FissionError(f"{describe_node(g, v)} cannot be split along {label!r} into {n}: "
                                f"{e}") from None
@@ -802,7 +802,34 @@ _UNMEMOIZED = ("resize", "set_")
 _PLAIN = (bool, int, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
 
 
-def _memo_key(g: Graph, probe: Node, inputs: Sequence[int]) -> tuple[Any, ...] | None:
+_PART_CALL = "fission.expand.part_call"   # Node.memo key: {(label, n, k): (rule, metas, PartCall)}
+
+
+def _part_call(g: Graph, v: int, rule: DimRule, label: str, n: int, k: int) -> PartCall:
+    """split_node_args(g, v, rule, label, n, k), memoized per node object: it reads the node, the
+    rule and the metas of the node's tensors only, so a node expanded again (another state of
+    an optimizer search) with an equal rule and equal metas gets the same part call."""
+    node = g.nodes[v]
+    tensors = g.tensors
+    metas = tuple([tensors[t] for t in node.input_tuple] + [tensors[t] for t in node.output_tuple])
+    calls = node.memo.setdefault(_PART_CALL, {})
+    found = calls.get((label, n, k))
+    if found is not None and (found[0] is rule or found[0] == rule) and found[1] == metas:
+        return found[2]
+    call = split_node_args(g, v, rule, label, n, k)
+    calls[(label, n, k)] = (rule, metas, call)
+    return call
+
+
+def _input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int]:
+    """The tensor ids an op call reads, in argument order, without repeats (Node.input_ids)."""
+    seen = dict.fromkeys(ref.id for ref in iter_refs(args))
+    seen.update(dict.fromkeys(ref.id for ref in iter_refs(kwargs)))
+    return list(seen)
+
+
+def _memo_key(g: Graph, op: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+              inputs: Sequence[int]) -> tuple[Any, ...] | None:
     """What the output layouts of an op call can depend on, or None (never memoized).
 
     The op, its arguments with each tensor replaced by its position among the inputs (scalars
@@ -810,7 +837,7 @@ def _memo_key(g: Graph, probe: Node, inputs: Sequence[int]) -> tuple[Any, ...] |
     storage offset, storage size and the first input sharing its storage. Runs of the same
     key on FakeTensors give the same outputs up to the renaming of input storages.
     """
-    parts = probe.op.split(".")
+    parts = op.split(".")
     if len(parts) != 3 or parts[2].startswith("out") or any(w in parts[1] for w in _UNMEMOIZED):
         return None
     position = {t: i for i, t in enumerate(inputs)}
@@ -821,11 +848,10 @@ def _memo_key(g: Graph, probe: Node, inputs: Sequence[int]) -> tuple[Any, ...] |
         layouts.append((meta.shape, meta.stride, meta.dtype, meta.storage_offset,
                         g.storages[meta.storage], first.setdefault(meta.storage, i)))
     try:
-        args = _encode(probe.args, position)
-        kwargs = _encode(probe.kwargs, position)
+        encoded = _encode(args, position), _encode(kwargs, position)
     except _Unhashable:
         return None
-    return probe.op, args, kwargs, tuple(layouts)
+    return op, *encoded, tuple(layouts)
 
 
 class _Unhashable(Exception):
