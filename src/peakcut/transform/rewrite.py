@@ -81,6 +81,9 @@ class IdAllocator:
 # ------------------------------------------------------------------ structure
 def ancestors(g: Graph, nid: int) -> set[int]:
     """Every node that must run before `nid` (data and control dependencies, transitively)."""
+    producer = g.producer_map()
+    nodes = g.nodes
+    control = g.control
     seen: set[int] = set()
     stack = list(g.predecessors(nid))
     while stack:
@@ -88,7 +91,12 @@ def ancestors(g: Graph, nid: int) -> set[int]:
         if p in seen:
             continue
         seen.add(p)
-        stack.extend(g.predecessors(p))
+        # g.predecessors(p), inlined: producers of p's inputs and p's control dependencies
+        for t in nodes[p].input_tuple:
+            q = producer.get(t)
+            if q is not None and q not in seen:
+                stack.append(q)
+        stack.extend(control.get(p, ()))
     return seen
 
 

@@ -50,10 +50,13 @@ def _input(g: Graph, nid: int) -> int | None:
     return n.args[0].id if n.args and isinstance(n.args[0], TensorRef) else None
 
 
-def _why_not_node(g: Graph, order: Sequence[int], node: int, ops: Sequence[str]) -> str | None:
+def _why_not_node(g: Graph, order: Sequence[int], node: int, ops: Sequence[str],
+                  checked: bool = False) -> str | None:
+    """Why `node` is not a one-tensor-to-one-tensor node of `ops` on (g, order). checked: the
+    caller has already verified that `order` is an order of g (skips that O(nodes) test)."""
     if node not in g.nodes:
         return f"node {node} is not in the graph"
-    stale = check_order_matches(g, order)
+    stale = None if checked else check_order_matches(g, order)
     if stale:
         return stale
     n = g.nodes[node]
@@ -92,8 +95,9 @@ def _permutation(g: Graph, nid: int) -> list[int] | None:
     return None
 
 
-def _plan_transposes(g: Graph, order: Sequence[int], node: int) -> tuple[int, int] | str:
-    reason = _why_not_node(g, order, node, TRANSPOSES)
+def _plan_transposes(g: Graph, order: Sequence[int], node: int,
+                     checked: bool = False) -> tuple[int, int] | str:
+    reason = _why_not_node(g, order, node, TRANSPOSES, checked)
     if reason:
         return reason
     what = describe_node(g, node)
@@ -113,9 +117,11 @@ def _plan_transposes(g: Graph, order: Sequence[int], node: int) -> tuple[int, in
     return _why_not_dropped(g, out) or (inner, x)
 
 
-def why_not_cancel_transposes(g: Graph, order: Sequence[int], node: int) -> str | None:
-    """Why the transpose `node` of a transpose cannot be cancelled (None when it can)."""
-    plan = _plan_transposes(g, order, node)
+def why_not_cancel_transposes(g: Graph, order: Sequence[int], node: int, *,
+                              checked: bool = False) -> str | None:
+    """Why the transpose `node` of a transpose cannot be cancelled (None when it can).
+    checked: the caller has already verified that `order` is an order of g."""
+    plan = _plan_transposes(g, order, node, checked)
     return plan if isinstance(plan, str) else None
 
 
@@ -137,8 +143,9 @@ def cancel_transposes(g: Graph, order: Sequence[int], node: int) -> Rewrite:
 
 
 # ------------------------------------------------------------------ views
-def _plan_views(g: Graph, order: Sequence[int], node: int) -> tuple[int, int] | str:
-    reason = _why_not_node(g, order, node, VIEWS)
+def _plan_views(g: Graph, order: Sequence[int], node: int,
+                checked: bool = False) -> tuple[int, int] | str:
+    reason = _why_not_node(g, order, node, VIEWS, checked)
     if reason:
         return reason
     what = describe_node(g, node)
@@ -163,9 +170,11 @@ def _plan_views(g: Graph, order: Sequence[int], node: int) -> tuple[int, int] | 
     return inner, x
 
 
-def why_not_fold_views(g: Graph, order: Sequence[int], node: int) -> str | None:
-    """Why the view `node` of a view cannot read the inner view's input (None when it can)."""
-    plan = _plan_views(g, order, node)
+def why_not_fold_views(g: Graph, order: Sequence[int], node: int, *,
+                       checked: bool = False) -> str | None:
+    """Why the view `node` of a view cannot read the inner view's input (None when it can).
+    checked: the caller has already verified that `order` is an order of g."""
+    plan = _plan_views(g, order, node, checked)
     return plan if isinstance(plan, str) else None
 
 
@@ -193,9 +202,10 @@ IDENTITY_OPS = ("aten.alias.default", "aten.detach.default", *_SAME_SHAPE_VIEWS,
                 *_ONE_OPS)
 
 
-def _plan_identity(g: Graph, order: Sequence[int], node: int) -> tuple[int, bool] | str:
+def _plan_identity(g: Graph, order: Sequence[int], node: int,
+                   checked: bool = False) -> tuple[int, bool] | str:
     """(x, is_view) when `node` returns x as it is."""
-    reason = _why_not_node(g, order, node, IDENTITY_OPS)
+    reason = _why_not_node(g, order, node, IDENTITY_OPS, checked)
     if reason:
         return reason
     n = g.nodes[node]
@@ -238,9 +248,11 @@ def _plan_identity(g: Graph, order: Sequence[int], node: int) -> tuple[int, bool
     return _why_not_dropped(g, out) or (x, True)
 
 
-def why_not_drop_identity(g: Graph, order: Sequence[int], node: int) -> str | None:
-    """Why `node` cannot be dropped as an identity (None when it can)."""
-    plan = _plan_identity(g, order, node)
+def why_not_drop_identity(g: Graph, order: Sequence[int], node: int, *,
+                          checked: bool = False) -> str | None:
+    """Why `node` cannot be dropped as an identity (None when it can).
+    checked: the caller has already verified that `order` is an order of g."""
+    plan = _plan_identity(g, order, node, checked)
     return plan if isinstance(plan, str) else None
 
 

@@ -11,12 +11,15 @@ Sites:
   node where the rule applies, in order.
 Only sites whose why_not_* says None are returned. Candidates of the different kinds are
 interleaved (the first of each kind, then the second of each, ...) so that a limit keeps some
-of every kind.
+of every kind. Each kind's sites are found lazily (cheap ordering keys first, the costly
+why_not_* only on the sites pulled), so a small limit validates each kind's sites only up to
+the last one it keeps (all of them for a kind with fewer applicable sites), with the same
+result as validating every site.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from peakcut.ir.graph import Graph
@@ -108,45 +111,69 @@ def merge_groups(g: Graph) -> list[tuple[int, ...]]:
     return sorted(found, key=lambda v: (pos[v[0]], v))
 
 
-def _found(g: Graph, order: Sequence[int], kind: str) -> list[TasoCandidate]:
-    out: list[TasoCandidate] = []
-    if kind == "merge_matmuls":
-        for nodes in merge_groups(g):
-            plan = matmul.plan_merge(g, order, nodes)
-            if not isinstance(plan, str):
-                out.append(TasoCandidate(kind, nodes, matmul.merge_summary(g, plan)))
-        return out
-    if kind == "split_matmul":
-        merged, plain = [], []
-        for nid in g.order:
-            if g.nodes[nid].op not in matmul.MATMULS:
-                continue
-            m = matmul.parse_matmul(g, nid)
-            if isinstance(m, str):
-                continue
-            info = matmul.merged_info(g, nid)
-            if info is not None:
-                if matmul.why_not_split_matmul(g, order, nid) is None:
-                    merged.append(TasoCandidate(kind, (nid,), (
-                        f"un-merge {describe_node(g, nid)} into {len(info['sizes'])} matmuls: "
-                        f"1 matmul launch becomes {len(info['sizes'])}, its concatenations go")))
-            elif g.tensors[m.out].shape[-1] >= 2 and (
-                    matmul.why_not_split_matmul(g, order, nid, 2) is None):
-                parts = matmul.near_equal_parts(g.tensors[m.out].shape[-1], 2)
-                plain.append((-g.tensors[m.out].nbytes, TasoCandidate(
-                    kind, (nid,), f"split {describe_node(g, nid)} into {list(parts)} output "
-                    "features: 1 matmul launch becomes 2, plus weight slices and a cat of "
-                    f"the {g.tensors[m.out].nbytes:,}-byte result", parts)))
-        return merged + [c for _, c in sorted(plain, key=lambda p: p[0])]
-    why_not, _apply, ops = _SINGLE[kind]
+# The site generators run the why_not_* with checked=True: taso_candidates has verified that
+# `order` is an order of g (check_candidate_query) and consumes them before returning.
+def _merge_sites(g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+    """Maximal merge groups (merge_groups) whose plan_merge succeeds, validated as pulled."""
+    for nodes in merge_groups(g):
+        plan = matmul.plan_merge(g, order, nodes, checked=True)
+        if not isinstance(plan, str):
+            yield TasoCandidate("merge_matmuls", nodes, matmul.merge_summary(g, plan))
+
+
+def _split_sites(g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+    """Merged nodes (un-merge) in capture order, then the other matmuls, largest output first
+    (stable): sorted on the cheap key first, validated one by one as they are pulled."""
+    kind = "split_matmul"
+    merged: list[tuple[int, dict]] = []
+    plain: list[tuple[int, int, matmul.Matmul]] = []
     for nid in g.order:
-        if g.nodes[nid].op in ops and why_not(g, order, nid) is None:
+        if g.nodes[nid].op not in matmul.MATMULS:
+            continue
+        m = matmul.parse_matmul(g, nid)
+        if isinstance(m, str):
+            continue
+        info = matmul.merged_info(g, nid)
+        if info is not None:
+            merged.append((nid, info))
+        elif g.tensors[m.out].shape[-1] >= 2:
+            plain.append((-g.tensors[m.out].nbytes, nid, m))
+    for nid, info in merged:
+        if matmul.why_not_split_matmul(g, order, nid, checked=True) is None:
+            yield TasoCandidate(kind, (nid,), (
+                f"un-merge {describe_node(g, nid)} into {len(info['sizes'])} matmuls: "
+                f"1 matmul launch becomes {len(info['sizes'])}, its concatenations go"))
+    plain.sort(key=lambda p: p[0])
+    for _, nid, m in plain:
+        if matmul.why_not_split_matmul(g, order, nid, 2, checked=True) is None:
+            parts = matmul.near_equal_parts(g.tensors[m.out].shape[-1], 2)
+            yield TasoCandidate(
+                kind, (nid,), f"split {describe_node(g, nid)} into {list(parts)} output "
+                "features: 1 matmul launch becomes 2, plus weight slices and a cat of "
+                f"the {g.tensors[m.out].nbytes:,}-byte result", parts)
+
+
+def _single_sites(g: Graph, order: Sequence[int], kind: str) -> Iterator[TasoCandidate]:
+    """Nodes where the one-node rule `kind` applies, in order; for drop_identity the
+    identities that run a kernel first, then the views (each group in order)."""
+    why_not, _apply, ops = _SINGLE[kind]
+    sites = [nid for nid in g.order if g.nodes[nid].op in ops]
+    if kind == "drop_identity":   # stable: kernel identities first, then views
+        sites.sort(key=lambda nid: is_view_op(g.nodes[nid].op))
+    for nid in sites:
+        if why_not(g, order, nid, checked=True) is None:
             effect = ("no kernel changes (views only)" if is_view_op(g.nodes[nid].op)
                       else "one elementwise kernel fewer")
-            out.append(TasoCandidate(kind, (nid,), f"{kind} at {describe_node(g, nid)}: {effect}"))
-    if kind == "drop_identity":   # identities that run a kernel first, then views
-        out.sort(key=lambda c: is_view_op(g.nodes[c.nodes[0]].op))
-    return out
+            yield TasoCandidate(kind, (nid,), f"{kind} at {describe_node(g, nid)}: {effect}")
+
+
+def _sites(g: Graph, order: Sequence[int], kind: str) -> Iterator[TasoCandidate]:
+    """The applicable sites of `kind`, lazily, in the order the module docstring gives."""
+    if kind == "merge_matmuls":
+        return _merge_sites(g, order)
+    if kind == "split_matmul":
+        return _split_sites(g, order)
+    return _single_sites(g, order, kind)
 
 
 def taso_candidates(g: Graph, order: Sequence[int], limit: int = 32,
@@ -155,11 +182,16 @@ def taso_candidates(g: Graph, order: Sequence[int], limit: int = 32,
     the order of `kinds` (first of each kind, then second of each, ...), each kind's sites in
     the order the module docstring gives. Deterministic for a given graph."""
     check_candidate_query(g, order, kinds, KINDS, limit, "TASO candidate")
-    per_kind = [_found(g, order, k) for k in dict.fromkeys(kinds)]
+    live = [_sites(g, order, k) for k in dict.fromkeys(kinds)]
     out: list[TasoCandidate] = []
-    depth = max((len(c) for c in per_kind), default=0)
-    for i in range(depth):
-        for found in per_kind:
-            if i < len(found) and len(out) < limit:
-                out.append(found[i])
+    while live and len(out) < limit:   # one round: the next site of each kind left
+        still: list[Iterator[TasoCandidate]] = []
+        for sites in live:
+            if len(out) >= limit:
+                break
+            found = next(sites, None)
+            if found is not None:
+                out.append(found)
+                still.append(sites)
+        live = still
     return out

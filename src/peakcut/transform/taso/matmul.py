@@ -120,7 +120,7 @@ def _why_not_output(g: Graph, m: Matmul) -> str | None:
     what = describe_node(g, m.node)
     if m.out in g.outputs:
         return f"its output {describe_tensor(g, m.out)} is a program output"
-    if meta.storage in g.caller_held_storages() or g.storage_owner().get(meta.storage) != m.node:
+    if meta.storage in g.caller_held_storages() or g.storage_owner_of(meta.storage) != m.node:
         return f"the output of {what} lives in memory it does not allocate"
     written = writers_of(g, {meta.storage}).get(meta.storage)
     if written:
@@ -243,8 +243,11 @@ def _sum_tree(g: Graph, mms: Sequence[Matmul]) -> _SumTree | str:
                     rest[0] if rest else None)
 
 
-def plan_merge(g: Graph, order: Sequence[int], nodes: Sequence[int]) -> MergePlan | str:
-    stale = check_order_matches(g, order)
+def plan_merge(g: Graph, order: Sequence[int], nodes: Sequence[int], *,
+               checked: bool = False) -> MergePlan | str:
+    """How the matmuls `nodes` merge, or why they cannot. checked: the caller has already
+    verified that `order` is an order of g (skips that O(nodes) test)."""
+    stale = None if checked else check_order_matches(g, order)
     if stale:
         return stale
     nodes = list(dict.fromkeys(nodes))
@@ -489,8 +492,8 @@ def merged_info(g: Graph, nid: int) -> dict | None:
 
 
 def _plan_split(g: Graph, order: Sequence[int], node: int,
-                parts: int | Sequence[int] | None) -> _SplitPlan | str:
-    stale = check_order_matches(g, order)
+                parts: int | Sequence[int] | None, checked: bool = False) -> _SplitPlan | str:
+    stale = None if checked else check_order_matches(g, order)
     if stale:
         return stale
     m = parse_matmul(g, node)
@@ -544,9 +547,11 @@ def _plan_split(g: Graph, order: Sequence[int], node: int,
 
 
 def why_not_split_matmul(g: Graph, order: Sequence[int], node: int,
-                         parts: int | Sequence[int] | None = None) -> str | None:
-    """Why `node` cannot be split (None when split_matmul applies)."""
-    plan = _plan_split(g, order, node, parts)
+                         parts: int | Sequence[int] | None = None, *,
+                         checked: bool = False) -> str | None:
+    """Why `node` cannot be split (None when split_matmul applies). checked: the caller has
+    already verified that `order` is an order of g."""
+    plan = _plan_split(g, order, node, parts, checked)
     return plan if isinstance(plan, str) else None
 
 
