@@ -10,6 +10,7 @@ import random
 from collections import deque
 from collections.abc import Sequence
 
+from peakcut.analysis.memory import MemoryProfile
 from peakcut.fission.analyzer import (
     DEFAULT_LEVELS,
     ComponentView,
@@ -27,10 +28,15 @@ from peakcut.ir.tensor import Role
 MIN_COMPONENT_NODES = 8  # smaller components are not worth a fission candidate
 
 
-def memory_view(g: Graph, order: Sequence[int] | None = None) -> MemoryView:
-    """Allocations, reads and hot-spots (storages live at the simulated peak) of `order`."""
+def memory_view(g: Graph, order: Sequence[int] | None = None,
+                profile: MemoryProfile | None = None) -> MemoryView:
+    """Allocations, reads and hot-spots (storages live at the simulated peak) of `order`.
+
+    profile: g.simulate(order), when the caller has it already.
+    """
     order = list(g.order if order is None else order)
-    profile = g.simulate(order)
+    if profile is None:
+        profile = g.simulate(order)
     allocs: dict[int, dict[int, int]] = {}
     for s, (first, _) in profile.storage_lifetime.items():
         if first >= 0:
@@ -176,8 +182,10 @@ def analyze(g: Graph, order: Sequence[int] | None = None, levels: int = DEFAULT_
         trimmed = trim_views(g, convex_core(g, region))
         return trimmed if why_not_valid(g, dgraph, trimmed, by_view[id(view)]) is None else None
 
-    mem = memory_view(g, order)
-    return build_ftree(views, mem, levels, valid=valid, extra=_peak_candidates(g, order, views)), dgraph
+    profile = g.simulate(list(g.order if order is None else order))
+    mem = memory_view(g, order, profile)
+    extra = _peak_candidates(g, order, views, profile)
+    return build_ftree(views, mem, levels, valid=valid, extra=extra), dgraph
 
 
 def random_ftree(g: Graph, order: Sequence[int] | None = None, seed: int = 0, count: int = 8,
@@ -233,8 +241,9 @@ def best_root_at_two(g: Graph, tree: FTree, dgraph: DGraph,
     return best
 
 
-def _peak_candidates(g: Graph, order: Sequence[int] | None,
-                     views: list[ComponentView]) -> list[tuple[frozenset[int], ComponentView, int]]:
+def _peak_candidates(g: Graph, order: Sequence[int] | None, views: list[ComponentView],
+                     profile: MemoryProfile | None = None,
+                     ) -> list[tuple[frozenset[int], ComponentView, int]]:
     """The op running at the peak, alone, when a component carries it (beyond Algorithm 1).
 
     Dominator subtrees are built from what the step keeps alive; the op at the
@@ -244,5 +253,7 @@ def _peak_candidates(g: Graph, order: Sequence[int] | None,
     only when it is a valid F-Trans.
     """
     order = list(g.order if order is None else order)
-    peak = order[g.simulate(order).peak_index] if order else None
+    if profile is None and order:
+        profile = g.simulate(order)
+    peak = order[profile.peak_index] if order and profile is not None else None
     return [(frozenset({peak}), view, peak) for view in views if peak in view.labels]

@@ -10,8 +10,9 @@ Lengths. A label may sit on a dimension that merges it with others (the
 batch inside a flattened batch x sequence dimension): splitting that label
 in n cuts every dimension carrying it into n contiguous equal slices. A
 component's length is the gcd of every length its labels carry
-(peakcut.ir.dims.label_sizes). A fission number n must divide it, so every
-dimension of the component is cut evenly.
+(peakcut.ir.dims.label_sizes; label_lengths gives their gcd per label). A
+fission number n must divide it, so every dimension of the component is cut
+evenly.
 Nodes without a rule (opaque, random, unprovable) have no vertices and are
 never split.
 """
@@ -22,7 +23,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from peakcut.ir.dims import DimRule, dim_rule, label_sizes
+from peakcut.ir.dims import DimRule, dim_rule
+from peakcut.ir.dims.split import label_lengths
 from peakcut.ir.graph import Graph
 
 Vertex = tuple[int, str]  # (node id, axis label)
@@ -42,27 +44,6 @@ class Component:
         return frozenset(self.labels)
 
 
-class _UnionFind:
-    def __init__(self) -> None:
-        self.parent: dict[Vertex, Vertex] = {}
-
-    def add(self, v: Vertex) -> None:
-        self.parent.setdefault(v, v)
-
-    def find(self, v: Vertex) -> Vertex:
-        root = v
-        while self.parent[root] != root:
-            root = self.parent[root]
-        while self.parent[v] != root:
-            self.parent[v], v = root, self.parent[v]
-        return root
-
-    def union(self, a: Vertex, b: Vertex) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[ra] = rb
-
-
 @dataclass(frozen=True)
 class DGraph:
     """Rules per node, the D-Graph's edges and its components."""
@@ -71,6 +52,26 @@ class DGraph:
     edges: frozenset[tuple[Vertex, Vertex]]
     components: tuple[Component, ...]
     component_of: dict[Vertex, int]
+    _node_edges: dict[int, frozenset[tuple[int, int]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+
+    def node_edges(self, component: Component) -> frozenset[tuple[int, int]]:
+        """(producer, reader) node pairs of the edges inside `component`.
+
+        Grouped for every component in one pass over the edges, the first time a
+        component of this D-Graph is asked for; any other Component is filtered afresh.
+        """
+        if not (0 <= component.id < len(self.components)
+                and self.components[component.id] is component):
+            return frozenset((a[0], b[0]) for a, b in self.edges
+                             if a in component.vertices and b in component.vertices)
+        if not self._node_edges:
+            grouped: dict[int, set[tuple[int, int]]] = {}
+            component_of = self.component_of
+            for a, b in self.edges:   # both ends of an edge lie in one component
+                grouped.setdefault(component_of[a], set()).add((a[0], b[0]))
+            self._node_edges.update({k: frozenset(e) for k, e in grouped.items()})
+        return self._node_edges.get(component.id, frozenset())
 
     def component_at(self, node: int, label: str) -> Component | None:
         k = self.component_of.get((node, label))
@@ -83,44 +84,73 @@ class DGraph:
 
 
 def build_dgraph(g: Graph, nodes: Iterable[int] | None = None) -> DGraph:
-    """The D-Graph of `g` (or of the sub-graph induced by `nodes`)."""
+    """The D-Graph of `g` (or of the sub-graph induced by `nodes`).
+
+    Rules and label lengths come from the nodes' memos (dim_rule, label_lengths):
+    a graph that shares most Node objects with one analysed before rebuilds only
+    its edges and components.
+    """
     members = list(g.order if nodes is None else nodes)
-    inside = set(members)
     rules = {nid: r for nid in members if (r := dim_rule(g, nid)) is not None}
-    uf = _UnionFind()
+    parent: dict[Vertex, Vertex] = {}
     lengths: dict[Vertex, int] = {}
     for nid, rule in rules.items():
-        for label, sizes in label_sizes(g, nid, rule).items():
-            length = math.gcd(*sizes) if sizes else 0
+        for label, length in label_lengths(g, nid, rule).items():
             if length > 1:
-                uf.add((nid, label))
-                lengths[(nid, label)] = length
+                v = (nid, label)
+                parent[v] = v
+                lengths[v] = length
+
+    def find(v: Vertex) -> Vertex:
+        root = v
+        while (up := parent[root]) != root:
+            root = up
+        while (up := parent[v]) != root:
+            parent[v] = root
+            v = up
+        return root
+
     edges: set[tuple[Vertex, Vertex]] = set()
+    graph_nodes = g.nodes
+    producer = g.producer_map()
     for nid, rule in rules.items():
-        node = g.nodes[nid]
-        for t, dims in zip(node.input_ids(), rule.inputs, strict=False):
-            u = g.producer(t)
-            if u is None or u not in inside or u not in rules:
+        for t, dims in zip(graph_nodes[nid].input_tuple, rule.inputs, strict=False):
+            u = producer.get(t)
+            rule_u = None if u is None else rules.get(u)   # only members have rules
+            if rule_u is None:
                 continue
-            k = g.nodes[u].outputs.index(t)
-            for lab_v, lab_u in zip(dims, rules[u].outputs[k], strict=False):
+            k = graph_nodes[u].outputs.index(t)
+            for lab_v, lab_u in zip(dims, rule_u.outputs[k], strict=False):
+                if lab_u is None or lab_v is None:
+                    continue
                 a, b = (u, lab_u), (nid, lab_v)
-                if lab_u is None or lab_v is None or a not in lengths or b not in lengths:
+                if a not in lengths or b not in lengths:
                     continue
                 edges.add((a, b))
-                uf.union(a, b)
+                ra, rb = find(a), find(b)
+                if ra != rb:
+                    parent[ra] = rb
     groups: dict[Vertex, list[Vertex]] = {}
     for v in lengths:
-        groups.setdefault(uf.find(v), []).append(v)
+        root = find(v)
+        found = groups.get(root)
+        if found is None:
+            groups[root] = [v]
+        else:
+            found.append(v)
     components = []
     component_of: dict[Vertex, int] = {}
     for k, verts in enumerate(sorted(groups.values(), key=lambda vs: (-len(vs), min(vs)))):
         labels: dict[int, list[str]] = {}
-        for nid, lab in verts:
-            labels.setdefault(nid, []).append(lab)
-            component_of[(nid, lab)] = k
         length = 0
         for v in verts:
+            nid, lab = v
+            found_labels = labels.get(nid)
+            if found_labels is None:
+                labels[nid] = [lab]
+            else:
+                found_labels.append(lab)
+            component_of[v] = k
             length = math.gcd(length, lengths[v])
         components.append(Component(k, frozenset(verts), length,
                                     {nid: tuple(sorted(labs)) for nid, labs in labels.items()}))

@@ -131,8 +131,7 @@ def why_not_valid(g: Graph, dgraph: DGraph, nodes: Iterable[int], component: Com
     # 1. weakly connected, 3. every inner edge is a D-edge
     inner = rx.PyGraph()
     index = {v: inner.add_node(v) for v in S}
-    d_edges = {(a[0], b[0]) for a, b in dgraph.edges
-               if a in component.vertices and b in component.vertices}
+    d_edges = dgraph.node_edges(component)
     for v in S:
         for p in g.predecessors(v):
             if p in S:

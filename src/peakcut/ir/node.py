@@ -77,7 +77,9 @@ class Node:
     input_tuple / output_tuple (what input_ids() / output_ids() return, as tuples,
     for hot loops that only read them), the tensors it writes in place
     (mutated_ids), and `memo`, where other modules keep values that are pure
-    functions of op, args and kwargs (keyed by a name of their own).
+    functions of op, args and kwargs (keyed by a name of their own), or of those and
+    what they read from a graph, kept with the memo entry and compared on reuse (the
+    node's tensor metas: dim_rule, label_lengths, expand's part calls).
     """
 
     id: int

@@ -11,6 +11,7 @@ well as run it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -103,6 +104,28 @@ def label_sizes(g: Graph, nid: int, rule: DimRule) -> dict[Label, set[int]]:
             if d is not None:
                 sizes[d].add(s)
     return sizes
+
+
+_LENGTHS_MEMO = "dims.label_lengths"  # node.memo key: (metas read, rule, lengths)
+
+
+def label_lengths(g: Graph, nid: int, rule: DimRule) -> Mapping[Label, int]:
+    """Per label of `rule`, the gcd of label_sizes (0 for a label that carries no length).
+
+    A split by n > 1 is valid iff n divides a length that is not 0. Read-only. Memoized per node object, like
+    dim_rule: reused while the rule is the same and the graph holds equal metas for
+    the node's tensors (label_sizes reads nothing else from the graph).
+    """
+    node = g.nodes[nid]
+    tensors = g.tensors
+    metas = tuple([tensors[t] for t in node.input_tuple] + [tensors[t] for t in node.output_tuple])
+    memo = node.memo.get(_LENGTHS_MEMO)
+    if memo is not None and (memo[1] is rule or memo[1] == rule) and memo[0] == metas:
+        return memo[2]
+    lengths = MappingProxyType({label: math.gcd(*sizes) if sizes else 0
+                                for label, sizes in label_sizes(g, nid, rule).items()})
+    node.memo[_LENGTHS_MEMO] = (metas, rule, lengths)
+    return lengths
 
 
 def can_split(g: Graph, nid: int, rule: DimRule, label: Label, n: int) -> bool:

@@ -1,4 +1,13 @@
-"""The op -> rule table and dim_rule(g, nid): the dimension rule of one node."""
+"""The op -> rule table and dim_rule(g, nid): the dimension rule of one node.
+
+A rule is a pure function of the node (op, arguments, which inputs it writes in
+place) and of the metadata of the tensors it reads and writes (their shapes and
+dtypes: all that Call.of takes from the graph). dim_rule keeps the last rule it
+built in the node's memo, with the TensorMeta objects it read, and reuses it
+while the graph still holds equal metas for those tensors: graphs derived by
+copying (e.g. TASO rewrites) share Node objects, so their unchanged nodes cost
+one tuple comparison each.
+"""
 
 from __future__ import annotations
 
@@ -35,13 +44,33 @@ NO_RULE: Mapping[str, str] = MappingProxyType({
 """Registry ops without a dimension rule, and why (dim_rule returns None for them)."""
 
 
+_MEMO = "dims.dim_rule"  # node.memo key: (metas read, rule or None)
+
+
 def dim_rule(g: Graph, nid: int) -> DimRule | None:
     """The dimension rule of node `nid`; None when the node is never split.
 
     None for ops without a rule (NO_RULE, opaque ops) and for calls a builder
     declines (e.g. boolean-mask indexing, attention with dropout). A rule may
     have no labels at all (e.g. arange): known, but nothing to split.
+    Memoized per node object while its tensors' metas stay equal (module doc).
     """
+    node = g.nodes[nid]
+    builder = BUILDERS.get(node.op)
+    if builder is None:
+        return None
+    tensors = g.tensors
+    metas = tuple([tensors[t] for t in node.input_tuple] + [tensors[t] for t in node.output_tuple])
+    memo = node.memo.get(_MEMO)
+    if memo is not None and memo[0] == metas:
+        return memo[1]
+    rule = build_rule(g, nid)
+    node.memo[_MEMO] = (metas, rule)
+    return rule
+
+
+def build_rule(g: Graph, nid: int) -> DimRule | None:
+    """dim_rule(g, nid) built afresh, without the node's memo."""
     node = g.nodes[nid]
     builder = BUILDERS.get(node.op)
     if builder is None:
