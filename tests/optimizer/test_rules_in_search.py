@@ -80,3 +80,21 @@ def test_taso_inside_an_enabled_region_is_refused_and_fission_survives_outside_r
         state = deriver.with_taso(split, site)
         assert state.fission(), state.applied
         exact(inst, state)
+
+
+def test_a_site_rewrites_a_base_once_for_every_state_on_it(case) -> None:
+    """States sharing a base share its rewrite at a site (Deriver.rebased): the same new base,
+    F-Tree and digest, and the child is what a fresh deriver builds."""
+    inst, root, _ = case
+    deriver = Deriver(get_cost_model("rtx3090"))
+    site = next(s for s in deriver.sites(root, 16) if s.kind == "merge_matmuls")
+    swap = next(m for m in moves(root, deriver, MoveSettings(fission=False, remat=False, taso=False),
+                                 random.Random(0)) if m.kind == "swap").build()
+    swap.extra.setdefault("base_digest", root.extra["base_digest"])
+    a, b = deriver.with_taso(root, site), deriver.with_taso(swap, site)
+    assert a.base is b.base and a.tree is b.tree
+    assert len(deriver.rewritten) == 1
+    fresh = Deriver(get_cost_model("rtx3090")).with_taso(swap, site)
+    assert (fresh.digest, fresh.peak_bytes, fresh.latency_s) == (b.digest, b.peak_bytes, b.latency_s)
+    assert fresh.extra["base_digest"] == b.extra["base_digest"]
+    exact(inst, b)

@@ -8,7 +8,8 @@
 - removing a recipe (de-remat, de-swap) replays the others from the expanded base;
 - a TASO-style rewrite changes the base: the F-Tree is rebuilt on it (the F-Tree
   update after a non-fission rewrite), the enabled nodes are carried over, and the
-  recipes are replayed.
+  recipes are replayed; the rewritten base and its F-Tree are made once per (base, site)
+  and shared by every state that applies the same site to the same base.
 Every derived program is simulated on the device cost model (timeline: compute and
 copy streams), which gives the state's peak and latency.
 
@@ -47,6 +48,17 @@ class DeriveError(ValueError):
     """A child state could not be built (the message says which rule and why)."""
 
 
+@dataclass(frozen=True)
+class Rebased:
+    """A base graph after a TASO-style rewrite: order, F-Tree (nothing enabled), D-Graph, digest."""
+
+    base: Graph
+    order: tuple[int, ...]
+    tree: FTree
+    dgraph: DGraph
+    digest: str
+
+
 @dataclass
 class Deriver:
     """What every derivation needs: the cost model, how F-Trees are built, timing stats."""
@@ -60,6 +72,7 @@ class Deriver:
     seconds: dict[str, list[float]] = field(default_factory=dict)   # kind -> durations
     memo: dict[tuple, list] = field(default_factory=dict)   # expand's FakeTensor-run memo
     taso_sites: dict[str, list[TasoCandidate]] = field(default_factory=dict)   # base digest -> sites
+    rewritten: dict[tuple[str, TasoCandidate], Rebased] = field(default_factory=dict)   # see rebased
 
     def record(self, kind: str, t0: float) -> None:
         """Note how long a step of this kind took since t0 (expected_seconds reads it)."""
@@ -181,22 +194,40 @@ class Deriver:
         inside = [v for v in site.nodes if v in region_nodes(parent.tree)]
         if inside:
             raise DeriveError(f"{site.description}: inside an enabled fission region")
-        try:
-            rw = site.apply(parent.base, parent.base_order)
-        except (RuleError, ValueError) as e:
-            raise DeriveError(f"{site.description}: {e}") from None
-        base, base_order = rw.graph, list(rw.order)
-        tree, dgraph = analyze(base, base_order, self.levels, batch_only=self.batch_only)
-        tree, lost = carry_enabled(parent.tree, tree)
+        new = self.rebased(parent, site)
+        base, base_order = new.base, list(new.order)
+        tree, lost = carry_enabled(parent.tree, new.tree)
+        dgraph = new.dgraph
         program, order = self.expanded(base, base_order, tree, dgraph)
         program, order, kept, dropped = self.replay(program, order, parent.recipes, region_nodes(tree))
         notes = [f"fission of F-Tree node {k} lost: no node of the new F-Tree covers its ops" for k in lost]
         state = self.finish(base, base_order, tree, dgraph, kept, program, order,
                             (*parent.applied, f"taso: {site.description}", *notes, *dropped),
                             parent.depth + 1)
-        state.extra["base_digest"] = computation_hash(base, base_order)
+        state.extra["base_digest"] = new.digest
         self.record("taso", t0)
         return state
+
+    def rebased(self, parent: State, site: TasoCandidate) -> Rebased:
+        """The parent's base rewritten at `site`, with its F-Tree (all disabled), D-Graph and
+        digest. Made once per (base, site): states that share a base (they differ in fission
+        or recipes only) offer the same sites, and the rewrite and Algorithm 1 on the new base
+        do not depend on the rest of the state."""
+        key = (parent.extra.get("base_digest", ""), site)
+        found = self.rewritten.get(key) if key[0] else None
+        if found is not None:
+            return found
+        try:
+            rw = site.apply(parent.base, parent.base_order)
+        except (RuleError, ValueError) as e:
+            raise DeriveError(f"{site.description}: {e}") from None
+        order = list(rw.order)
+        tree, dgraph = analyze(rw.graph, order, self.levels, batch_only=self.batch_only)
+        found = Rebased(rw.graph, tuple(order), tree, dgraph, computation_hash(rw.graph, order))
+        if key[0]:
+            self.rewritten[key] = found
+        return found
+
 
     def sites(self, state: State, limit: int) -> list[TasoCandidate]:
         """TASO-style sites of the state's base (found once per base graph)."""
