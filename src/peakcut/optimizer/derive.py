@@ -42,6 +42,7 @@ from peakcut.transform import Rewrite, RuleError, remat, swap, why_not_remat, wh
 from peakcut.transform.taso import TasoCandidate, taso_candidates
 
 RESCHEDULE_SECONDS = 0.3   # cap on one incremental reschedule (a fallback to a full one included)
+REBASED_KEPT = 16          # rewritten bases kept for reuse (each holds a graph, F-Tree and D-Graph)
 
 
 class DeriveError(ValueError):
@@ -225,6 +226,8 @@ class Deriver:
         tree, dgraph = analyze(rw.graph, order, self.levels, batch_only=self.batch_only)
         found = Rebased(rw.graph, tuple(order), tree, dgraph, computation_hash(rw.graph, order))
         if key[0]:
+            if len(self.rewritten) >= REBASED_KEPT:
+                del self.rewritten[next(iter(self.rewritten))]    # the oldest
             self.rewritten[key] = found
         return found
 
