@@ -79,8 +79,8 @@ class DGraph:
 
     def linked(self, u: int, v: int, component: Component) -> bool:
         """True when some edge of the component joins nodes u and v."""
-        return any((a[0], b[0]) in ((u, v), (v, u)) for a, b in self.edges
-                   if a in component.vertices and b in component.vertices)
+        pairs = self.node_edges(component)
+        return (u, v) in pairs or (v, u) in pairs
 
 
 def build_dgraph(g: Graph, nodes: Iterable[int] | None = None) -> DGraph:
