@@ -84,6 +84,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from peakcut.fission.dgraph import DGraph
 from peakcut.fission.ftree import FNode, FTree
+from peakcut.fission.reuse import ExpansionCache, Snapshot, Step
 from peakcut.ir.check import _check_node_shapes, check_graph
 from peakcut.ir.dims import CAT, SAME, DimRule, PartCall, split_node_args
 from peakcut.ir.graph import Graph
@@ -141,7 +142,8 @@ class _Out:
 
 def expand(g: Graph, order: Sequence[int], tree: FTree, dgraph: DGraph, *,
            check: bool = True, compact: bool = False,
-           memo: dict[tuple[Any, ...], list[Any]] | None = None) -> Expanded:
+           memo: dict[tuple[Any, ...], list[Any]] | None = None,
+           reuse: ExpansionCache | None = None) -> Expanded:
     """The unrolled graph of every enabled F-Tree node (see module doc); g is not modified.
 
     check: validate the expanded graph as Graph.check does (raising GraphError); a caller that
@@ -150,6 +152,8 @@ def expand(g: Graph, order: Sequence[int], tree: FTree, dgraph: DGraph, *,
     the module doc); the result is not a program.
     memo: the FakeTensor-run memo to use (share one across expansions of graphs of the same
     device; its entries are pure functions of their keys).
+    reuse: snapshots to start from and add to (peakcut.fission.reuse); the result is the same
+    as without.
     """
     order = list(order)
     if len(order) != len(g.nodes) or set(order) != set(g.nodes):
@@ -157,16 +161,37 @@ def expand(g: Graph, order: Sequence[int], tree: FTree, dgraph: DGraph, *,
                            "(not a permutation of the graph's nodes)")
     enabled = tree.enabled()
     children, roots = _nesting(g, enabled, dgraph)
-    expander = _Expander(g, order, dgraph.rules, compact, memo)
     by_id = {f.id: f for f in enabled}
+    start = None
+    if reuse is not None:
+        start = reuse.longest(g, order, dgraph, compact, _planned_steps(by_id, children, roots, compact))
+    expander = _Expander(g, order, dgraph.rules, compact, memo) if start is None else \
+        _Expander.resumed(start, compact, memo)
+    taken: list[Step] = [] if start is None else list(start.steps)
+    taken_parts: list[tuple[dict[int, int], ...]] = [] if start is None else list(start.parts)
+    position = 0
 
     def split(f: FNode, current: Mapping[int, int], path: Path) -> None:
+        nonlocal position
         here = [v for v in f.nodes if v in current]
         if not here:
             return
-        parts = expander.region(frozenset(current[v] for v in here),
-                                {current[v]: f.labels[v] for v in here}, f.n, f.id, path,
-                                f.component)
+        step = _step(f, path)
+        if position < len(taken):      # taken by the snapshot this expansion started from
+            if taken[position] != step:
+                raise RuntimeError(f"expansion snapshot out of step at F-Tree node {f.id}: "
+                                   "a region expanded differently from the same graph")
+            parts: Sequence[Mapping[int, int]] = taken_parts[position]
+        else:
+            parts = expander.region(frozenset(current[v] for v in here),
+                                    {current[v]: f.labels[v] for v in here}, f.n, f.id, path,
+                                    f.component)
+            if reuse is not None:
+                taken.append(step)
+                taken_parts.append(tuple(parts))
+                reuse.save(g, order, dgraph, compact, expander.snapshot(tuple(taken), tuple(taken_parts)),
+                           tuple(enabled))
+        position += 1
         for k, part in enumerate(parts):
             # views the parts do not need were not copied (they run whole after the parts)
             inner = {v: part[current[v]] for v in here if current[v] in part}
@@ -176,6 +201,36 @@ def expand(g: Graph, order: Sequence[int], tree: FTree, dgraph: DGraph, *,
     for root in roots:
         split(by_id[root], {v: v for v in by_id[root].nodes}, ())
     return expander.result(check)
+
+
+def _step(f: FNode, path: Path) -> Step:
+    """What decides the expansion of region f inside `path` (peakcut.fission.reuse)."""
+    return (f.id, f.n, path, f.nodes, id(f.labels), f.component)
+
+
+def expansion_steps(g: Graph, tree: FTree, dgraph: DGraph, *, compact: bool) -> list[Step]:
+    """The regions expand(g, ..., tree, dgraph, compact=compact) expands, in its order, as the
+    steps peakcut.fission.reuse keys snapshots by."""
+    enabled = tree.enabled()
+    children, roots = _nesting(g, enabled, dgraph)
+    return _planned_steps({f.id: f for f in enabled}, children, roots, compact)
+
+
+def _planned_steps(by_id: Mapping[int, FNode], children: Mapping[int, list[int]], roots: list[int],
+                   compact: bool) -> list[Step]:
+    """The regions expand() expands, in its order (a region whose nodes no part copied is
+    skipped there, which only makes the snapshot lookup miss)."""
+    steps: list[Step] = []
+
+    def walk(f: FNode, path: Path) -> None:
+        steps.append(_step(f, path))
+        for k in range(1 if compact else f.n):
+            for child in children[f.id]:
+                walk(by_id[child], (*path, (f.id, k)))
+
+    for root in roots:
+        walk(by_id[root], ())
+    return steps
 
 
 def _nesting(g: Graph, enabled: Sequence[FNode],
@@ -227,6 +282,27 @@ class _Expander:
         self._fake = FakeTensorMode(allow_non_fake_inputs=False)
         self._bases: dict[int, torch.Tensor] = {}   # storage id -> fake uint8 tensor spanning it
         self._memo: dict[tuple[Any, ...], list[_Layout | None]] = {} if memo is None else memo   # see _memo_key
+
+    @classmethod
+    def resumed(cls, snap: Snapshot, compact: bool,
+                memo: dict[tuple[Any, ...], list[_Layout | None]] | None) -> _Expander:
+        """An expander going on from a snapshot (its graph copied: snapshots stay as they are)."""
+        self = cls.__new__(cls)
+        self.g = snap.graph.copy()
+        self.compact = compact
+        self.order = list(snap.order)
+        self.rules = dict(snap.rules)
+        self.regions = list(snap.regions)
+        self._next = snap.next_id
+        self._fake = FakeTensorMode(allow_non_fake_inputs=False)
+        self._bases = {}
+        self._memo = {} if memo is None else memo
+        return self
+
+    def snapshot(self, steps: tuple[Step, ...], parts: tuple[tuple[dict[int, int], ...], ...]) -> Snapshot:
+        """This expander's state after `steps` (copies: the expander goes on)."""
+        return Snapshot(self.g.copy(), tuple(self.order), dict(self.rules), tuple(self.regions),
+                        self._next, steps, parts)
 
     # ------------------------------------------------------------ ids, fakes, nodes
     def _id(self) -> int:

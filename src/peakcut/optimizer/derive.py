@@ -6,10 +6,21 @@
   outside every enabled region, where the program keeps the base's ids), then the
   affected interval is rescheduled (Algorithm 2) and swaps/recomputes are placed;
 - removing a recipe (de-remat, de-swap) replays the others from the expanded base;
-- a TASO-style rewrite changes the base: the F-Tree is rebuilt on it (the F-Tree
-  update after a non-fission rewrite), the enabled nodes are carried over, and the
-  recipes are replayed; the rewritten base and its F-Tree are made once per (base, site)
-  and shared by every state that applies the same site to the same base.
+- a TASO-style rewrite changes the base. Where it adds nothing (drops an identity,
+  cancels transposes, folds views), touches no recipe, and touches a region's nodes only
+  to make them read a tensor of the same layout and storage (_outside), it is applied to
+  the parent's program directly (the same edit the base takes) and the state is
+  "pending": base, F-Tree and D-Graph stay the parent's until `resolve`, which the search
+  calls when it expands the state (MAGIS Algorithm 3 line 16: Analyze updates the F-Tree
+  of the state taken from the queue). resolve rewrites the base, rebuilds the F-Tree on it
+  (the F-Tree update after a non-fission rewrite) and carries the enabled nodes over; when
+  they cover the same nodes with the same labels, ids and n, the program and figures stand,
+  else the state is derived again on the new base (a new program, which the search judges
+  as a new state). Elsewhere the eager way: the base is rewritten, the F-Tree rebuilt, the
+  enabled nodes carried, the base expanded and the recipes replayed. Either way the
+  rewritten base and its F-Tree are made once per (base, site) and shared.
+- expansions of one base that start with the same regions share them
+  (peakcut.fission.reuse: snapshots after each region, the same result as without).
 Every derived program is simulated on the device cost model (timeline: compute and
 copy streams), which gives the state's peak and latency.
 
@@ -23,18 +34,20 @@ program that runs, and the figures reported.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 
 from peakcut.cost.protocol import CostModel
 from peakcut.fission.analyzer import DEFAULT_LEVELS
 from peakcut.fission.build import analyze
 from peakcut.fission.dgraph import DGraph
-from peakcut.fission.expand import FissionError, expand
+from peakcut.fission.expand import FissionError, expand, expansion_steps
 from peakcut.fission.ftree import FTree
+from peakcut.fission.reuse import ExpansionCache
 from peakcut.ir.graph import Graph, GraphError
+from peakcut.ir.node import Node, TensorRef, map_refs
 from peakcut.optimizer.compact import RepeatedCost
-from peakcut.optimizer.state import Recipe, State, computation_hash
+from peakcut.optimizer.state import PendingRebase, Recipe, State, computation_hash
 from peakcut.schedule import Problem, Reachability, incremental_schedule, place
 from peakcut.schedule.incremental import reschedule_interval
 from peakcut.simulate import simulate_timeline
@@ -74,6 +87,8 @@ class Deriver:
     memo: dict[tuple, list] = field(default_factory=dict)   # expand's FakeTensor-run memo
     taso_sites: dict[str, list[TasoCandidate]] = field(default_factory=dict)   # base digest -> sites
     rewritten: dict[tuple[str, TasoCandidate], Rebased] = field(default_factory=dict)   # see rebased
+    expansions: ExpansionCache = field(default_factory=ExpansionCache)    # see expanded
+    lazy_taso: bool = True     # TASO-style rewrites on the program where they can (see module doc)
 
     def record(self, kind: str, t0: float) -> None:
         """Note how long a step of this kind took since t0 (expected_seconds reads it)."""
@@ -104,14 +119,17 @@ class Deriver:
             return base, list(base_order)
         compact = self.compact if compact is None else compact
         try:
-            ex = expand(base, base_order, tree, dgraph, check=False, compact=compact, memo=self.memo)
+            ex = expand(base, base_order, tree, dgraph, check=False, compact=compact, memo=self.memo,
+                        reuse=self.expansions)
         except (FissionError, GraphError) as e:
             raise DeriveError(f"fission {[(f.id, f.n) for f in tree.enabled()]}: {e}") from None
         return ex.graph, list(ex.order)
 
     def exact(self, state: State) -> State:
         """`state` on the full expansion of its regions (itself when it is not compact): the
-        program that runs, with its simulated peak and latency."""
+        program that runs, with its simulated peak and latency. A pending state is resolved
+        first."""
+        state = self.resolve(state)
         if not state.compact:
             return state
         t0 = time.perf_counter()
@@ -189,48 +207,117 @@ class Deriver:
         return state
 
     def with_taso(self, parent: State, site: TasoCandidate) -> State:
-        """A TASO-style rewrite of the base; the F-Tree is rebuilt on the new base and the
-        enabled nodes carried over to the new nodes that cover the same ops."""
+        """A TASO-style rewrite of the base: on the parent's program where it can (a pending
+        state), else on the base, with the F-Tree rebuilt on it and the enabled nodes carried
+        over to the new nodes that cover the same ops (see module doc)."""
         t0 = time.perf_counter()
         inside = [v for v in site.nodes if v in region_nodes(parent.tree)]
         if inside:
             raise DeriveError(f"{site.description}: inside an enabled fission region")
-        new = self.rebased(parent, site)
-        base, base_order = new.base, list(new.order)
-        tree, lost = carry_enabled(parent.tree, new.tree)
-        dgraph = new.dgraph
-        program, order = self.expanded(base, base_order, tree, dgraph)
-        program, order, kept, dropped = self.replay(program, order, parent.recipes, region_nodes(tree))
-        notes = [f"fission of F-Tree node {k} lost: no node of the new F-Tree covers its ops" for k in lost]
-        state = self.finish(base, base_order, tree, dgraph, kept, program, order,
-                            (*parent.applied, f"taso: {site.description}", *notes, *dropped),
-                            parent.depth + 1)
-        state.extra["base_digest"] = new.digest
+        state = self._taso_on_program(parent, site) if self.lazy_taso else None
+        if state is None:
+            new = self.rebased(parent.extra.get("base_digest", ""), parent.base, parent.base_order, site,
+                               parent.tree, parent.dgraph)
+            state = self._on_rebased(new, parent.tree, parent.recipes,
+                                     (*parent.applied, f"taso: {site.description}"), parent.depth + 1)
         self.record("taso", t0)
         return state
 
-    def rebased(self, parent: State, site: TasoCandidate) -> Rebased:
-        """The parent's base rewritten at `site`, with its F-Tree (all disabled), D-Graph and
-        digest. Made once per (base, site): states that share a base (they differ in fission
-        or recipes only) offer the same sites, and the rewrite and Algorithm 1 on the new base
-        do not depend on the rest of the state."""
-        key = (parent.extra.get("base_digest", ""), site)
-        found = self.rewritten.get(key) if key[0] else None
+    def _taso_on_program(self, parent: State, site: TasoCandidate) -> State | None:
+        """The rewrite applied to the parent's program, when everything it touches is a base
+        node outside every region and recipe (a pending state); None where it is not."""
+        try:
+            rw = site.apply(parent.program, parent.order)
+        except (RuleError, ValueError):
+            return None
+        if not _outside(parent, rw):
+            return None
+        state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph, parent.recipes,
+                            rw.graph, list(rw.order), (*parent.applied, f"taso: {site.description}"),
+                            parent.depth + 1)
+        state.pending = PendingRebase(parent.base, tuple(parent.base_order),
+                                      parent.extra.get("base_digest", ""), site)
+        return state
+
+    def _on_rebased(self, new: Rebased, tree: FTree, recipes: tuple[Recipe, ...],
+                    applied: tuple[str, ...], depth: int) -> State:
+        """The state on a rewritten base: `tree`'s enabled nodes carried over, the base
+        expanded, the recipes replayed."""
+        carried, lost = carry_enabled(tree, new.tree)
+        base, base_order = new.base, list(new.order)
+        program, order = self.expanded(base, base_order, carried, new.dgraph)
+        program, order, kept, dropped = self.replay(program, order, recipes, region_nodes(carried))
+        notes = [f"fission of F-Tree node {k} lost: no node of the new F-Tree covers its ops" for k in lost]
+        state = self.finish(base, base_order, carried, new.dgraph, kept, program, order,
+                            (*applied, *notes, *dropped), depth)
+        state.extra["base_digest"] = new.digest
+        return state
+
+    def resolve(self, state: State) -> State:
+        """A pending state with its base rewritten and its F-Tree updated (see module doc):
+        the state itself when its enabled regions carry over unchanged, else the state
+        derived again on the new base. Raises DeriveError if the site fails on the base."""
+        pending = state.pending
+        if pending is None:
+            return state
+        t0 = time.perf_counter()
+        new = self.rebased(pending.base_digest, pending.base, pending.base_order, pending.site,
+                           state.tree, state.dgraph)
+        carried, lost = carry_enabled(state.tree, new.tree)
+        if not lost and _same_regions(state.tree, carried):
+            if new.dgraph is state.dgraph and state.compact:    # the F-Tree stood: so do expansions
+                self._carry_expansions(pending, new, state.tree)
+            state.base, state.base_order, state.tree, state.dgraph = (new.base, list(new.order), carried,
+                                                                      new.dgraph)
+            state.extra["base_digest"] = new.digest
+            state.pending = None
+            self.record("resolve", t0)
+            return state
+        derived = self._on_rebased(new, state.tree, state.recipes, state.applied, state.depth)
+        self.record("resolve", t0)
+        return derived
+
+    def _carry_expansions(self, pending: PendingRebase, new: Rebased, tree: FTree) -> None:
+        """Snapshots of the old base's compact expansion along `tree` edited into the new base's
+        (peakcut.fission.reuse.ExpansionCache.carry), where the site edits them alike."""
+        old = pending.base
+
+        def edit(graph: Graph, order: list[int]) -> tuple[Graph, list[int], tuple[int, ...]] | None:
+            try:
+                rw = pending.site.apply(graph, order)
+            except (RuleError, ValueError):
+                return None
+            return (rw.graph, list(rw.order), rw.removed) if _alike(graph, old, rw, set(), set()) else None
+
+        steps = expansion_steps(old, tree, new.dgraph, compact=True)
+        self.expansions.carry(old, pending.base_order, new.base, new.order, new.dgraph, steps, edit)
+
+    def rebased(self, digest: str, base: Graph, base_order: list[int] | tuple[int, ...],
+                site: TasoCandidate, tree: FTree, dgraph: DGraph) -> Rebased:
+        """`base` (of computation hash `digest`, F-Tree `tree`, D-Graph `dgraph`) rewritten at
+        `site`, with its F-Tree (all disabled), D-Graph and digest: the same tree and D-Graph
+        where the rewrite leaves every F-Tree node's dimensions alone (_kept_tree), else
+        Algorithm 1 on the new base. Made once per (base, site): states that share a base
+        (they differ in fission or recipes only) offer the same sites, and the rewrite and
+        the F-Tree update do not depend on the rest of the state."""
+        key = (digest, site)
+        found = self.rewritten.get(key) if digest else None
         if found is not None:
             return found
         try:
-            rw = site.apply(parent.base, parent.base_order)
+            rw = site.apply(base, list(base_order))
         except (RuleError, ValueError) as e:
             raise DeriveError(f"{site.description}: {e}") from None
         order = list(rw.order)
-        tree, dgraph = analyze(rw.graph, order, self.levels, batch_only=self.batch_only)
-        found = Rebased(rw.graph, tuple(order), tree, dgraph, computation_hash(rw.graph, order))
-        if key[0]:
+        kept = _kept_tree(base, rw, tree)
+        if kept is None:
+            kept, dgraph = analyze(rw.graph, order, self.levels, batch_only=self.batch_only)
+        found = Rebased(rw.graph, tuple(order), kept, dgraph, computation_hash(rw.graph, order))
+        if digest:
             if len(self.rewritten) >= REBASED_KEPT:
                 del self.rewritten[next(iter(self.rewritten))]    # the oldest
             self.rewritten[key] = found
         return found
-
 
     def sites(self, state: State, limit: int) -> list[TasoCandidate]:
         """TASO-style sites of the state's base (found once per base graph)."""
@@ -256,6 +343,89 @@ class Deriver:
         if result.peak_bytes < rw.graph.simulate(rw.order, self.workspace).peak_bytes:
             return list(result.order)
         return rw.order
+
+
+def _outside(parent: State, rw: Rewrite) -> bool:
+    """Whether a rewrite of parent's program is one the base takes alike (_alike), touching
+    no recipe's nodes or tensor."""
+    held = {v for r in parent.recipes for v in (r.node, *r.users)}
+    return _alike(parent.program, parent.base, rw, held, {r.tensor for r in parent.recipes})
+
+
+def _alike(program: Graph, base: Graph, rw: Rewrite, held: set[int], held_tensors: set[int]) -> bool:
+    """Whether rewrite rw of `program` (base with regions expanded, perhaps recipes applied)
+    is the edit it makes on `base`:
+    - it adds no node, tensor or storage (so no id of the program's part copies can meet an
+      id the base rewrite makes);
+    - the nodes it removes, and those it rewires, are base nodes outside every region and
+      not in `held`, or region nodes (part copies, slices, keep-aliases) rewired only to a
+      tensor of the same layout and storage (a view-only rewrite: the region reads the same
+      memory, and its original nodes are rewired alike in the base);
+    - the readers of tensors whose layout it changes are such nodes too, and no tensor of
+      `held_tensors` changes or goes.
+    Base nodes are compared by value: an earlier rewrite made on the program and on the base
+    apart gives equal nodes, not the same objects."""
+    if rw.added:
+        return False
+    new = rw.graph
+    if any(t not in program.tensors for t in new.tensors) or any(s not in program.storages
+                                                                for s in new.storages):
+        return False
+    if any(v in held or program.nodes[v] != base.nodes.get(v) for v in rw.removed):
+        return False
+    for v in rw.changed:
+        old = program.nodes[v]
+        if v in held or (old != base.nodes.get(v) and not (
+                _same_reads(program, old, new, new.nodes[v]) and program.control.get(v) == new.control.get(v))):
+            return False
+    moved = [t for t, meta in new.tensors.items() if program.tensors[t] is not meta]
+    if any(t in held_tensors for t in moved) or any(t not in new.tensors for t in held_tensors):
+        return False
+    changed = set(rw.changed)     # checked above
+    return all(u in changed or (u not in held and program.nodes[u] == base.nodes.get(u))
+               for t in moved for u in new.users(t))
+
+
+def _same_reads(ga: Graph, a: Node, gb: Graph, b: Node) -> bool:
+    """a (in ga) and b (in gb) are the same call on tensors of the same layouts and storages."""
+    def layout(g: Graph) -> Callable[[TensorRef], tuple]:
+        def of(ref: TensorRef) -> tuple:
+            m = g.tensors[ref.id]
+            return (m.shape, m.stride, m.storage_offset, m.dtype, m.storage)
+        return of
+
+    return ((a.op, a.outputs, a.multi_output, a.extra) == (b.op, b.outputs, b.multi_output, b.extra)
+            and map_refs(a.args, layout(ga)) == map_refs(b.args, layout(gb))
+            and map_refs(a.kwargs, layout(ga)) == map_refs(b.kwargs, layout(gb)))
+
+
+def _kept_tree(base: Graph, rw: Rewrite, tree: FTree) -> FTree | None:
+    """The F-Tree update after a rewrite of `base` that adds nothing, removes no node of any
+    F-Tree node and makes F-Tree nodes' nodes read tensors of the same layout and storage
+    only: every node's dimension rule, hence the D-Graph and the F-Tree, stand (the tree is
+    returned with every node disabled). None where the rewrite does anything else (Algorithm 1
+    then runs again)."""
+    new = rw.graph
+    if rw.added or any(t not in base.tensors for t in new.tensors):
+        return None
+    members: set[int] = set().union(*(f.nodes for f in tree.nodes))
+    if any(v in members for v in rw.removed):
+        return None
+    changed = set(rw.changed)
+    if any(v in members and not _same_reads(base, base.nodes[v], new, new.nodes[v]) for v in changed):
+        return None
+    moved = [t for t, meta in new.tensors.items() if base.tensors[t] is not meta]
+    if any(u in members and u not in changed for t in moved for u in new.users(t)):
+        return None
+    return FTree(tuple(replace(f, n=1) for f in tree.nodes))
+
+
+def _same_regions(a: FTree, b: FTree) -> bool:
+    """The same enabled F-Tree nodes: ids, n, nodes and labels."""
+    ea, eb = a.enabled(), b.enabled()
+    return len(ea) == len(eb) and all(
+        f.id == g.id and f.n == g.n and f.nodes == g.nodes and dict(f.labels) == dict(g.labels)
+        for f, g in zip(ea, eb, strict=True))
 
 
 def carry_enabled(old: FTree, new: FTree) -> tuple[FTree, list[int]]:

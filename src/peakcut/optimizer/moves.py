@@ -82,7 +82,10 @@ def make_key(state: State, tree_n: tuple[tuple[int, int], ...] | None = None,
 
 
 def moves(state: State, deriver: Deriver, settings: MoveSettings, rng: random.Random) -> Iterator[Move]:
-    """The state's children, fission first, then hot-spot remat/swap, then undos."""
+    """The state's children, fission first, then hot-spot remat/swap, then undos. A pending
+    state (a TASO-style rewrite not yet made on its base) is resolved first (Deriver.resolve)."""
+    if state.pending is not None:
+        raise ValueError(f"state {state.applied[-1:]} is pending: Deriver.resolve it before its moves")
     if settings.fission:
         for rule, k in fission_rules(state.tree, settings.direct_enable):
             tree = state.tree.apply(rule, k) if rule != "enable-any" else _enable_any(state.tree, k)

@@ -8,6 +8,9 @@
   relaxation δ of the best (MAGIS: 1.1), else a reserve queue that is expanded (best
   first) once the main one is empty, so the budget is not left unused;
 - Python's cyclic garbage collector is relaxed meanwhile (optimizer.collector);
+- a popped state that is pending (a TASO-style rewrite made on its program only) is
+  resolved first (Deriver.resolve: MAGIS Algorithm 3 line 16, Analyze updates the
+  F-Tree); where that derives it again, the new state is judged as a child instead;
 - the time budget is checked before every child, and a child whose kind recently
   took longer than the time left is skipped, so the search ends within about a
   second of the budget;
@@ -17,8 +20,8 @@
 - states are evaluated on compact fission expansions (Deriver); the result is validated
   on the full expansion (Deriver.exact): the latest best first, then older bests while
   the exact figures differ from the estimate, and the best exact one is returned (with a
-  time reserve for that kept out of the search). With `exact_front`, the front's compact
-  states are re-derived too.
+  time reserve for that kept out of the search), resolved if pending. With `exact_front`,
+  the front's compact states are re-derived too.
 """
 
 from __future__ import annotations
@@ -144,15 +147,50 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
             return front_share
         return front_share + (deriver.expected_seconds("exact") or 4 * deriver.expected_seconds("fission"))
 
+    def judge(child: State) -> None:
+        """A new state: the best when BetterThan, queued within the relaxation, else reserved."""
+        nonlocal best, heap, reserve
+        _update_front(front, child)
+        k = key(child)
+        if objective.better(k, key(best)):
+            best = child
+            bests.append(child)
+            report()
+        entry = (k, next(counter), child)
+        if objective.within_relaxation(k, key(best)):
+            heapq.heappush(heap, entry)
+            if len(heap) > QUEUE_LIMIT:
+                heap = heapq.nsmallest(QUEUE_LIMIT, heap)
+                heapq.heapify(heap)
+        else:
+            heapq.heappush(reserve, entry)
+            if len(reserve) > QUEUE_LIMIT:
+                reserve = heapq.nsmallest(QUEUE_LIMIT, reserve)
+                heapq.heapify(reserve)
+
     while heap or reserve:
         if time.perf_counter() >= deadline - reserve_s():
             stopped = "time budget"
             break
         _, _, state = heapq.heappop(heap if heap else reserve)
-        expanded += 1
-        if deadline - reserve_s() - time.perf_counter() <= deriver.expected_seconds("moves"):
+        if deadline - reserve_s() - time.perf_counter() <= (deriver.expected_seconds("moves")
+                                                            + deriver.expected_seconds("resolve")):
             stopped = "time budget"
             break
+        if state.pending is not None:
+            try:
+                resolved = deriver.resolve(state)
+            except DeriveError:
+                failed += 1
+                continue
+            if resolved is not state:      # another program: a new state, judged as a child
+                resolved.extra.setdefault("base_digest", "")
+                if resolved.digest not in seen_hashes:
+                    seen_hashes.add(resolved.digest)
+                    states += 1
+                    judge(resolved)
+                continue
+        expanded += 1
         t_moves = time.perf_counter()
         children = list(moves(state, deriver, settings, rng))
         deriver.record("moves", t_moves)
@@ -187,23 +225,7 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
                 continue
             seen_hashes.add(child.digest)
             states += 1
-            _update_front(front, child)
-            k = key(child)
-            if objective.better(k, key(best)):
-                best = child
-                bests.append(child)
-                report()
-            entry = (k, next(counter), child)
-            if objective.within_relaxation(k, key(best)):
-                heapq.heappush(heap, entry)
-                if len(heap) > QUEUE_LIMIT:
-                    heap = heapq.nsmallest(QUEUE_LIMIT, heap)
-                    heapq.heapify(heap)
-            else:
-                heapq.heappush(reserve, entry)
-                if len(reserve) > QUEUE_LIMIT:
-                    reserve = heapq.nsmallest(QUEUE_LIMIT, reserve)
-                    heapq.heapify(reserve)
+            judge(child)
         else:
             report()
             if not late:
@@ -249,8 +271,16 @@ def _validated(bests: list[State], deriver: Deriver, objective: Objective) -> St
         found.append(e)
         if e.peak_bytes == s.peak_bytes and math.isclose(e.latency_s, s.latency_s, rel_tol=1e-9):
             break       # as estimated: the older bests are worse
-    winner = found[0]
-    for s in found[1:]:
-        if objective.better(key(s), key(winner)):
-            winner = s
-    return winner
+    while True:     # ends: the root is never pending
+        winner = found[0]
+        for s in found[1:]:
+            if objective.better(key(s), key(winner)):
+                winner = s
+        if winner.pending is None:
+            return winner
+        try:     # a pending state without regions: its program is exact, its base not made yet
+            settled = deriver.exact(winner)
+        except DeriveError:
+            found.remove(winner)
+            continue
+        found[found.index(winner)] = settled

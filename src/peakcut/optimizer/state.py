@@ -9,19 +9,25 @@ A State keeps
 - program/order: what runs (the base with its enabled regions expanded into their
   parts, then the recipes applied), and its simulated peak and latency; in a compact
   state (`compact`), part 0 of each region only, priced per part (optimizer.compact),
-  which Deriver.exact turns into the program that runs.
+  which Deriver.exact turns into the program that runs;
+- pending: a TASO-style rewrite made on the program only (outside every region and
+  recipe); base, F-Tree and D-Graph are still the parent's until Deriver.resolve rewrites
+  the base and updates the F-Tree (MAGIS Algorithm 3, line 16: when the state is expanded).
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from peakcut.fission.dgraph import DGraph
 from peakcut.fission.ftree import FTree
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
+
+if TYPE_CHECKING:
+    from peakcut.transform.taso import TasoCandidate
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,17 @@ class Recipe:
     node: int
     users: tuple[int, ...]
     description: str
+
+
+@dataclass(frozen=True)
+class PendingRebase:
+    """A TASO-style site applied to a state's program but not yet to its base: the base it is
+    to be applied to (the parent's), that base's order and digest, and the site."""
+
+    base: Graph
+    base_order: tuple[int, ...]
+    base_digest: str
+    site: TasoCandidate
 
 
 @dataclass
@@ -51,6 +68,7 @@ class State:
     depth: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
     compact: bool = False                     # program is a compact expansion (Deriver.exact)
+    pending: PendingRebase | None = None      # base not rewritten yet (Deriver.resolve)
 
     def fission(self) -> tuple[tuple[int, int], ...]:
         """(F-Tree node, n) of every enabled node."""

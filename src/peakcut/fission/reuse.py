@@ -1,0 +1,128 @@
+"""Expansions that start alike, made once: snapshots of an expansion after each region.
+
+    cache = ExpansionCache()
+    expand(g, order, tree_a, dgraph, compact=True, reuse=cache)   # regions r, then c inside r
+    expand(g, order, tree_b, dgraph, compact=True, reuse=cache)   # r as before, then c at
+                                                                  # another n: starts after r
+An optimizer derives many F-Trees of one graph that differ in one node (enabled, lifted, its n
+changed); re-expanding the regions before it for each of them is most of the cost of a fission
+state. expand() expands the enabled regions one after the other on a private graph, in an
+order fixed by the tree (roots, then each part's nested regions, depth first). After each it
+saves a snapshot of that graph, its order, the dimension rules, the regions and their parts
+so far, keyed by the steps taken (F-Tree node, n, enclosing parts, nodes, labels, component)
+on that graph, order, D-Graph and mode. A later expansion whose steps begin with a
+snapshot's starts from the longest such snapshot.
+
+A region's expansion is a pure function of the graph it starts from and its step, so a
+snapshot holds exactly what taking its steps again would give, and the result is the same
+as without the cache (node ids included).
+
+The snapshots hold the objects their keys name by id (graph, D-Graph, F-Tree labels), so
+those ids cannot be reused while an entry lives. At most `limit` entries are kept, the least
+recently used dropped first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from peakcut.fission.dgraph import DGraph
+from peakcut.ir.dims import DimRule
+from peakcut.ir.graph import Graph
+
+Step = tuple[Any, ...]
+"""One region expansion: (F-Tree node id, n, path, original nodes, id of its labels, component)."""
+
+SNAPSHOTS_KEPT = 16
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An expansion after its first steps: what the expander needs to go on from there."""
+
+    graph: Graph                                  # the expander's graph (copied again before use)
+    order: tuple[int, ...]
+    rules: dict[int, DimRule]
+    regions: tuple[Any, ...]                      # ExpandedRegion records so far
+    next_id: int
+    steps: tuple[Step, ...]
+    parts: tuple[tuple[dict[int, int], ...], ...]  # per step: per part, node -> copy
+    held: tuple[Any, ...] = ()                    # objects the key names by id (kept alive)
+
+
+@dataclass
+class ExpansionCache:
+    """Snapshots of expansions after each region (see module doc); hits/misses count lookups."""
+
+    limit: int = SNAPSHOTS_KEPT
+    hits: int = 0
+    misses: int = 0
+
+    def __post_init__(self) -> None:
+        self._entries: OrderedDict[tuple[Any, ...], Snapshot] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @staticmethod
+    def _source(g: Graph, order: Sequence[int], dgraph: DGraph, compact: bool) -> tuple[Any, ...]:
+        return (id(g), id(dgraph), compact, len(order))
+
+    def longest(self, g: Graph, order: Sequence[int], dgraph: DGraph, compact: bool,
+                steps: Sequence[Step]) -> Snapshot | None:
+        """The snapshot of the longest prefix of `steps` taken from this graph and order."""
+        source = self._source(g, order, dgraph, compact)
+        for m in range(len(steps), 0, -1):
+            key = (*source, tuple(steps[:m]))
+            snap = self._entries.get(key)
+            if snap is not None and snap.held[0] is g and snap.held[1] is dgraph and \
+                    list(snap.held[2]) == list(order):
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return snap
+        self.misses += 1
+        return None
+
+    def save(self, g: Graph, order: Sequence[int], dgraph: DGraph, compact: bool, snap: Snapshot,
+             held: tuple[Any, ...]) -> None:
+        """Keep `snap` (made after taking snap.steps from g under order); `held`: the objects
+        (F-Tree labels) its steps name by id."""
+        key = (*self._source(g, order, dgraph, compact), snap.steps)
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return
+        self._entries[key] = Snapshot(snap.graph, snap.order, snap.rules, snap.regions, snap.next_id,
+                                      snap.steps, snap.parts, (g, dgraph, tuple(order), held))
+        while len(self._entries) > self.limit:
+            self._entries.popitem(last=False)
+
+    def carry(self, g: Graph, order: Sequence[int], new_g: Graph, new_order: Sequence[int], dgraph: DGraph,
+              steps: Sequence[Step],
+              edit: Callable[[Graph, list[int]], tuple[Graph, list[int], Sequence[int]] | None]) -> int:
+        """Compact snapshots of g along `steps` (each prefix) made snapshots of new_g, a rewrite of
+        g that keeps its D-Graph and F-Tree: `edit` applies the rewrite to a snapshot's graph
+        and order, giving (graph, order, removed nodes), or None where it cannot make the same
+        edit there. The edited snapshot stands for expanding new_g along the same steps: the
+        same regions, parts and ids, with the rewrite made after rather than before (an
+        equivalent program; node ids and control edges may differ from a fresh expansion).
+        Returns how many were carried."""
+        carried = 0
+        for m in range(1, len(steps) + 1):
+            key = (*self._source(g, order, dgraph, True), tuple(steps[:m]))
+            snap = self._entries.get(key)
+            if snap is None or snap.held[0] is not g or list(snap.held[2]) != list(order):
+                continue
+            edited = edit(snap.graph, list(snap.order))
+            if edited is None:
+                continue
+            graph, edited_order, removed = edited
+            gone = set(removed)
+            rules = {v: r for v, r in snap.rules.items() if v not in gone}
+            self.save(new_g, new_order, dgraph, True,
+                      Snapshot(graph, tuple(edited_order), rules, snap.regions, snap.next_id, snap.steps,
+                               snap.parts), snap.held[3])
+            carried += 1
+        return carried
