@@ -44,14 +44,25 @@ def order_workspace(g: Graph, order: Sequence[int], model: str) -> np.ndarray:
     return ws
 
 
+_MEMO = "analysis.workspace"   # Node.memo key: (the node's input and output metas, workspace bytes)
+
+
 def _cached_workspace(g: Graph, nid: int) -> int:
-    """The workspace of a node whose op has a rule, from g.workspace_cache when there."""
+    """The workspace of a node whose op has a rule, from g.workspace_cache when there, else from
+    the node's memo when its tensors' metas are those it was computed for (graphs derived from
+    one another share node objects: part copies of a reused expansion, rewritten programs)."""
     from peakcut.ir.workspace import cpu_workspace_bytes
 
     cached = g.workspace_cache.get(nid)
     if cached is not None:
         return cached
     node = g.nodes[nid]
+    tensors = g.tensors
+    metas = tuple([tensors[t] for t in node.input_tuple] + [tensors[t] for t in node.output_tuple])
+    hit = node.memo.get(_MEMO)
+    if hit is not None and hit[0] == metas:
+        g.workspace_cache[nid] = hit[1]
+        return hit[1]
 
     def to_meta(ref: TensorRef) -> torch.Tensor:
         return g.tensors[ref.id].to_meta()
@@ -61,4 +72,5 @@ def _cached_workspace(g: Graph, nid: int) -> int:
     outs = [g.tensors[t].to_meta() for t in node.output_ids()]
     value = int(cpu_workspace_bytes(node.overload(), tuple(args), kwargs, outs))
     g.workspace_cache[nid] = value
+    node.memo[_MEMO] = (metas, value)
     return value

@@ -440,9 +440,16 @@ def order_problem(g: Graph, order: Sequence[int]) -> str | None:
     if len(order) != len(g.nodes) or set(order) != set(g.nodes):
         return f"the order has {len(order)} nodes, the graph {len(g.nodes)}"
     pos = positions(order)
-    for nid in order:
-        for p in g.predecessors(nid):
-            if pos[p] > pos[nid]:
+    producer = g.producer_map()
+    nodes, control = g.nodes, g.control
+    for nid in order:   # Graph.predecessors, inlined: it builds a set per node
+        here = pos[nid]
+        for t in nodes[nid].input_tuple:
+            p = producer.get(t)
+            if p is not None and p != nid and pos[p] > here:
+                return f"{describe_node(g, nid)} comes before {describe_node(g, p)}"
+        for p in control.get(nid, ()):
+            if p != nid and pos[p] > here:
                 return f"{describe_node(g, nid)} comes before {describe_node(g, p)}"
     return None
 
