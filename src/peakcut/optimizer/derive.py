@@ -361,6 +361,9 @@ def _alike(program: Graph, base: Graph, rw: Rewrite, held: set[int], held_tensor
       not in `held`, or region nodes (part copies, slices, keep-aliases) rewired only to a
       tensor of the same layout and storage (a view-only rewrite: the region reads the same
       memory, and its original nodes are rewired alike in the base);
+    - no node it rewires now reads a tensor a region node makes (a preallocated output:
+      expansion makes its readers wait for the last part's write by a control edge, which
+      the rewrite would not add);
     - the readers of tensors whose layout it changes are such nodes too, and no tensor of
       `held_tensors` changes or goes.
     Base nodes are compared by value: an earlier rewrite made on the program and on the base
@@ -373,11 +376,16 @@ def _alike(program: Graph, base: Graph, rw: Rewrite, held: set[int], held_tensor
         return False
     if any(v in held or program.nodes[v] != base.nodes.get(v) for v in rw.removed):
         return False
+    producer = program.producer_map()
     for v in rw.changed:
         old = program.nodes[v]
         if v in held or (old != base.nodes.get(v) and not (
                 _same_reads(program, old, new, new.nodes[v]) and program.control.get(v) == new.control.get(v))):
             return False
+        for t in new.nodes[v].input_tuple:
+            p = producer.get(t)
+            if t not in old.input_tuple and p is not None and "fission" in program.nodes[p].extra:
+                return False    # a region's output (or slice): its readers wait for its writes
     moved = [t for t, meta in new.tensors.items() if program.tensors[t] is not meta]
     if any(t in held_tensors for t in moved) or any(t not in new.tensors for t in held_tensors):
         return False
