@@ -37,6 +37,7 @@ Step = tuple[Any, ...]
 """One region expansion: (F-Tree node id, n, path, original nodes, id of its labels, component)."""
 
 SNAPSHOTS_KEPT = 16
+LINK_DEPTH = 2      # rewrites a snapshot is carried back through (see ExpansionCache.link)
 
 
 @dataclass(frozen=True)
@@ -53,16 +54,35 @@ class Snapshot:
     held: tuple[Any, ...] = ()                    # objects the key names by id (kept alive)
 
 
+Edit = Callable[[Graph, list[int]], "tuple[Graph, list[int], Sequence[int]] | None"]
+"""A rewrite applied to a snapshot's graph and order: (graph, order, removed nodes), or None
+where it cannot make the edit it made on the base there."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """new_g is old_g rewritten by `edit` with the same D-Graph and F-Tree (see ExpansionCache.link)."""
+
+    new_g: Graph
+    old_g: Graph
+    old_order: tuple[int, ...]
+    dgraph: DGraph
+    edit: Edit
+
+
 @dataclass
 class ExpansionCache:
-    """Snapshots of expansions after each region (see module doc); hits/misses count lookups."""
+    """Snapshots of expansions after each region (see module doc); hits/misses count lookups,
+    carried the snapshots made from a linked graph's."""
 
     limit: int = SNAPSHOTS_KEPT
     hits: int = 0
     misses: int = 0
+    carried: int = 0
 
     def __post_init__(self) -> None:
         self._entries: OrderedDict[tuple[Any, ...], Snapshot] = OrderedDict()
+        self._links: OrderedDict[int, Link] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -73,7 +93,39 @@ class ExpansionCache:
 
     def longest(self, g: Graph, order: Sequence[int], dgraph: DGraph, compact: bool,
                 steps: Sequence[Step]) -> Snapshot | None:
-        """The snapshot of the longest prefix of `steps` taken from this graph and order."""
+        """The snapshot of the longest prefix of `steps` taken from this graph and order, or
+        (compact) carried from the graph it was rewritten from (link) when that has a longer one."""
+        found = self._find(g, order, dgraph, compact, steps, LINK_DEPTH)
+        if found is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return found
+
+    def _find(self, g: Graph, order: Sequence[int], dgraph: DGraph, compact: bool, steps: Sequence[Step],
+              depth: int) -> Snapshot | None:
+        found = self._local(g, order, dgraph, compact, steps)
+        have = 0 if found is None else len(found.steps)
+        link = self._links.get(id(g))
+        if (not compact or depth == 0 or have == len(steps) or link is None or link.new_g is not g
+                or link.dgraph is not dgraph):
+            return found
+        older = self._find(link.old_g, link.old_order, dgraph, True, steps, depth - 1)
+        if older is None or len(older.steps) <= have:
+            return found
+        edited = link.edit(older.graph, list(older.order))
+        if edited is None:
+            return found
+        graph, edited_order, removed = edited
+        gone = set(removed)
+        rules = {v: r for v, r in older.rules.items() if v not in gone}
+        self.carried += 1
+        return self.save(g, order, dgraph, True,
+                         Snapshot(graph, tuple(edited_order), rules, older.regions, older.next_id, older.steps,
+                                  older.parts), older.held[3])
+
+    def _local(self, g: Graph, order: Sequence[int], dgraph: DGraph, compact: bool,
+               steps: Sequence[Step]) -> Snapshot | None:
         source = self._source(g, order, dgraph, compact)
         for m in range(len(steps), 0, -1):
             key = (*source, tuple(steps[:m]))
@@ -81,48 +133,32 @@ class ExpansionCache:
             if snap is not None and snap.held[0] is g and snap.held[1] is dgraph and \
                     list(snap.held[2]) == list(order):
                 self._entries.move_to_end(key)
-                self.hits += 1
                 return snap
-        self.misses += 1
         return None
 
     def save(self, g: Graph, order: Sequence[int], dgraph: DGraph, compact: bool, snap: Snapshot,
-             held: tuple[Any, ...]) -> None:
+             held: tuple[Any, ...]) -> Snapshot:
         """Keep `snap` (made after taking snap.steps from g under order); `held`: the objects
-        (F-Tree labels) its steps name by id."""
+        (F-Tree labels) its steps name by id. Returns the kept snapshot."""
         key = (*self._source(g, order, dgraph, compact), snap.steps)
-        if key in self._entries:
+        kept = self._entries.get(key)
+        if kept is not None:
             self._entries.move_to_end(key)
-            return
-        self._entries[key] = Snapshot(snap.graph, snap.order, snap.rules, snap.regions, snap.next_id,
-                                      snap.steps, snap.parts, (g, dgraph, tuple(order), held))
+            return kept
+        kept = self._entries[key] = Snapshot(snap.graph, snap.order, snap.rules, snap.regions, snap.next_id,
+                                             snap.steps, snap.parts, (g, dgraph, tuple(order), held))
         while len(self._entries) > self.limit:
             self._entries.popitem(last=False)
+        return kept
 
-    def carry(self, g: Graph, order: Sequence[int], new_g: Graph, new_order: Sequence[int], dgraph: DGraph,
-              steps: Sequence[Step],
-              edit: Callable[[Graph, list[int]], tuple[Graph, list[int], Sequence[int]] | None]) -> int:
-        """Compact snapshots of g along `steps` (each prefix) made snapshots of new_g, a rewrite of
-        g that keeps its D-Graph and F-Tree: `edit` applies the rewrite to a snapshot's graph
-        and order, giving (graph, order, removed nodes), or None where it cannot make the same
-        edit there. The edited snapshot stands for expanding new_g along the same steps: the
-        same regions, parts and ids, with the rewrite made after rather than before (an
-        equivalent program; node ids and control edges may differ from a fresh expansion).
-        Returns how many were carried."""
-        carried = 0
-        for m in range(1, len(steps) + 1):
-            key = (*self._source(g, order, dgraph, True), tuple(steps[:m]))
-            snap = self._entries.get(key)
-            if snap is None or snap.held[0] is not g or list(snap.held[2]) != list(order):
-                continue
-            edited = edit(snap.graph, list(snap.order))
-            if edited is None:
-                continue
-            graph, edited_order, removed = edited
-            gone = set(removed)
-            rules = {v: r for v, r in snap.rules.items() if v not in gone}
-            self.save(new_g, new_order, dgraph, True,
-                      Snapshot(graph, tuple(edited_order), rules, snap.regions, snap.next_id, snap.steps,
-                               snap.parts), snap.held[3])
-            carried += 1
-        return carried
+    def link(self, old_g: Graph, old_order: Sequence[int], new_g: Graph, dgraph: DGraph, edit: Edit) -> None:
+        """Note that new_g is old_g (under old_order) rewritten by `edit`, keeping D-Graph and
+        F-Tree: a compact expansion of new_g that finds no snapshot of its own as long as one
+        of old_g's (at most LINK_DEPTH links back) starts from that one edited by `edit`. The
+        edited snapshot stands for expanding new_g along the same steps: the same regions,
+        parts and ids, with the rewrite made after rather than before (an equivalent program;
+        ids and control edges may differ from a fresh expansion's)."""
+        self._links[id(new_g)] = Link(new_g, old_g, tuple(old_order), dgraph, edit)
+        self._links.move_to_end(id(new_g))
+        while len(self._links) > self.limit:
+            self._links.popitem(last=False)

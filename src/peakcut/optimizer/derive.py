@@ -41,7 +41,7 @@ from peakcut.cost.protocol import CostModel
 from peakcut.fission.analyzer import DEFAULT_LEVELS
 from peakcut.fission.build import analyze
 from peakcut.fission.dgraph import DGraph
-from peakcut.fission.expand import FissionError, expand, expansion_steps
+from peakcut.fission.expand import FissionError, expand
 from peakcut.fission.ftree import FTree
 from peakcut.fission.reuse import ExpansionCache
 from peakcut.ir.graph import Graph, GraphError
@@ -265,8 +265,8 @@ class Deriver:
                            state.tree, state.dgraph)
         carried, lost = carry_enabled(state.tree, new.tree)
         if not lost and _same_regions(state.tree, carried):
-            if new.dgraph is state.dgraph and state.compact:    # the F-Tree stood: so do expansions
-                self._carry_expansions(pending, new, state.tree)
+            if new.dgraph is state.dgraph:    # the F-Tree stood: expansions can be carried
+                self._carry_expansions(pending, new)
             state.base, state.base_order, state.tree, state.dgraph = (new.base, list(new.order), carried,
                                                                       new.dgraph)
             state.extra["base_digest"] = new.digest
@@ -277,20 +277,20 @@ class Deriver:
         self.record("resolve", t0)
         return derived
 
-    def _carry_expansions(self, pending: PendingRebase, new: Rebased, tree: FTree) -> None:
-        """Snapshots of the old base's compact expansion along `tree` edited into the new base's
-        (peakcut.fission.reuse.ExpansionCache.carry), where the site edits them alike."""
+    def _carry_expansions(self, pending: PendingRebase, new: Rebased) -> None:
+        """Link the new base to the old one in the expansion cache: its compact expansions may
+        start from the old base's snapshots edited alike (peakcut.fission.reuse, _alike)."""
         old = pending.base
+        site = pending.site
 
         def edit(graph: Graph, order: list[int]) -> tuple[Graph, list[int], tuple[int, ...]] | None:
             try:
-                rw = pending.site.apply(graph, order)
+                rw = site.apply(graph, order)
             except (RuleError, ValueError):
                 return None
             return (rw.graph, list(rw.order), rw.removed) if _alike(graph, old, rw, set(), set()) else None
 
-        steps = expansion_steps(old, tree, new.dgraph, compact=True)
-        self.expansions.carry(old, pending.base_order, new.base, new.order, new.dgraph, steps, edit)
+        self.expansions.link(old, pending.base_order, new.base, new.dgraph, edit)
 
     def rebased(self, digest: str, base: Graph, base_order: list[int] | tuple[int, ...],
                 site: TasoCandidate, tree: FTree, dgraph: DGraph) -> Rebased:
