@@ -8,19 +8,23 @@
 - removing a recipe (de-remat, de-swap) replays the others from the expanded base;
 - a TASO-style rewrite changes the base. Where it adds nothing (drops an identity,
   cancels transposes, folds views), touches no recipe, and touches a region's nodes only
-  to make them read a tensor of the same layout and storage (_outside), it is applied to
-  the parent's program directly (the same edit the base takes) and the state is
-  "pending": base, F-Tree and D-Graph stay the parent's until `resolve`, which the search
-  calls when it expands the state (MAGIS Algorithm 3 line 16: Analyze updates the F-Tree
-  of the state taken from the queue). resolve rewrites the base, rebuilds the F-Tree on it
-  (the F-Tree update after a non-fission rewrite) and carries the enabled nodes over; when
-  they cover the same nodes with the same labels, ids and n, the program and figures stand,
-  else the state is derived again on the new base (a new program, which the search judges
-  as a new state). Elsewhere the eager way: the base is rewritten, the F-Tree rebuilt, the
-  enabled nodes carried, the base expanded and the recipes replayed. Either way the
-  rewritten base and its F-Tree are made once per (base, site) and shared.
+  to make them read a tensor of the same layout and storage (_outside, _alike), it is
+  applied to the parent's program directly (the same edit the base takes) and the state
+  is "pending": base, F-Tree and D-Graph stay the parent's until `resolve`, which the
+  search calls when it expands the state (MAGIS Algorithm 3 line 16: Analyze updates the
+  F-Tree of the state taken from the queue). resolve rewrites the base, updates the F-Tree
+  (the F-Tree update after a non-fission rewrite: kept as it is where the rewrite leaves
+  every F-Tree node's dimension rules alone, _kept_tree, else Algorithm 1 again) and
+  carries the enabled nodes over; when they cover the same nodes with the same labels, ids
+  and n, the program and figures stand, else the state is derived again on the new base (a
+  new program, which the search judges as a new state). Elsewhere the eager way: the base
+  is rewritten, the F-Tree updated, the enabled nodes carried, the base expanded and the
+  recipes replayed. Either way the rewritten base and its F-Tree are made once per (base,
+  site) and shared.
 - expansions of one base that start with the same regions share them
-  (peakcut.fission.reuse: snapshots after each region, the same result as without).
+  (peakcut.fission.reuse: snapshots after each region, the same result as without); a
+  base rewritten with its F-Tree kept is linked to the old one, whose snapshots it may
+  start from, edited alike (an equivalent program).
 Every derived program is simulated on the device cost model (timeline: compute and
 copy streams), which gives the state's peak and latency.
 
