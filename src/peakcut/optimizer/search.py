@@ -184,7 +184,6 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
                 failed += 1
                 continue
             if resolved is not state:      # another program: a new state, judged as a child
-                resolved.extra.setdefault("base_digest", "")
                 if resolved.digest not in seen_hashes:
                     seen_hashes.add(resolved.digest)
                     states += 1
