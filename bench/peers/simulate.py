@@ -33,8 +33,9 @@ from bench.peers.peakcut_hook import peakcut_graph
 from bench.peers.results import Cell, fail_reason
 from bench.peers.tools import Tool, apply_checkpointing
 from peakcut.capture import BoundModel
-from peakcut.capture.optimizers import AdamW, apply_update, init_state, spec_to_dict
+from peakcut.capture.optimizers import GroupSpec, OptimizerSpec
 from peakcut.capture.trace import TraceLog, new_fake_mode
+from peakcut.capture.update import HyperTable, substitute_hypers, traced_update
 from peakcut.cost import get_cost_model
 from peakcut.ir.graph import Graph, StepSignature
 from peakcut.ir.tensor import Role
@@ -42,7 +43,7 @@ from peakcut.simulate import simulate_timeline
 from peakcut.workloads import WorkloadInstance
 
 PROFILES: tuple[str, ...] = ("rtx3090", "h200")
-OPTIMIZER = AdamW()  # torch.optim.AdamW defaults, foreach=False semantics
+OPTIMIZER_HYPER = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 1e-2}  # AdamW defaults
 INDUCTOR_REASON = "Inductor's fused kernels have no peakcut IR"
 
 
@@ -96,7 +97,7 @@ def capture_checkpointed(inst: WorkloadInstance) -> tuple[Graph, str]:
     """peakcut.capture of the step with checkpoint wrappers on a copy of the model."""
     model = copy.deepcopy(inst.model)
     note = apply_checkpointing(inst.name, model)
-    return peakcut.capture(model, inst.batch, inst.loss_fn, OPTIMIZER), note
+    return peakcut.capture(model, inst.batch, inst.loss_fn, "adamw"), note
 
 
 class JointCapture:
@@ -156,7 +157,6 @@ def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 
 def _joint_graph(jc: JointCapture, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule,
                  num_fwd_outputs: int) -> Graph:
-    spec = OPTIMIZER
     n_params, n_buffers = len(jc.param_items), len(jc.buffer_items)
     bw_out = [n for n in bw.graph.nodes if n.op == "output"][0].args[0]
     has_grad = [bw_out[i] is not None for i in range(n_params)]
@@ -165,40 +165,44 @@ def _joint_graph(jc: JointCapture, fw: torch.fx.GraphModule, bw: torch.fx.GraphM
         raise RuntimeError(f"forward has {len(_placeholders(fw))} inputs, expected primals only")
     if n_tangents != 1:
         raise RuntimeError(f"backward takes {n_tangents} tangents, expected 1 (the loss)")
+    train_names = [n for (n, _), h in zip(jc.param_items, has_grad, strict=True) if h]
+    spec = OptimizerSpec("adamw", (GroupSpec(tuple(train_names), dict(OPTIMIZER_HYPER)),))
+    slot_names = [(n, s) for n in train_names for s in spec.slots(spec.groups[0])]
+    hypers = HyperTable()
 
-    def step(params: list, buffers: list, flat_slots: list, shared: list, leaves: list) -> list:
+    def step(params: list, buffers: list, slots: list, leaves: list) -> list:
         outs = fw(*params, *buffers, *leaves)
         user, saved = outs[:num_fwd_outputs], outs[num_fwd_outputs:]
         loss = [o for o in user if o.dim() == 0 and o.is_floating_point()][-1]
         del outs, user
         grads = bw(*saved, torch.ones_like(loss))[:n_params]
         del saved
-        targets = [p for p, h in zip(params, has_grad, strict=True) if h]
-        used = [g for g in grads if g is not None]
-        n_slots = len(spec.slots())
-        groups = [list(flat_slots[i * n_slots:(i + 1) * n_slots]) for i in range(len(targets))]
+        by_name = {n: p for (n, _), p in zip(jc.param_items, params, strict=True)}
+        got = {n: g for (n, _), g in zip(jc.param_items, grads, strict=True) if g is not None}
+        slot_map: dict[str, dict[str, torch.Tensor]] = {n: {} for n in train_names}
+        for (n, slot), t in zip(slot_names, slots, strict=True):
+            slot_map[n][slot] = t
         with torch.no_grad():
-            apply_update(spec, targets, used, groups, list(shared))
+            traced_update(spec, by_name, got, slot_map, hypers)
         return [loss]
 
     fake_mode = new_fake_mode()
     params = [_fake(fake_mode, p) for _, p in jc.param_items]
     buffers = [_fake(fake_mode, b) for _, b in jc.buffer_items]
     leaves = [_fake(fake_mode, t) for t in jc.batch_leaves]
+    by_fake = {n: p for (n, _), p in zip(jc.param_items, params, strict=True)}
     with fake_mode:
-        slots, shared = init_state(spec, [p for p, h in zip(params, has_grad, strict=True) if h])
-    flat_slots = [t for per in slots for t in per]
-    gm = make_fx(step, tracing_mode="fake", decomposition_table={})(params, buffers, flat_slots, shared, leaves)
-    train_names = [n for (n, _), h in zip(jc.param_items, has_grad, strict=True) if h]
+        slots = [torch.zeros_like(by_fake[n]) for n, _ in slot_names]
+    gm = make_fx(step, tracing_mode="fake", decomposition_table={})(params, buffers, slots, leaves)
+    substitute_hypers(gm, hypers)
     input_names = (
         [f"param:{n}" for n, _ in jc.param_items] + [f"buffer:{n}" for n, _ in jc.buffer_items]
-        + [f"state:{n}.{s}" for n in train_names for s in spec.slots()]
-        + [f"state:{s}" for s in spec.shared_slots()]
+        + [f"state:{n}.{s}" for n, s in slot_names]
         + [f"batch:{i}" for i in range(len(leaves))]
     )
     roles = ([Role.PARAM] * len(params) + [Role.BUFFER] * len(buffers)
-             + [Role.OPT_STATE] * (len(flat_slots) + len(shared)) + [Role.INPUT] * len(leaves))
-    signature = StepSignature(batch_spec=pytree.treespec_dumps(jc.batch_spec), optimizer=spec_to_dict(spec))
+             + [Role.OPT_STATE] * len(slots) + [Role.INPUT] * len(leaves))
+    signature = StepSignature(batch_spec=pytree.treespec_dumps(jc.batch_spec), optimizer=spec.to_dict())
     from peakcut.capture.convert import fx_to_graph
 
     return fx_to_graph(gm, input_names, roles, ["loss"], [Role.ACTIVATION], [True], TraceLog(), "cpu", signature)
@@ -228,7 +232,7 @@ def simulate_workload(inst: WorkloadInstance, tools: list[Tool]) -> list[Cell]:
     for tool in tools:
         cell = Cell(inst.name, tool.name, tool.curve, "paper")
         if tool.family == "eager":
-            _timed(cell, lambda: (peakcut.capture(inst.model, inst.batch, inst.loss_fn, OPTIMIZER), None))
+            _timed(cell, lambda: (peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw"), None))
         elif tool.family == "checkpoint":
             def make(cell: Cell = cell) -> tuple[Graph, None]:
                 g, cell.note = capture_checkpointed(inst)

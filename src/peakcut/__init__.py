@@ -13,14 +13,14 @@
 __version__ = "0.1.0"
 
 from peakcut.api import build, capture, measure  # noqa: E402
-from peakcut.capture import SGD, AdamW, CaptureError  # noqa: E402
+from peakcut.capture import SGD, Adam, AdamW, CaptureError  # noqa: E402
 from peakcut.codegen import Step, StepBindingError  # noqa: E402
 from peakcut.ir import Graph, GraphError, Role  # noqa: E402
 from peakcut.optimizer import LimitNotMet, Plan, load_plan, optimize  # noqa: E402
 from peakcut.runtime import Measurement, check_equivalence  # noqa: E402
 
 __all__ = [
-    "SGD", "AdamW", "CaptureError", "Graph", "GraphError", "LimitNotMet", "Measurement", "Plan", "Role",
+    "SGD", "Adam", "AdamW", "CaptureError", "Graph", "GraphError", "LimitNotMet", "Measurement", "Plan", "Role",
     "Step", "StepBindingError", "__version__", "build", "capture", "check_equivalence", "load_plan",
     "measure", "optimize",
 ]

@@ -103,9 +103,12 @@ def test_optimizer_from_torch_instance(small_cnn):
     model, batch = small_cnn
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
     g = peakcut.capture(model, batch, cnn_loss, opt)
-    assert g.signature.optimizer["lr"] == 3e-4 and g.signature.optimizer["weight_decay"] == 0.1
-    with pytest.raises(ValueError, match="dampening"):
-        peakcut.capture(model, batch, cnn_loss, torch.optim.SGD(model.parameters(), lr=0.1, dampening=0.5))
+    (group,) = g.signature.optimizer["groups"]
+    assert g.signature.optimizer["kind"] == "adamw"
+    assert group["hyper"]["lr"] == 3e-4 and group["hyper"]["weight_decay"] == 0.1
+    assert list(group["params"]) == [n for n, _ in model.named_parameters()]
+    with pytest.raises(ValueError, match="capturable=True is not supported"):
+        peakcut.capture(model, batch, cnn_loss, torch.optim.Adam(model.parameters(), capturable=True))
 
 
 def test_unknown_op_runs_as_opaque():

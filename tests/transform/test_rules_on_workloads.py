@@ -1,5 +1,6 @@
 """Remat and swap on every tiny workload (AdamW): three recomputes and three swaps at the
-simulated memory hot-spot, composed (candidates recomputed on each new graph and order), then
+simulated memory hot-spot (fewer when the peak moves into the update, where only gradients
+and optimizer temporaries are alive), composed (candidates recomputed on each new graph and order), then
 
 1. the generated step matches eager PyTorch over 3 steps (loss, gradients, parameters,
    optimizer state, buffers) at fp32 rtol 1e-5 / atol 1e-6;
@@ -18,6 +19,7 @@ import peakcut
 from peakcut.codegen.program import Step
 from peakcut.codegen.swap import simulated_host_peak
 from peakcut.ir.graph import Graph
+from peakcut.ir.node import Phase
 from peakcut.ir.ops import STORE_OP
 from peakcut.transform import Rewrite, hotspot_candidates
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
@@ -26,19 +28,28 @@ SPEC = peakcut.AdamW(lr=1e-3, weight_decay=1e-2)
 PLAN = ("remat", "swap", "remat", "swap", "remat", "swap")
 
 
-def apply_plan(g: Graph, name: str) -> tuple[Graph, list[int], list[Rewrite]]:
-    """Apply PLAN at the hot-spot, best candidate first, one rule after the other."""
+def apply_plan(g: Graph, name: str) -> tuple[Graph, list[int], list[tuple[str, Rewrite]]]:
+    """Apply PLAN's rules at the hot-spot, best candidate first, one after the other; when the
+    peak has no candidate of the next kind, a later kind of PLAN goes first."""
     order = list(g.order)
-    done: list[Rewrite] = []
-    for kind in PLAN:
-        found = hotspot_candidates(g, order, limit=2, kinds=(kind,))
-        if not found:
-            pytest.fail(f"{name}: no applicable {kind} candidate at the peak after "
-                        f"{[r.description for r in done]}")
+    done: list[tuple[str, Rewrite]] = []
+    left = list(PLAN)
+    while left:
+        for i, kind in enumerate(left):
+            found = hotspot_candidates(g, order, limit=2, kinds=(kind,))
+            if found:
+                left.pop(i)
+                break
+        else:
+            peak = g.nodes[g.simulate(order).peak_node]
+            if peak.phase is Phase.OPTIMIZER and {k for k, _ in done} >= set(PLAN):
+                break     # the peak moved into the update (gradients kept): no activation is alive
+            pytest.fail(f"{name}: no applicable {left} candidate at the peak after "
+                        f"{[r.description for _, r in done]}")
         r = found[0].apply(g, order)
         r.graph.check()
         g, order = r.graph, r.order
-        done.append(r)
+        done.append((kind, r))
     return g, order, done
 
 
@@ -49,12 +60,13 @@ def test_remat_and_swap_keep_numbers_and_memory_agreement(name: str) -> None:
     initial = {kind: len(hotspot_candidates(captured, captured.order, limit=10**6, kinds=(kind,)))
                for kind in ("remat", "swap")}
     g, order, rewrites = apply_plan(captured, name)
-    assert sum(1 for n in g.nodes.values() if "remat_of" in n.extra) == 3
-    assert sum(1 for n in g.nodes.values() if n.op == STORE_OP) == 3
+    kinds = [k for k, _ in rewrites]
+    assert sum(1 for n in g.nodes.values() if "remat_of" in n.extra) == kinds.count("remat") >= 1
+    assert sum(1 for n in g.nodes.values() if n.op == STORE_OP) == kinds.count("swap") >= 1
 
     report = peakcut.check_equivalence(inst.model, inst.batch, inst.loss_fn, SPEC,
                                        lambda _model: Step(g, order), steps=3, rtol=1e-5, atol=1e-6)
-    assert report.ok, f"{name}: {report}\n" + "\n".join(r.description for r in rewrites)
+    assert report.ok, f"{name}: {report}\n" + "\n".join(r.description for _, r in rewrites)
     assert {"loss", "grad", "param", "state"} <= report.kinds()
 
     step = Step(g, order)

@@ -49,7 +49,7 @@ def test_applies_to_an_activation(cnn_graph):
     assert why_not_swap(g, g.order, conv, [node_with_op(g, "native_batch_norm_backward")]) is None
 
 
-@pytest.mark.parametrize("name", ["param:conv.weight", "state:conv.weight.exp_avg", "state:step",
+@pytest.mark.parametrize("name", ["param:conv.weight", "state:conv.weight.exp_avg",
                                   "buffer:bn.running_mean", "batch:0"])
 def test_never_swaps_caller_held_tensors(cnn_graph, name):
     g = cnn_graph

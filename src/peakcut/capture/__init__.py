@@ -20,19 +20,27 @@ from torch.utils import _pytree as pytree
 from peakcut.capture.convert import fx_to_graph
 from peakcut.capture.optimizers import (
     SGD,
+    Adam,
     AdamW,
     OptimizerSpec,
-    apply_update,
-    init_state,
-    parse_optimizer,
-    spec_to_dict,
+    describe,
+    resolve_optimizer,
 )
 from peakcut.capture.trace import CaptureError, TraceLog, new_fake_mode, trace_step
+from peakcut.capture.update import (
+    HyperTable,
+    clip_by_total_norm,
+    substitute_hypers,
+    traced_update,
+    unscale,
+)
 from peakcut.ir.graph import Graph, StepSignature
 from peakcut.ir.node import Phase
+from peakcut.ir.ops import GATE_OP
+from peakcut.ir.registry import draws_random
 from peakcut.ir.tensor import Role
 
-__all__ = ["SGD", "AdamW", "CaptureError", "OptimizerSpec", "capture"]
+__all__ = ["SGD", "Adam", "AdamW", "CaptureError", "OptimizerSpec", "capture", "describe_optimizer"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -77,49 +85,80 @@ def _model_device(model: torch.nn.Module, batch_leaves: Sequence[torch.Tensor], 
     return torch.device("cpu")
 
 
+def describe_optimizer(model: torch.nn.Module, optimizer: Any) -> OptimizerSpec | None:
+    """The OptimizerSpec that capture records for `optimizer` (None, a name, a recipe or a
+    torch.optim optimizer) on `model`; raises a clear error for what is not supported."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = resolve_optimizer(optimizer, trainable)
+    return None if opt is None else describe(opt, model)
+
+
 def capture(
     model: torch.nn.Module,
     batch: Any,
     loss_fn: LossFn | None = None,
-    optimizer: str | OptimizerSpec | torch.optim.Optimizer | None = None,
+    optimizer: Any = None,
     *,
     device: str | torch.device | None = None,
     keep_grads: bool = False,
+    max_grad_norm: float | None = None,
+    grad_scaler: bool = False,
+    accumulate: bool = False,
 ) -> Graph:
     """Trace one step of `model` on `batch` into a Graph.
 
     - loss_fn(model, batch) -> scalar loss; None traces inference of model(*batch).
-    - optimizer: "sgd" (momentum 0.9), "adamw", an SGD/AdamW spec, a torch.optim.SGD/AdamW,
-      or None (the step then returns the loss and the gradients, like loss.backward()).
+    - optimizer: a torch.optim.SGD / Adam / AdamW (any param groups; its hyper-parameters
+      become run-time inputs read at every step), "sgd" (momentum 0.9), "adam", "adamw", a
+      peakcut.SGD / Adam / AdamW recipe, or None (the step then returns the loss and the
+      gradients, like loss.backward()).
     - device: where the step will run, for models built on the meta device (default: the
       model's device, else cpu).
     - keep_grads: with an optimizer, also return the gradients (for checking; costs memory).
+    - max_grad_norm: clip the optimizer's gradients by global 2-norm first, exactly as
+      torch.nn.utils.clip_grad_norm_ (norms in model parameter order).
+    - grad_scaler: a torch.amp.GradScaler drives the step: the loss is multiplied by the
+      'scaler:scale' input, gradients are unscaled, and the update is skipped when one is inf/nan.
+    - accumulate: the optimizer's gradients are added to 'acc:<param>' inputs (the p.grad of
+      earlier micro-batches) before clipping and the update.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    spec = parse_optimizer(optimizer)
-    if spec is not None and loss_fn is None:
+    spec = describe_optimizer(model, optimizer) if loss_fn is not None or optimizer is None else None
+    if optimizer is not None and loss_fn is None:
         raise ValueError("an optimizer needs a loss_fn(model, batch) -> scalar loss")
+    if max_grad_norm is not None:
+        if spec is None:
+            raise ValueError("max_grad_norm needs an optimizer (the clip comes right before the update)")
+        if not isinstance(max_grad_norm, (int, float)) or not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm={max_grad_norm!r}: expected a number > 0")
+    if accumulate and spec is None:
+        raise ValueError("accumulate needs an optimizer (without one, plan.step already adds into p.grad)")
+    if grad_scaler and loss_fn is None:
+        raise ValueError("a GradScaler needs a loss_fn")
     batch_leaves, batch_spec = pytree.tree_flatten(batch)
     for i, leaf in enumerate(batch_leaves):
         if not isinstance(leaf, torch.Tensor):
             raise TypeError(f"batch leaf {i} is a {type(leaf).__name__}; only tensors are supported")
     dev = _model_device(model, batch_leaves, device)
     mode = "inference" if loss_fn is None else ("train" if spec is not None else "grad")
+    options = _Options(spec, mode, None if max_grad_norm is None else float(max_grad_norm), grad_scaler,
+                       accumulate)
 
     param_items = list(model.named_parameters(remove_duplicate=True))
     buffer_items = list(model.named_buffers(remove_duplicate=True))
     frozen: set[str] = set()
     while True:  # parameters that get no gradient are re-traced as frozen (torch.optim skips them)
-        traced = _trace(model, param_items, buffer_items, batch_leaves, batch_spec, loss_fn, spec, mode,
-                        dev, frozen)
+        traced = _trace(model, param_items, buffer_items, batch_leaves, batch_spec, loss_fn, options, dev, frozen)
         unused = traced.unused_params()
         if not unused:
             break
         frozen |= unused
     gm, log, output_info, input_names, roles, train_names = (
         traced.gm, traced.log, traced.output_info, traced.input_names, traced.roles, traced.train_names)
+    substitute_hypers(gm, traced.hypers)
 
+    updated = set(traced.updated)
     if mode == "inference":
         n_out = len([n for n in gm.graph.nodes if n.op == "output"][0].args[0])
         out_names = [f"out:{i}" for i in range(n_out)]
@@ -130,13 +169,40 @@ def capture(
         used_names = [n for n, u in zip(train_names, output_info["used"], strict=True) if u]
         out_names = ["loss", *[f"grad:{n}" for n in used_names]]
         out_roles = [Role.ACTIVATION, *[Role.GRAD] * len(used_names)]
-        keep = [True, *[spec is None or keep_grads] * len(used_names)]
+        # gradients of parameters the optimizer does not update are returned (stored in p.grad)
+        keep = [True, *[spec is None or keep_grads or n not in updated for n in used_names]]
+        if grad_scaler:
+            out_names.append("found_inf")
+            out_roles.append(Role.ACTIVATION)
+            keep.append(True)
         out_spec = ""
     signature = StepSignature(
         batch_spec=pytree.treespec_dumps(batch_spec), output_spec=out_spec,
-        optimizer=spec_to_dict(spec), mode=mode,
+        optimizer=_recorded(spec, updated), mode=mode, max_grad_norm=options.max_grad_norm,
+        grad_scaler=grad_scaler, accumulate=accumulate,
     )
-    return fx_to_graph(gm, input_names, roles, out_names, out_roles, keep, log, str(dev), signature)
+    g = fx_to_graph(gm, input_names, roles, out_names, out_roles, keep, log, str(dev), signature)
+    if grad_scaler and mode == "train":
+        _gate_updates(g)
+    _chain_random(g)
+    return g
+
+
+@dataclass(frozen=True)
+class _Options:
+    spec: OptimizerSpec | None
+    mode: str
+    max_grad_norm: float | None
+    grad_scaler: bool
+    accumulate: bool
+
+
+def _recorded(spec: OptimizerSpec | None, updated: set[str]) -> dict[str, Any]:
+    """The spec as recorded in the graph: each group lists the parameters the step updates."""
+    if spec is None:
+        return {}
+    groups = tuple(type(g)(tuple(n for n in g.params if n in updated), g.hyper, g.flags) for g in spec.groups)
+    return OptimizerSpec(spec.kind, groups).to_dict()
 
 
 @dataclass
@@ -147,6 +213,8 @@ class _Traced:
     input_names: list[str]
     roles: list[Role]
     train_names: list[str]
+    updated: list[str]
+    hypers: HyperTable
 
     def unused_params(self) -> set[str]:
         used = self.output_info.get("used", [])
@@ -154,25 +222,32 @@ class _Traced:
 
 
 def _trace(model: torch.nn.Module, param_items: list, buffer_items: list, batch_leaves: list,
-           batch_spec: Any, loss_fn: LossFn | None, spec: OptimizerSpec | None, mode: str,
-           dev: torch.device, frozen: set[str]) -> _Traced:
+           batch_spec: Any, loss_fn: LossFn | None, options: _Options, dev: torch.device,
+           frozen: set[str]) -> _Traced:
     """make_fx of one step; parameters named in `frozen` get no gradient and no update."""
+    spec, mode = options.spec, options.mode
     trainable = [p.requires_grad and mode != "inference" and n not in frozen for n, p in param_items]
+    train_names = [n for (n, _), tr in zip(param_items, trainable, strict=True) if tr]
+    group_of = spec.group_of() if spec is not None else {}
+    updated = [n for n in train_names if n in group_of]     # the optimizer's parameters with a gradient
+    slot_names = [(n, slot) for n in updated for slot in spec.slots(spec.groups[group_of[n]])] if spec else []
 
     fake_mode = new_fake_mode()
     params = [_fake_like(fake_mode, p, dev) for _, p in param_items]
     buffers = [_fake_like(fake_mode, b, dev) for _, b in buffer_items]
     fbatch = [_fake_like(fake_mode, t, dev) for t in batch_leaves]
-    train_params = [p for p, tr in zip(params, trainable, strict=True) if tr]
-    train_names = [n for (n, _), tr in zip(param_items, trainable, strict=True) if tr]
+    by_name = {n: p for (n, _), p in zip(param_items, params, strict=True)}
     with fake_mode:
-        slots, shared = init_state(spec, train_params) if spec is not None else ([], [])
-    flat_slots = [t for per in slots for t in per]
+        slots = [torch.zeros_like(by_name[n], memory_format=torch.preserve_format) for n, _ in slot_names]
+        accs = ([torch.zeros_like(by_name[n], memory_format=torch.preserve_format) for n in updated]
+                if options.accumulate else [])
+        scale = [torch.full((), 65536.0, dtype=torch.float32, device=dev)] if options.grad_scaler else []
 
     log = TraceLog()
     output_info: dict[str, Any] = {}
+    hypers = HyperTable()
 
-    def step(params, buffers, flat_slots, shared, leaves):  # traced
+    def step(params, buffers, slots, accs, scale, leaves):  # traced
         log.set_phase(Phase.FORWARD)
         live = [p.detach().requires_grad_() if tr else p for p, tr in zip(params, trainable, strict=True)]
         state = {n: p for (n, _), p in zip(param_items, live, strict=True)}
@@ -193,38 +268,76 @@ def _trace(model: torch.nn.Module, param_items: list, buffer_items: list, batch_
                 raise CaptureError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} "
                                    f"{tuple(getattr(loss, 'shape', ()))}")
             _hook_backward_meta(loss)
+            loss_out = loss.detach()    # taken here, so a GradScaler's early return has it
+            target = loss * scale[0] if scale else loss      # GradScaler.scale(loss)
             log.set_phase(Phase.BACKWARD)
             live_train = [p for p, tr in zip(live, trainable, strict=True) if tr]
-            grads = torch.autograd.grad(loss, live_train, allow_unused=True)
+            grads = torch.autograd.grad(target, live_train, allow_unused=True)
         output_info["used"] = [g is not None for g in grads]
-        if spec is not None:
+        extra: list[torch.Tensor] = []
+        if spec is not None and mode == "train":
             log.set_phase(Phase.OPTIMIZER)
-            n_slots = len(spec.slots())
-            groups = [list(flat_slots[i * n_slots:(i + 1) * n_slots]) for i in range(len(grads))]
-            targets = [p for p, tr in zip(params, trainable, strict=True) if tr]
-            used = [i for i, g in enumerate(grads) if g is not None]
+            by_train = dict(zip(train_names, grads, strict=True))
             with torch.no_grad():
-                apply_update(
-                    spec, [targets[i] for i in used], [grads[i] for i in used],
-                    [groups[i] for i in used], list(shared),
-                )
-        return [loss.detach(), *[g for g in grads if g is not None]]
+                got = {n: by_train[n] for n in updated if by_train[n] is not None}
+                if accs:
+                    got = {n: acc.add_(got[n]) for n, acc in zip(updated, accs, strict=True) if n in got}
+                ordered = [got[n] for n in updated if n in got]
+                if scale:
+                    found_inf = unscale(ordered, scale[0])
+                    extra.append(found_inf)
+                if options.max_grad_norm is not None:
+                    clip_by_total_norm(ordered, options.max_grad_norm)
+                if scale:
+                    torch.ops.peakcut.skip_update_if(found_inf)
+                slot_map: dict[str, dict[str, torch.Tensor]] = {n: {} for n in updated}
+                for (n, slot), t in zip(slot_names, slots, strict=True):
+                    slot_map[n][slot] = t
+                targets = {n: p for (n, _), p in zip(param_items, params, strict=True)}
+                traced_update(spec, {n: targets[n] for n in updated}, got, slot_map, hypers)
+        return [loss_out, *[g for g in grads if g is not None], *extra]
 
     input_names = (
         [f"param:{n}" for n, _ in param_items]
         + [f"buffer:{n}" for n, _ in buffer_items]
-        + [f"state:{n}.{s}" for n in train_names for s in (spec.slots() if spec else ())]
-        + [f"state:{s}" for s in (spec.shared_slots() if spec else ())]
+        + [f"state:{n}.{s}" for n, s in slot_names]
+        + [f"acc:{n}" for n in updated[:len(accs)]]
+        + ["scaler:scale"] * len(scale)
         + [f"batch:{i}" for i in range(len(batch_leaves))]
     )
     roles = (
-        [Role.PARAM] * len(params) + [Role.BUFFER] * len(buffers)
-        + [Role.OPT_STATE] * (len(flat_slots) + len(shared)) + [Role.INPUT] * len(fbatch)
+        [Role.PARAM] * len(params) + [Role.BUFFER] * len(buffers) + [Role.OPT_STATE] * len(slots)
+        + [Role.ACCUMULATED] * len(accs) + [Role.OPT_STATE] * len(scale) + [Role.INPUT] * len(fbatch)
     )
     # make_fx flattens the nested arguments in this same order
-    gm = trace_step(step, (params, buffers, flat_slots, shared, fbatch), model, log)
-    return _Traced(gm, log, output_info, input_names, roles, train_names)
+    gm = trace_step(step, (params, buffers, slots, accs, scale, fbatch), model, log)
+    return _Traced(gm, log, output_info, input_names, roles, train_names, updated, hypers)
 
+
+def _chain_random(g: Graph) -> None:
+    """Calls that draw random numbers keep their capture order (control edges between them), so
+    any schedule draws the same masks from the generator as the eager step (DESIGN invariant 4)."""
+    last: int | None = None
+    for nid in g.order:
+        node = g.nodes[nid]
+        if draws_random(node.op, node.args, node.kwargs):
+            if last is not None:
+                g.add_control(nid, last)
+            last = nid
+
+
+def _gate_updates(g: Graph) -> None:
+    """Every write of a parameter or of optimizer state runs after the GradScaler's gate."""
+    gates = [n.id for n in g.nodes.values() if n.op == GATE_OP]
+    if not gates:
+        return
+    owned = {g.tensors[t].storage for t, name in zip(g.inputs, g.input_names, strict=True)
+             if name.startswith(("param:", "state:"))}
+    for node in g.nodes.values():
+        if node.id == gates[0] or node.phase is not Phase.OPTIMIZER:
+            continue
+        if any(g.tensors[t].storage in owned for t in node.mutated_ids()):
+            g.add_control(node.id, gates[0])
 
 
 def _hook_backward_meta(loss: torch.Tensor) -> None:

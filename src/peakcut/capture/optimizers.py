@@ -1,152 +1,212 @@
-"""Optimizer updates traced into the step, matching torch.optim's numbers.
+"""Which optimizer a step updates with: the user's torch.optim object, described by name.
 
-The update is written with in-place tensor ops so that the captured graph
-updates parameters and state in their own storage, like optimizer.step().
-State starts at zero (momentum, Adam moments, step count): with dampening 0
-this gives exactly torch.optim's first step, which clones the gradient into
-the momentum buffer (0 * momentum + grad == grad).
+A captured step records an OptimizerSpec: the kind (sgd, adam, adamw), and per param
+group the parameters (by their names in the model), the hyper-parameters at capture
+time and the options that change the update's code (maximize, nesterov, amsgrad,
+weight decay on or off, momentum on or off). The update itself is in capture.update;
+its hyper-parameters are run-time inputs read from the optimizer at every step.
+
+SGD, Adam and AdamW are recipes for a torch.optim optimizer over all trainable
+parameters (what `optimizer="sgd"` / `"adamw"` mean); any torch.optim.SGD, Adam or
+AdamW instance is accepted as it is. Anything else is refused by name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
+
+SUPPORTED = "torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW"
+_REFUSED_FLAGS = {
+    "fused": "fused kernels round differently from the single-tensor update peakcut traces",
+    "capturable": "capturable keeps the step count on the device and changes the arithmetic",
+    "differentiable": "a differentiable update is not a training step",
+}
 
 
 @dataclass(frozen=True)
 class SGD:
-    """torch.optim.SGD (foreach=False) hyper-parameters; dampening must be 0."""
+    """A torch.optim.SGD over all trainable parameters (foreach=False)."""
 
     lr: float = 1e-2
     momentum: float = 0.0
     weight_decay: float = 0.0
     nesterov: bool = False
-    kind: str = "sgd"
+    dampening: float = 0.0
+    maximize: bool = False
 
-    def slots(self) -> tuple[str, ...]:
-        return ("momentum_buffer",) if self.momentum else ()
-
-    def shared_slots(self) -> tuple[str, ...]:
-        return ()
+    def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
+                               nesterov=self.nesterov, dampening=self.dampening, maximize=self.maximize,
+                               foreach=False)
 
 
 @dataclass(frozen=True)
 class AdamW:
-    """torch.optim.AdamW (foreach=False, amsgrad=False) hyper-parameters."""
+    """A torch.optim.AdamW over all trainable parameters (foreach=False)."""
 
     lr: float = 1e-3
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 1e-2
-    kind: str = "adamw"
+    amsgrad: bool = False
+    maximize: bool = False
 
-    def slots(self) -> tuple[str, ...]:
-        return ("exp_avg", "exp_avg_sq")
-
-    def shared_slots(self) -> tuple[str, ...]:
-        return ("step",)
-
-
-OptimizerSpec = SGD | AdamW
+    def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=self.lr, betas=(self.beta1, self.beta2), eps=self.eps,
+                                 weight_decay=self.weight_decay, amsgrad=self.amsgrad, maximize=self.maximize,
+                                 foreach=False)
 
 
-def parse_optimizer(optimizer: object) -> OptimizerSpec | None:
-    """None, "sgd", "adamw", an SGD/AdamW spec, or a torch.optim.SGD/AdamW instance."""
-    if optimizer is None or isinstance(optimizer, (SGD, AdamW)):
+@dataclass(frozen=True)
+class Adam:
+    """A torch.optim.Adam over all trainable parameters (foreach=False)."""
+
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    amsgrad: bool = False
+    maximize: bool = False
+
+    def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.Adam(params, lr=self.lr, betas=(self.beta1, self.beta2), eps=self.eps,
+                                weight_decay=self.weight_decay, amsgrad=self.amsgrad, maximize=self.maximize,
+                                foreach=False)
+
+
+Recipe = SGD | Adam | AdamW
+_BY_NAME: dict[str, Recipe] = {"sgd": SGD(momentum=0.9), "adam": Adam(), "adamw": AdamW()}
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One param group: parameter names, capture-time hyper-parameters, code-changing flags."""
+
+    params: tuple[str, ...]
+    hyper: dict[str, float]
+    flags: tuple[str, ...] = ()
+
+    def flag(self, name: str) -> bool:
+        return name in self.flags
+
+    def structure(self) -> tuple[Any, ...]:
+        """What the traced update's code depends on (values of the rest are run-time inputs)."""
+        return (self.hyper.get("weight_decay", 0) != 0, self.hyper.get("momentum", 0) != 0, self.flags)
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """The update a step was captured with (see the module docstring)."""
+
+    kind: str                                   # "sgd" | "adam" | "adamw"
+    groups: tuple[GroupSpec, ...] = field(default_factory=tuple)
+
+    def slots(self, group: GroupSpec) -> tuple[str, ...]:
+        """State tensors each parameter of `group` has (besides Adam's 'step')."""
+        if self.kind == "sgd":
+            return ("momentum_buffer",) if group.hyper["momentum"] != 0 else ()
+        return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.flag("amsgrad") else ("exp_avg", "exp_avg_sq")
+
+    def group_of(self) -> dict[str, int]:
+        """Parameter name -> index of its group."""
+        return {name: i for i, g in enumerate(self.groups) for name in g.params}
+
+    def build(self, params: Mapping[str, torch.nn.Parameter]) -> torch.optim.Optimizer:
+        """A fresh torch.optim optimizer with these groups over the named parameters."""
+        groups = []
+        for g in self.groups:
+            h = dict(g.hyper)
+            entry: dict[str, Any] = {"params": [params[n] for n in g.params]}
+            if self.kind == "sgd":
+                entry.update(lr=h["lr"], momentum=h["momentum"], dampening=h["dampening"],
+                             weight_decay=h["weight_decay"], nesterov=g.flag("nesterov"))
+            else:
+                entry.update(lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"],
+                             weight_decay=h["weight_decay"], amsgrad=g.flag("amsgrad"))
+            entry["maximize"] = g.flag("maximize")
+            groups.append(entry)
+        cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[self.kind]
+        return cls(groups, foreach=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> OptimizerSpec | None:
+        if not d:
+            return None
+        if d.get("kind") not in ("sgd", "adam", "adamw") or "groups" not in d:
+            raise ValueError(f"unknown optimizer description {dict(d)!r} (saved by an older peakcut? "
+                             "capture the model again)")
+        groups = tuple(GroupSpec(tuple(g["params"]), dict(g["hyper"]), tuple(g.get("flags", ())))
+                       for g in d["groups"])
+        return OptimizerSpec(d["kind"], groups)
+
+
+def resolve_optimizer(optimizer: object, trainable: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
+    """None, "sgd" / "adam" / "adamw", a recipe (peakcut.SGD / Adam / AdamW) or a torch.optim
+    optimizer -> the torch.optim optimizer the step updates with (recipes over `trainable`)."""
+    if optimizer is None or isinstance(optimizer, torch.optim.Optimizer):
         return optimizer
     if isinstance(optimizer, str):
-        key = optimizer.lower()
-        if key == "sgd":
-            return SGD(momentum=0.9)
-        if key == "adamw":
-            return AdamW()
-        raise ValueError(f"optimizer={optimizer!r}: expected 'sgd', 'adamw' or None")
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return _from_torch(optimizer)
-    raise TypeError(f"optimizer: expected None, 'sgd', 'adamw' or a torch.optim optimizer, got {type(optimizer).__name__}")
+        recipe = _BY_NAME.get(optimizer.lower())
+        if recipe is None:
+            raise ValueError(f"optimizer={optimizer!r}: expected one of {sorted(_BY_NAME)}, a peakcut.SGD/Adam/"
+                             f"AdamW recipe, a {SUPPORTED} instance, or None")
+        return recipe.build(list(trainable))
+    if isinstance(optimizer, (SGD, Adam, AdamW)):
+        return optimizer.build(list(trainable))
+    raise TypeError(f"optimizer: expected None, 'sgd', 'adam', 'adamw', a peakcut recipe or a {SUPPORTED} "
+                    f"instance, got {type(optimizer).__name__}")
 
 
-def spec_from_dict(d: dict) -> OptimizerSpec | None:
-    if not d:
-        return None
-    kind = d.get("kind")
-    if kind == "sgd":
-        return SGD(**d)
-    if kind == "adamw":
-        return AdamW(**d)
-    raise ValueError(f"unknown optimizer kind {kind!r}")
+def describe(opt: torch.optim.Optimizer, model: torch.nn.Module) -> OptimizerSpec:
+    """The OptimizerSpec of a torch.optim optimizer over `model`'s parameters; a clear error
+    for optimizers, options and parameters peakcut cannot reproduce exactly."""
+    name = type(opt).__name__
+    if type(opt) not in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW):
+        raise TypeError(f"optimizer {type(opt).__module__}.{name} is not supported: peakcut reproduces "
+                        f"{SUPPORTED} exactly (any param groups, LR schedules, amsgrad, nesterov, maximize); "
+                        "use one of them, or optimizer=None to get gradients and step your optimizer yourself")
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = []
+    kind = "sgd" if isinstance(opt, torch.optim.SGD) else "adam"
+    for gi, group in enumerate(opt.param_groups):
+        for flag, why in _REFUSED_FLAGS.items():
+            if group.get(flag):
+                raise ValueError(f"{name} param group {gi}: {flag}=True is not supported ({why}); "
+                                 f"use {flag}=False")
+        params = []
+        for p in group["params"]:
+            if id(p) not in names:
+                raise ValueError(f"{name} param group {gi} holds a parameter of shape {tuple(p.shape)} that is "
+                                 f"not a parameter of {type(model).__name__}")
+            if p.is_complex():
+                raise ValueError(f"{name}: parameter {names[id(p)]!r} is complex; not supported")
+            params.append(names[id(p)])
+        if kind == "sgd":
+            hyper = {k: _number(group[k], name, gi, k) for k in ("lr", "momentum", "dampening", "weight_decay")}
+            flags = tuple(f for f in ("nesterov", "maximize") if group.get(f))
+        else:
+            if group.get("decoupled_weight_decay") or isinstance(opt, torch.optim.AdamW):
+                kind = "adamw"
+            b1, b2 = group["betas"]
+            hyper = {"lr": _number(group["lr"], name, gi, "lr"), "beta1": _number(b1, name, gi, "betas"),
+                     "beta2": _number(b2, name, gi, "betas"), "eps": _number(group["eps"], name, gi, "eps"),
+                     "weight_decay": _number(group["weight_decay"], name, gi, "weight_decay")}
+            flags = tuple(f for f in ("amsgrad", "maximize") if group.get(f))
+        groups.append(GroupSpec(tuple(params), hyper, flags))
+    return OptimizerSpec(kind, tuple(groups))
 
 
-def spec_to_dict(spec: OptimizerSpec | None) -> dict:
-    return {} if spec is None else asdict(spec)
-
-
-def _from_torch(opt: torch.optim.Optimizer) -> OptimizerSpec:
-    if len(opt.param_groups) != 1:
-        raise ValueError(f"{type(opt).__name__}: only one param group is supported, got {len(opt.param_groups)}")
-    g = opt.param_groups[0]
-    for flag in ("maximize", "differentiable", "amsgrad", "capturable"):
-        if g.get(flag):
-            raise ValueError(f"{type(opt).__name__}: {flag}=True is not supported")
-    if isinstance(opt, torch.optim.AdamW):
-        b1, b2 = g["betas"]
-        return AdamW(lr=float(g["lr"]), beta1=float(b1), beta2=float(b2), eps=float(g["eps"]),
-                     weight_decay=float(g["weight_decay"]))
-    if isinstance(opt, torch.optim.SGD):
-        if g.get("dampening", 0):
-            raise ValueError("SGD: dampening != 0 is not supported (its first step differs)")
-        return SGD(lr=float(g["lr"]), momentum=float(g["momentum"]), weight_decay=float(g["weight_decay"]),
-                   nesterov=bool(g["nesterov"]))
-    raise TypeError(f"unsupported optimizer {type(opt).__name__}: use SGD or AdamW")
-
-
-def init_state(spec: OptimizerSpec, params: Sequence[torch.Tensor]) -> tuple[list[list[torch.Tensor]], list[torch.Tensor]]:
-    """Fresh state: per-param slot tensors (zeros like the param) and shared tensors (step)."""
-    per_param = [[torch.zeros_like(p) for _ in spec.slots()] for p in params]
-    device = params[0].device if params else torch.device("cpu")
-    shared = [torch.zeros((), dtype=torch.float32, device=device) for _ in spec.shared_slots()]
-    return per_param, shared
-
-
-def apply_update(
-    spec: OptimizerSpec,
-    params: Sequence[torch.Tensor],
-    grads: Sequence[torch.Tensor],
-    state: Sequence[Sequence[torch.Tensor]],
-    shared: Sequence[torch.Tensor],
-) -> None:
-    """One optimizer step, in place, in torch.optim's single-tensor order of operations."""
-    if isinstance(spec, SGD):
-        _sgd(spec, params, grads, state)
-    else:
-        _adamw(spec, params, grads, state, shared[0])
-
-
-def _sgd(spec: SGD, params, grads, state) -> None:
-    for p, g, slots in zip(params, grads, state, strict=True):
-        d_p = g
-        if spec.weight_decay:
-            d_p = d_p.add(p, alpha=spec.weight_decay)
-        if spec.momentum:
-            buf = slots[0]
-            buf.mul_(spec.momentum).add_(d_p)
-            d_p = d_p.add(buf, alpha=spec.momentum) if spec.nesterov else buf
-        p.add_(d_p, alpha=-spec.lr)
-
-
-def _adamw(spec: AdamW, params, grads, state, step: torch.Tensor) -> None:
-    step.add_(1)
-    s = step.to(torch.float64)
-    bias_correction1 = 1 - torch.pow(spec.beta1, s)
-    bias_correction2_sqrt = (1 - torch.pow(spec.beta2, s)).sqrt()
-    neg_step_size = (-spec.lr) / bias_correction1
-    for p, g, (exp_avg, exp_avg_sq) in zip(params, grads, state, strict=True):
-        if spec.weight_decay:
-            p.mul_(1 - spec.lr * spec.weight_decay)
-        exp_avg.lerp_(g, 1 - spec.beta1)
-        exp_avg_sq.mul_(spec.beta2).addcmul_(g, g, value=1 - spec.beta2)
-        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(spec.eps)
-        p.addcdiv_(exp_avg * neg_step_size, denom)
+def _number(v: Any, opt: str, gi: int, key: str) -> float:
+    if isinstance(v, torch.Tensor):
+        raise ValueError(f"{opt} param group {gi}: {key} is a Tensor; peakcut supports Python-number "
+                         "hyper-parameters only (a tensor lr changes torch.optim's arithmetic)")
+    return float(v)

@@ -12,15 +12,14 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from peakcut.capture.optimizers import init_state, spec_from_dict
-from peakcut.codegen.source import generate_source
+from peakcut.capture.optimizers import OptimizerSpec
+from peakcut.codegen.source import generate_source, hyper_names, hyper_values
 from peakcut.codegen.swap import HostPool, has_swaps
+from peakcut.codegen.update_inputs import Prepared, StepBindingError, UpdateInputs
 from peakcut.ir.graph import Graph
 from peakcut.ir.tensor import TensorMeta
 
-
-class StepBindingError(ValueError):
-    """The model or batch given to a step does not match what was captured."""
+__all__ = ["Step", "StepBindingError", "default_program_dir"]
 
 
 def default_program_dir() -> Path:
@@ -41,8 +40,10 @@ def _load(path: Path) -> Callable[..., tuple]:
 class Step:
     """One runnable step. `step(model, batch)` runs it for real (parameters updated in place).
 
-    Optimizer state lives here (created as zeros on the first call, like a fresh
-    torch.optim optimizer) and is exposed as `step.state` (name -> tensor).
+    The update uses a torch.optim optimizer (`optimizer=`, the user's; made from the
+    captured description on first use if none is given) and keeps its state there:
+    `step.optimizer.state_dict()` is what training did. Hyper-parameters are read from
+    its param_groups at every call. A step captured with a GradScaler needs `scaler=`.
 
     A step with swaps owns a HostPool (`step.host`) that its program allocates host copies
     from, outside the device memory that runtime.measure sees; `step.host_peak_bytes` is the
@@ -50,7 +51,7 @@ class Step:
     """
 
     def __init__(self, graph: Graph, order: list[int] | None = None, path: str | Path | None = None,
-                 title: str = "") -> None:
+                 title: str = "", optimizer: torch.optim.Optimizer | None = None, scaler: Any = None) -> None:
         self.graph = graph
         self.order = list(graph.order if order is None else order)
         peak = graph.simulate(self.order).peak_bytes
@@ -62,10 +63,20 @@ class Step:
             target.write_text(self.source)
         self.path = target
         self._fn = _load(target)
-        self.state: dict[str, torch.Tensor] = {}
-        self.optimizer = spec_from_dict(graph.signature.optimizer)
+        sig = graph.signature
+        self.update = UpdateInputs(OptimizerSpec.from_dict(sig.optimizer), sig.grad_scaler)
+        self.update.attach(optimizer, scaler)
+        self._hypers = bool(hyper_names(graph))
+        self._prepared = Prepared()
+        self._model: torch.nn.Module | None = None
+        self._returned_grads = {n.removeprefix("grad:") for n in graph.output_names if n.startswith("grad:")}
         self.host = HostPool()
         self._swaps = has_swaps(graph)
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The torch.optim optimizer whose state and hyper-parameters the step uses."""
+        return self.update.optimizer
 
     @property
     def host_peak_bytes(self) -> int:
@@ -74,38 +85,40 @@ class Step:
         return self.host.peak_bytes
 
     # ------------------------------------------------------------ binding
-    def _check(self, name: str, t: torch.Tensor, meta: TensorMeta) -> None:
+    def _check(self, name: str, t: torch.Tensor | None, meta: TensorMeta) -> None:
+        if t is None:
+            raise StepBindingError(f"{name}: no tensor (p.grad is None?)")
         if tuple(t.shape) != meta.shape or str(t.dtype).removeprefix("torch.") != meta.dtype:
             raise StepBindingError(
                 f"{name}: got shape {tuple(t.shape)} {t.dtype}, the captured step expects {meta.shape} {meta.dtype}"
             )
 
     def ensure_state(self, model: torch.nn.Module) -> None:
-        """Create the optimizer state (zeros, step 0) if this step has not run yet."""
-        if self.state or self.optimizer is None:
-            return
-        params = dict(model.named_parameters())
-        names = [n.removeprefix("state:") for n in self.graph.input_names if n.startswith("state:")]
-        shared_slots = self.optimizer.shared_slots()
-        owners = list(dict.fromkeys(n.rpartition(".")[0] for n in names if n not in shared_slots))
-        missing = [p for p in owners if p not in params]
-        if missing:
-            raise StepBindingError(f"optimizer state for {missing[:3]} does not match the model's parameters")
-        per_param, shared = init_state(self.optimizer, [params[p] for p in owners])
-        for owner, slots in zip(owners, per_param, strict=True):
-            for slot, tensor in zip(self.optimizer.slots(), slots, strict=True):
-                self.state[f"state:{owner}.{slot}"] = tensor
-        for slot, tensor in zip(shared_slots, shared, strict=True):
-            self.state[f"state:{slot}"] = tensor
+        """Create the optimizer state the program reads (as torch.optim does on a first step)
+        and read this step's hyper-parameters."""
+        self._model = model
+        self._prepared = self.update.prepare(model, self.graph.signature.accumulate, self._returned_grads)
+
+    @property
+    def state(self) -> dict[str, torch.Tensor]:
+        """'state:<param>.<slot>' -> the optimizer's state tensors for the step's parameters."""
+        model = self._model
+        return {} if model is None else self.update.state_tensors(model)
 
     def bind(self, model: torch.nn.Module, batch: Any) -> list[torch.Tensor]:
         """The program's positional inputs for this model and batch, checked against the capture."""
-        self.ensure_state(model)
         params = dict(model.named_parameters())
         buffers = dict(model.named_buffers())
+        for name in self.graph.input_names:
+            kind, _, key = name.partition(":")
+            source = {"param": params, "buffer": buffers}.get(kind)
+            if source is not None and key not in source:
+                raise StepBindingError(f"model has no {kind} named {key!r} (captured with one)")
+        self.ensure_state(model)
         leaves, spec = pytree.tree_flatten(batch)
         if pytree.treespec_dumps(spec) != self.graph.signature.batch_spec:
             raise StepBindingError("batch: its structure differs from the batch the step was captured with")
+        opt_state = self.update.state_tensors(model)
         values: list[torch.Tensor] = []
         for tid, name in zip(self.graph.inputs, self.graph.input_names, strict=True):
             kind, _, key = name.partition(":")
@@ -115,9 +128,16 @@ class Step:
                     raise StepBindingError(f"model has no {kind} named {key!r} (captured with one)")
                 value = source[key]
             elif kind == "state":
-                value = self.state[name]
+                value = opt_state.get(name)
+            elif kind == "acc":
+                value = params[key].grad if key in params else None
+            elif kind == "scaler":
+                value = self.update.scaler_for(_device_of(params, leaves))._scale
             else:
-                value = leaves[int(key)]
+                index = int(key)
+                if index >= len(leaves):
+                    raise StepBindingError(f"batch has {len(leaves)} tensors, the step was captured with more")
+                value = leaves[index]
             self._check(name, value, self.graph.tensors[tid])
             values.append(value)
         return values
@@ -125,29 +145,55 @@ class Step:
     def device_of(self, inputs: list[torch.Tensor]) -> str:
         return str(inputs[0].device) if inputs else self.graph.device
 
-    def run(self, inputs: list[torch.Tensor], device: str) -> tuple:
-        """Call the generated function on already-bound inputs."""
-        with torch.no_grad():
-            if not self._swaps:
-                return self._fn(*inputs, device=device)
+    def capture_scalars(self) -> dict[str, float]:
+        """The run-time scalars' values at capture (for runs without an optimizer: fake tracking)."""
+        return hyper_values(self.graph)
+
+    def run(self, inputs: list[torch.Tensor], device: str, hp: dict[str, float] | None = None) -> tuple:
+        """Call the generated function on already-bound inputs, with `hp` (default: the
+        scalars the last bind() read from the optimizer)."""
+        kwargs: dict[str, Any] = {"device": device}
+        if self._hypers:
+            kwargs["hp"] = self._prepared.hp if hp is None else hp
+        if self._swaps:
             self.host.reset_peak()
-            return self._fn(*inputs, device=device, host=self.host)
+            kwargs["host"] = self.host
+        with torch.no_grad():
+            return self._fn(*inputs, **kwargs)
 
     # ------------------------------------------------------------ calling
     def __call__(self, model: torch.nn.Module, batch: Any) -> Any:
         """Run one step: returns the loss (training) or the model output (inference).
 
-        Gradients that the step returns (no optimizer, or captured with keep_grads)
-        are stored in each parameter's .grad, replacing what was there.
+        Gradients that the step returns (no optimizer, parameters outside the optimizer, or
+        captured with keep_grads) are added to each parameter's .grad, like loss.backward().
         """
         inputs = self.bind(model, batch)
         outputs = self.run(inputs, self.device_of(inputs))
         del inputs
-        if self.graph.signature.mode == "inference":
-            spec = pytree.treespec_loads(self.graph.signature.output_spec)
+        sig = self.graph.signature
+        if sig.mode == "inference":
+            spec = pytree.treespec_loads(sig.output_spec)
             return pytree.tree_unflatten(list(outputs), spec)
+        named = dict(zip(self.graph.output_names, outputs, strict=True))
+        self.update.finish(self._prepared, named.get("found_inf"))
         params = dict(model.named_parameters())
-        for name, value in zip(self.graph.output_names, outputs, strict=True):
+        updated = {n for g in (self.update.spec.groups if self.update.spec else ()) for n in g.params}
+        for name, value in named.items():
             if name.startswith("grad:"):
-                params[name.removeprefix("grad:")].grad = value
+                p = params[name.removeprefix("grad:")]
+                if p.grad is None or name.removeprefix("grad:") in updated:
+                    p.grad = value
+                else:
+                    p.grad.add_(value)
+        if sig.accumulate:
+            for name in updated:
+                params[name].grad = None        # optimizer.zero_grad() after the update
         return outputs[0]
+
+
+def _device_of(params: dict[str, torch.Tensor], leaves: list[Any]) -> torch.device:
+    for t in (*params.values(), *leaves):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return torch.device("cpu")

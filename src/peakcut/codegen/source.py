@@ -29,8 +29,8 @@ import torch
 from peakcut.codegen.fission import Item, Loop, LoopPlan, Unrolled, has_fission, plan_loops
 from peakcut.codegen.swap import SwapCode, has_swaps
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import Node, TensorRef
-from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.ir.node import Hyper, Node, TensorRef
+from peakcut.ir.ops import GATE_OP, LOAD_OP, STORE_OP
 
 HEADER = '''"""{title}
 
@@ -57,7 +57,7 @@ class _Names:
 
     def __init__(self, g: Graph, display: dict[int, str] | None = None) -> None:
         self.by_tensor: dict[int, str] = {}
-        self._used: set[str] = {"aten", "torch", "device", "step", "_", "host", "compute", "d2h",
+        self._used: set[str] = {"aten", "torch", "device", "step", "_", "host", "hp", "compute", "d2h",
                                 "h2d", "part", *(f"part{d}" for d in range(2, 10))}
         for tid, name in zip(g.inputs, g.input_names, strict=True):
             kind, _, rest = name.partition(":")
@@ -85,6 +85,8 @@ class _Names:
 def _literal(v: Any, names: _Names, device: str) -> str:
     if isinstance(v, TensorRef):
         return names.by_tensor[v.id]
+    if isinstance(v, Hyper):
+        return f"hp[{v.name!r}]"
     if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
         return repr(v)
     if isinstance(v, float):
@@ -150,7 +152,7 @@ def generate_source(g: Graph, order: list[int] | None = None, title: str = "", p
     )]
     swaps = SwapCode(g, order, names) if has_swaps(g) else None
     args = ", ".join(names.by_tensor[t] for t in g.inputs)
-    extra = swaps.signature_extra() if swaps else ""
+    extra = (", hp" if hyper_names(g) else "") + (swaps.signature_extra() if swaps else "")
     lines.append(f"\ndef step({args}, *, device={g.device!r}{extra}):" if g.inputs
                  else f"\ndef step(*, device={g.device!r}{extra}):")
     lines.append('    """Run the step; updates parameters, buffers and optimizer state in place."""')
@@ -161,6 +163,28 @@ def generate_source(g: Graph, order: list[int] | None = None, title: str = "", p
     outs = ", ".join(names.by_tensor[t] for t in g.outputs)
     lines.append(f"    return ({outs}{',' if len(g.outputs) == 1 else ''})")
     return "\n".join(lines) + "\n"
+
+
+def hyper_names(g: Graph) -> list[str]:
+    """Names of the run-time scalars (ir.node.Hyper) the graph's ops read, sorted."""
+    return sorted(hyper_values(g))
+
+
+def hyper_values(g: Graph) -> dict[str, float]:
+    """The run-time scalars (ir.node.Hyper) the graph's ops read -> their capture-time values."""
+    found: dict[str, float] = {}
+
+    def visit(v: Any) -> None:
+        if isinstance(v, Hyper):
+            found[v.name] = float(v)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                visit(x)
+
+    for node in g.nodes.values():
+        visit(node.args)
+        visit(tuple(node.kwargs.values()))
+    return found
 
 
 def _swap_refusal(g: Graph) -> Callable[[list[int]], str | None] | None:
@@ -249,6 +273,12 @@ class _Emitter:
             lines.extend(swaps.before(nid))
         if swaps and node.op in (STORE_OP, LOAD_OP):
             lines.extend(swaps.emit(node))
+            return lines + self._del_lines(nid, pad)
+        if node.op == GATE_OP:
+            found_inf = _literal(node.args[0], names, g.device)
+            outs = ", ".join(names.by_tensor[t] for t in g.outputs)
+            lines.append(f"{pad}if {found_inf}.item():  # GradScaler: a gradient is inf or nan, the update is skipped")
+            lines.append(f"{pad}    return ({outs}{',' if len(g.outputs) == 1 else ''})")
             return lines + self._del_lines(nid, pad)
         original = node.extra.get("remat_of")
         if original in g.nodes:

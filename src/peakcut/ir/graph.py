@@ -26,14 +26,17 @@ class GraphError(ValueError):
 class StepSignature:
     """How the program's flat inputs/outputs map to the caller's objects.
 
-    input names: 'param:<name>', 'buffer:<name>', 'state:<param>.<slot>' or
-    'state:step', 'batch:<i>'. output names: 'loss', 'grad:<param>', 'out:<i>'.
+    input names: 'param:<name>', 'buffer:<name>', 'state:<param>.<slot>', 'acc:<param>',
+    'scaler:scale', 'batch:<i>'. output names: 'loss', 'grad:<param>', 'found_inf', 'out:<i>'.
     """
 
     batch_spec: str = ""         # pytree treespec of the batch (torch.utils._pytree dumps)
     output_spec: str = ""        # pytree treespec of the model output (inference only)
-    optimizer: dict[str, Any] = field(default_factory=dict)  # OptimizerSpec as a dict, {} if none
+    optimizer: dict[str, Any] = field(default_factory=dict)  # OptimizerSpec.to_dict(), {} if none
     mode: str = "train"          # "train" | "grad" | "inference"
+    max_grad_norm: float | None = None   # gradients clipped by global norm before the update
+    grad_scaler: bool = False    # loss scaled by 'scaler:scale'; unscaled, update skipped on inf/nan
+    accumulate: bool = False     # 'acc:<param>' inputs (earlier micro-batches' p.grad) added to
 
 
 @dataclass
@@ -286,6 +289,15 @@ class Graph:
         """Add or replace a tensor's metadata (e.g. a view that moves to another storage)."""
         self.tensors[meta.id] = meta
         self._invalidate()
+
+    def add_control(self, node: int, after: int) -> None:
+        """Make `node` run after `after` (an ordering edge with no data)."""
+        if node not in self.nodes or after not in self.nodes:
+            raise GraphError(f"add_control: unknown node {node if node not in self.nodes else after}")
+        found = self.control.get(node, ())
+        if after not in found:
+            self.control[node] = (*found, after)
+            self.changed()
 
     def changed(self) -> None:
         """Tell the graph that nodes, tensors or control edges were edited directly.

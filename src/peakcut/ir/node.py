@@ -19,6 +19,34 @@ class TensorRef:
     id: int
 
 
+class Hyper(float):
+    """A run-time scalar argument (an optimizer hyper-parameter such as a group's lr).
+
+    It is a float, with the value it had at capture, so analyses, cost models and
+    FakeTensor re-runs treat it as the constant it was; generated programs read it
+    by `name` from the `hp` mapping passed at every call (see capture.update).
+    """
+
+    __slots__ = ("name",)
+
+    def __new__(cls, name: str, value: float) -> Hyper:
+        obj = super().__new__(cls, value)
+        obj.name = name
+        return obj
+
+    def __repr__(self) -> str:
+        return f"Hyper({self.name!r}, {float(self)!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Hyper, (self.name, float(self)))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Hyper:
+        return self
+
+    def __copy__(self) -> Hyper:
+        return self
+
+
 class Phase(str, Enum):
     """Which part of the training step a node belongs to."""
 

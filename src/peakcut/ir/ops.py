@@ -48,3 +48,20 @@ def _load_fake(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def is_swap_op(op: str) -> bool:
     return op in (STORE_OP, LOAD_OP)
+
+
+GATE_OP = "peakcut.skip_update_if.default"
+
+
+@torch.library.custom_op("peakcut::skip_update_if", mutates_args=())
+def skip_update_if(found_inf: torch.Tensor) -> None:
+    """Marks where a GradScaler step decides to skip its update (found_inf != 0).
+
+    Eagerly it does nothing; capture orders every write of a parameter or of optimizer
+    state after it, and codegen emits it as an early return of the step.
+    """
+
+
+@skip_update_if.register_fake
+def _skip_update_if_fake(found_inf: torch.Tensor) -> None:
+    return None

@@ -92,10 +92,11 @@ def _build() -> Mapping[str, OpInfo]:
     ):
         for name in _with_default(names):
             table[name] = OpInfo(name, kind)
-    from peakcut.ir.ops import LOAD_OP, STORE_OP
+    from peakcut.ir.ops import GATE_OP, LOAD_OP, STORE_OP
 
     for name in (STORE_OP, LOAD_OP):
         table[name] = OpInfo(name, OpKind.SWAP)
+    table[GATE_OP] = OpInfo(GATE_OP, OpKind.OPTIMIZER)
     return MappingProxyType(table)
 
 
@@ -105,6 +106,21 @@ REGISTRY: Mapping[str, OpInfo] = _build()
 def lookup(op: str) -> OpInfo | None:
     """The registry entry of an op, or None if the op is opaque to peakcut."""
     return REGISTRY.get(op)
+
+
+def draws_random(op: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """Whether a call draws from the random generator: a random op, or an op with dropout_p > 0
+    (attention kernels). Such calls keep their relative order and are never duplicated."""
+    info = REGISTRY.get(op)
+    if info is not None and info.random:
+        return True
+    try:
+        names = argument_names(op)
+    except ValueError:
+        return False
+    values = dict(zip(names, args, strict=False)) | dict(kwargs)
+    p = values.get("dropout_p", 0.0)
+    return isinstance(p, (int, float)) and float(p) > 0
 
 
 def is_opaque(op: str) -> bool:

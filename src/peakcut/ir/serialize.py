@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from peakcut.ir.graph import Graph, GraphError, StepSignature
-from peakcut.ir.node import Node, Phase, TensorRef
+from peakcut.ir.node import Hyper, Node, Phase, TensorRef
 from peakcut.ir.tensor import Role, TensorMeta, dtype_from_name, dtype_name
 
 FORMAT = "peakcut.graph"
@@ -25,6 +25,8 @@ VERSION = 1
 def _enc(v: Any) -> Any:
     if isinstance(v, TensorRef):
         return {"t": v.id}
+    if isinstance(v, Hyper):
+        return {"hyper": [v.name, _enc(float(v))]}
     if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
         return v
     if isinstance(v, float):
@@ -56,6 +58,8 @@ def _dec(v: Any) -> Any:
         return TensorRef(int(x))
     if key == "float":
         return float(x)
+    if key == "hyper":
+        return Hyper(str(x[0]), float(_dec(x[1])))
     if key == "tuple":
         return tuple(_dec(y) for y in x)
     if key == "dtype":

@@ -41,11 +41,12 @@ class Role(str, Enum):
     BUFFER = "buffer"        # a model buffer (BatchNorm statistics may be updated in place)
     OPT_STATE = "opt_state"  # optimizer state (momentum, Adam moments, step count)
     GRAD = "grad"            # the gradient of a parameter
+    ACCUMULATED = "accumulated"  # p.grad of earlier micro-batches (accumulate=k), added to in place
     ACTIVATION = "activation"  # anything else computed during the step
 
     @property
     def caller_held(self) -> bool:
-        return self in (Role.INPUT, Role.PARAM, Role.BUFFER, Role.OPT_STATE)
+        return self in (Role.INPUT, Role.PARAM, Role.BUFFER, Role.OPT_STATE, Role.ACCUMULATED)
 
 
 @dataclass(frozen=True, slots=True)

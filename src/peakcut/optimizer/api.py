@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from peakcut.capture import capture
+from peakcut.capture.optimizers import OptimizerSpec, resolve_optimizer
 from peakcut.cost import get_cost_model
 from peakcut.cost.measured import MeasuredCostModel
 from peakcut.cost.protocol import CostModel
@@ -32,11 +33,12 @@ from peakcut.optimizer.derive import Deriver
 from peakcut.optimizer.moves import MoveSettings
 from peakcut.optimizer.objective import Objective, parse_latency_limit, parse_memory_limit
 from peakcut.optimizer.parallel import parallel_search
-from peakcut.optimizer.plan import LimitNotMet, Plan
+from peakcut.optimizer.plan import LimitNotMet, Plan, Program
 from peakcut.optimizer.search import Progress, SearchResult
 from peakcut.optimizer.state import State, computation_hash
 from peakcut.schedule import schedule
 from peakcut.simulate import Timeline, simulate_timeline
+from peakcut.units import format_bytes, format_seconds
 
 DEFAULT_LATENCY_LIMIT = 1.10      # MAGIS's default: least memory within 10% of eager latency
 REORDER_SHARE = 0.1               # share of the time budget the initial re-ordering may take
@@ -182,17 +184,28 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
              device: str | CostModel = "h200", seed: int = 0, max_states: int | None = None,
              pareto: bool = False, settings: MoveSettings | None = None, fission_dims: str = "batch",
              keep_grads: bool = False, progress: Callable[[Progress], None] | None = None,
-             jobs: int = 1) -> Plan:
+             jobs: int = 1, max_grad_norm: float | None = None, scaler: Any = None, accumulate: int = 1,
+             replan: bool = True) -> Plan:
     """Optimize one training step of `model` on `batch` and return a runnable Plan.
 
-    - loss_fn(model, batch) -> scalar loss; None optimizes inference of model(*batch);
-      optimizer "adamw", "sgd", a spec or None (the step then returns loss and gradients).
+    - loss_fn(model, batch) -> scalar loss; None optimizes inference of model(*batch).
+    - optimizer: your torch.optim.SGD / Adam / AdamW (any param groups; plan.step reads its
+      param_groups at every step and keeps its state in it, so LR schedulers, checkpoints
+      and hand edits work as in your eager loop), "adamw" / "adam" / "sgd", a peakcut recipe,
+      or None (plan.step then adds the gradients to p.grad, like loss.backward()).
+    - max_grad_norm: clip by global norm before the update (torch.nn.utils.clip_grad_norm_ over
+      the optimizer's parameters). scaler: a torch.amp.GradScaler (fp16 training): the loss is
+      scaled, the update skipped on inf/nan, and the scaler's scale updated, as scaler.step /
+      scaler.update do. accumulate=k: plan.step is called once per micro-batch and updates on
+      every k-th call, like an eager loop that calls backward() k times before optimizer.step().
     - memory_limit: 0.4 (fraction of the eager peak), "40%", "12GB" or bytes: the least
       latency under it. latency_limit: 1.1 (ratio to eager): the least memory under it.
       Neither: latency_limit 1.1. pareto=True: the memory/latency front is in the report.
     - device: a cost model ("h200", "rtx3090", "a100-80gb", "h100", "cpu", "measured").
     - time_budget (seconds) bounds the whole call; max_states bounds the states built; the
       same seed gives the same plan when the search ends before the clock does.
+    - replan: a batch of another shape (a short last batch) is planned again on first sight
+      (a warning says how long it took) and cached; False raises StepBindingError instead.
     - keep_grads: the step also returns the gradients (for checking against eager).
     - jobs: processes to search on (forked; analytic cost models only; see
       peakcut.optimizer.parallel).
@@ -200,21 +213,57 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
     """
     if optimizer is not None and loss_fn is None:
         raise ValueError("an optimizer needs loss_fn(model, batch) -> scalar loss")
-    t0 = time.perf_counter()
-    g = capture(model, batch, loss_fn, optimizer, keep_grads=keep_grads)
-    left = max(0.0, time_budget - (time.perf_counter() - t0))
-    found = optimize_graph(g, memory_limit=memory_limit, latency_limit=latency_limit, time_budget=left,
-                           device=device, seed=seed, max_states=max_states, pareto=pareto,
-                           settings=settings, fission_dims=fission_dims, progress=progress, jobs=jobs)
-    found.report["title"] = f"peakcut plan for {type(model).__name__}"
-    plan = Plan(model, found.best.program, found.best.order, found.report)
-    if not found.feasible and not pareto:
-        what = ("peak" if found.objective.mode == "memory" else "latency")
-        have = (f"{found.best.peak_bytes / 2**30:.3f} GiB" if found.objective.mode == "memory"
-                else f"{found.best.latency_s:.4g} s")
-        want = (f"{found.objective.limit / 2**30:.3f} GiB" if found.objective.mode == "memory"
-                else f"{found.objective.limit:.4g} s")
-        raise LimitNotMet(f"{what} limit not met within {time_budget:g} s: best {have}, limit {want} "
-                          f"({found.result.states} states searched); the best plan is on this error's .plan",
-                          plan)
+    if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
+        raise ValueError(f"accumulate={accumulate!r}: expected a number of micro-batches >= 1")
+    if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+        raise TypeError(f"scaler: expected a torch.amp.GradScaler, got {type(scaler).__name__}")
+    use_scaler = scaler is not None and scaler.is_enabled()
+    opt = resolve_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
+    if accumulate > 1 and opt is None:
+        raise ValueError("accumulate=k needs an optimizer; without one plan.step already adds into p.grad")
+    search = dict(memory_limit=memory_limit, latency_limit=latency_limit, device=device, seed=seed,
+                  max_states=max_states, pareto=pareto, settings=settings, fission_dims=fission_dims,
+                  progress=progress, jobs=jobs)
+
+    def plan_for(b: Any, budget: float) -> tuple[Program, Program | None]:
+        t0 = time.perf_counter()
+        final_share = budget if accumulate == 1 else budget * 0.6
+        g = capture(model, b, loss_fn, opt, keep_grads=keep_grads, max_grad_norm=max_grad_norm,
+                    grad_scaler=use_scaler, accumulate=accumulate > 1)
+        main = _search(g, final_share - (time.perf_counter() - t0), model, search)
+        micro = None
+        if accumulate > 1:
+            gm = capture(model, b, loss_fn, None, grad_scaler=use_scaler)
+            micro = _search(gm, budget - (time.perf_counter() - t0), model, search)
+        return main, micro
+
+    main, micro = plan_for(batch, time_budget)
+    plan = Plan(model, main.graph, main.order, main.report, optimizer=opt, scaler=scaler, micro=micro,
+                accumulate=accumulate, replan=(lambda b: plan_for(b, time_budget)) if replan else None,
+                batch=batch)
+    for program in (main, micro):
+        if program is not None and not program.feasible and not pareto:
+            raise LimitNotMet(program.why_not, plan)
     return plan
+
+
+def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, Any]) -> Program:
+    """optimize_graph on one captured step -> its Program (best graph, order, report)."""
+    found = optimize_graph(g, time_budget=max(0.0, budget), **search)
+    found.report["title"] = f"peakcut plan for {type(model).__name__}"
+    sig = g.signature
+    spec = OptimizerSpec.from_dict(sig.optimizer)
+    found.report["step"] = {
+        "mode": sig.mode, "optimizer": None if spec is None else spec.kind,
+        "param_groups": 0 if spec is None else len(spec.groups), "max_grad_norm": sig.max_grad_norm,
+        "grad_scaler": sig.grad_scaler, "accumulate": sig.accumulate,
+    }
+    why = ""
+    if not found.feasible:
+        mode = found.objective.mode
+        what = "peak" if mode == "memory" else "latency"
+        have = format_bytes(found.best.peak_bytes) if mode == "memory" else format_seconds(found.best.latency_s)
+        want = format_bytes(found.objective.limit) if mode == "memory" else format_seconds(found.objective.limit)
+        why = (f"{what} limit not met within {budget:.3g} s: best {have}, limit {want} "
+               f"({found.result.states} states searched); the best plan is on this error's .plan")
+    return Program(found.best.program, list(found.best.order), found.report, found.feasible, why)

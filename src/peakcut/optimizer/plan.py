@@ -1,6 +1,6 @@
 """An optimized step: run it, read its report and source, save it, load it back.
 
-    plan.step(batch)          # one optimized step on real data (parameters updated in place)
+    plan.step(batch)          # one optimized step on real data (parameters and optimizer state updated in place)
     plan.report               # dict: before/after peak and latency, how each was obtained, what was applied
     plan.source               # the generated program
     plan.save("out/plan"); peakcut.load_plan("out/plan", model)
@@ -9,13 +9,19 @@
 from __future__ import annotations
 
 import json
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
-from peakcut.codegen.program import Step
+from peakcut.codegen.program import Step, StepBindingError
 from peakcut.ir.graph import Graph
+from peakcut.units import format_bytes, format_seconds
 
 PLAN_FILES = ("graph.json", "order.json", "report.json", "program.py")
 
@@ -28,30 +34,102 @@ class LimitNotMet(RuntimeError):
         self.plan = plan
 
 
-class Plan:
-    """A program (graph + order) for one model, with its report."""
+@dataclass
+class Program:
+    """One searched step: the best graph and order, its report, and whether it met the limit."""
 
-    def __init__(self, model: torch.nn.Module, graph: Graph, order: list[int], report: dict[str, Any]) -> None:
+    graph: Graph
+    order: list[int]
+    report: dict[str, Any]
+    feasible: bool = True
+    why_not: str = ""
+
+
+def shape_key(batch: Any) -> tuple[Any, ...]:
+    """What a captured step is specialised to: the batch's structure, shapes and dtypes."""
+    leaves, spec = pytree.tree_flatten(batch)
+    return (pytree.treespec_dumps(spec),
+            *((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else (type(t).__name__,) for t in leaves))
+
+
+class Plan:
+    """Optimized steps for one model, optimizer and batch shape, with their report.
+
+    `plan.step(batch)` stands for `loss_fn(model, batch).backward(); clip; optimizer.step();
+    optimizer.zero_grad()` (with accumulate=k: the backward on every call, the rest on
+    every k-th). The optimizer (and GradScaler) are the user's objects.
+    """
+
+    def __init__(self, model: torch.nn.Module, graph: Graph, order: list[int], report: dict[str, Any], *,
+                 optimizer: torch.optim.Optimizer | None = None, scaler: Any = None,
+                 micro: Program | None = None, accumulate: int = 1,
+                 replan: Callable[[Any], tuple[Program, Program | None]] | None = None,
+                 batch: Any = None) -> None:
         self.model = model
         self.graph = graph
         self.order = list(order)
         self.report = report
-        self._step: Step | None = None
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.accumulate = accumulate
+        self.micro_steps = 0                    # micro-batches since the last update
+        self._replan = replan
+        self._steps: dict[tuple[Any, ...], tuple[Step, Step | None]] = {}
+        self._programs: dict[tuple[Any, ...], tuple[Program, Program | None]] = {}
+        self._micro = micro
+        self._key = shape_key(batch) if batch is not None else None
+        if self._key is not None:
+            self._programs[self._key] = (Program(graph, self.order, report), micro)
 
     @property
     def program(self) -> Step:
-        """The runnable step (generated and imported on first use)."""
-        if self._step is None:
-            self._step = Step(self.graph, self.order, title=self.report.get("title", "peakcut plan"))
-        return self._step
+        """The runnable step of the planned batch shape (generated and imported on first use)."""
+        return self._built(self._key)[0]
 
     @property
     def source(self) -> str:
         return self.program.source
 
+    def _built(self, key: tuple[Any, ...] | None) -> tuple[Step, Step | None]:
+        found = self._steps.get(key)  # type: ignore[arg-type]
+        if found is None:
+            main, micro = self._programs.get(key) if key is not None else (None, None)  # type: ignore[misc]
+            if main is None:
+                main, micro = Program(self.graph, self.order, self.report), self._micro
+            title = main.report.get("title", "peakcut plan")
+            step = Step(main.graph, main.order, title=title, optimizer=self.optimizer, scaler=self.scaler)
+            self.optimizer = step.optimizer
+            micro_step = (Step(micro.graph, micro.order, title=title + " (micro-batch)", scaler=self.scaler)
+                          if micro is not None else None)
+            found = self._steps[key] = (step, micro_step)  # type: ignore[index]
+        return found
+
+    def _for_batch(self, batch: Any) -> tuple[Step, Step | None]:
+        key = shape_key(batch)
+        if self._key is None or key == self._key or key in self._programs:
+            return self._built(key if key in self._programs else self._key)
+        if self._replan is None:
+            raise StepBindingError(f"batch of another shape ({_shapes(key)}; planned for {_shapes(self._key)}) "
+                                   "and replan=False: plan this shape with peakcut.optimize, or pass replan=True")
+        t0 = time.perf_counter()
+        self._programs[key] = self._replan(batch)
+        warnings.warn(f"peakcut: batch of a new shape ({_shapes(key)}; planned for {_shapes(self._key)}): "
+                      f"planned again in {time.perf_counter() - t0:.1f} s; cached for this shape",
+                      stacklevel=3)
+        return self._built(key)
+
     def step(self, batch: Any) -> Any:
-        """Run one optimized step on `batch`: returns the loss (or the model output)."""
-        return self.program(self.model, batch)
+        """One optimized step on `batch`: returns the loss (or the model output for inference)."""
+        main, micro = self._for_batch(batch)
+        if self.accumulate > 1 and self.micro_steps + 1 < self.accumulate:
+            if micro is None:
+                raise StepBindingError("accumulate > 1 but the plan has no micro-batch program")
+            loss = micro(self.model, batch)
+            self.micro_steps += 1
+            return loss
+        loss = main(self.model, batch)
+        self.micro_steps = 0
+        return loss
 
     def save(self, path: str | Path) -> Path:
         """Write graph, order, report and program source into directory `path`."""
@@ -65,13 +143,21 @@ class Plan:
 
     def __repr__(self) -> str:
         r = self.report
-        return (f"Plan(peak {r.get('peak_bytes', 0) / 2**30:.3f} GiB vs eager "
-                f"{r.get('eager_peak_bytes', 0) / 2**30:.3f} GiB, latency {r.get('latency_s', 0):.4g} s vs "
-                f"{r.get('eager_latency_s', 0):.4g} s, {len(r.get('applied', []))} rewrites)")
+        return (f"Plan(peak {format_bytes(r.get('peak_bytes', 0))} vs eager "
+                f"{format_bytes(r.get('eager_peak_bytes', 0))}, latency {format_seconds(r.get('latency_s', 0))} vs "
+                f"{format_seconds(r.get('eager_latency_s', 0))}, {len(r.get('applied', []))} rewrites)")
 
 
-def load_plan(path: str | Path, model: torch.nn.Module) -> Plan:
-    """A saved plan, bound to `model` (the same architecture and parameter shapes)."""
+def _shapes(key: tuple[Any, ...] | None) -> str:
+    if key is None:
+        return "?"
+    return ", ".join("x".join(map(str, k[0])) if len(k) == 2 else k[0] for k in key[1:])
+
+
+def load_plan(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+              scaler: Any = None) -> Plan:
+    """A saved plan, bound to `model` (the same architecture and parameter shapes) and to
+    your optimizer (default: a fresh one made from the plan's description)."""
     src = Path(path)
     missing = [name for name in PLAN_FILES[:3] if not (src / name).exists()]
     if missing:
@@ -81,4 +167,4 @@ def load_plan(path: str | Path, model: torch.nn.Module) -> Plan:
     report = json.loads((src / "report.json").read_text())
     if sorted(order) != sorted(graph.nodes):
         raise ValueError(f"{src / 'order.json'} does not order the nodes of {src / 'graph.json'}")
-    return Plan(model, graph, order, report)
+    return Plan(model, graph, order, report, optimizer=optimizer, scaler=scaler)

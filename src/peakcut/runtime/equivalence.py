@@ -1,7 +1,7 @@
 """Numeric equivalence of a built step against eager PyTorch over several steps.
 
-Eager reference: loss_fn(model, batch).backward() and torch.optim.SGD/AdamW
-(foreach=False) on a deep copy of the model. Compared after every step: loss,
+Eager reference: loss_fn(model, batch).backward() and the recipe's torch.optim
+optimizer (peakcut.SGD / Adam / AdamW, foreach=False) on a deep copy of the model. Compared after every step: loss,
 gradients, parameters, buffers (e.g. BatchNorm running statistics) and
 optimizer state.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from peakcut.capture.optimizers import SGD, AdamW, OptimizerSpec
+from peakcut.capture.optimizers import Recipe
 from peakcut.codegen.program import Step
 
 
@@ -60,14 +60,9 @@ def default_tolerance(dtype: torch.dtype) -> tuple[float, float]:
     return 1e-5, 1e-6
 
 
-def torch_optimizer(spec: OptimizerSpec, params: Any) -> torch.optim.Optimizer:
-    if isinstance(spec, SGD):
-        return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay,
-                               nesterov=spec.nesterov, foreach=False)
-    if isinstance(spec, AdamW):
-        return torch.optim.AdamW(params, lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps,
-                                 weight_decay=spec.weight_decay, foreach=False)
-    raise TypeError(f"unknown optimizer spec {spec!r}")
+def torch_optimizer(recipe: Recipe, params: Any) -> torch.optim.Optimizer:
+    """The recipe's torch.optim optimizer over the trainable ones of `params`."""
+    return recipe.build([p for p in params if p.requires_grad])
 
 
 class _Comparer:
@@ -92,7 +87,7 @@ def check_equivalence(
     model: torch.nn.Module,
     batch: Any,
     loss_fn: Callable[[Any, Any], torch.Tensor] | None,
-    optimizer: OptimizerSpec | None,
+    optimizer: Recipe | None,
     build: Callable[[torch.nn.Module], Step],
     steps: int = 3,
     rtol: float | None = None,
@@ -150,10 +145,6 @@ def _compare_state(k: int, compare: _Comparer, step_fn: Step, opt: torch.optim.O
                    ref_params: dict[str, torch.nn.Parameter]) -> None:
     for key, value in step_fn.state.items():
         name = key.removeprefix("state:")
-        if name == "step":
-            steps = [s["step"] for s in opt.state.values() if "step" in s]
-            compare(k, "state", "step", value, steps[0] if steps else None)
-            continue
         pname, _, slot = name.rpartition(".")
         ref_state = opt.state.get(ref_params[pname], {})
         compare(k, "state", name, value, ref_state.get(slot))

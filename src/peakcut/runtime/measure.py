@@ -222,7 +222,7 @@ def fake_tracked_peak(step: Step) -> Measurement:
     input_bytes = tracker.live
     t0 = time.perf_counter()
     with fake_mode, tracker:
-        outputs = step.run(inputs, g.device)
+        outputs = step.run(inputs, g.device, hp=step.capture_scalars())
     seconds = time.perf_counter() - t0
     del outputs
     return Measurement(tracker.peak, seconds, "fake-tracker", g.device, input_bytes, (seconds,))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node
-from peakcut.ir.registry import OpKind, argument_names, lookup
+from peakcut.ir.registry import OpKind, draws_random, lookup
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.transform.rewrite import (
     IdAllocator,
@@ -60,15 +60,6 @@ class _Plan:
     capture_position: int          # index in g.order to insert A' at
 
 
-def _dropout_p(g: Graph, nid: int) -> float:
-    """The op's dropout_p argument (attention kernels draw random numbers when it is > 0)."""
-    n = g.nodes[nid]
-    names = argument_names(n.op)
-    values = dict(zip(names, n.args, strict=False)) | n.kwargs
-    p = values.get("dropout_p", 0.0)
-    return float(p) if isinstance(p, (int, float)) else 0.0
-
-
 def _why_not_op(g: Graph, node: int) -> str | None:
     n = g.nodes[node]
     what = describe_node(g, node)
@@ -80,7 +71,7 @@ def _why_not_op(g: Graph, node: int) -> str | None:
     if info.kind is OpKind.VIEW:
         return (f"{what} is a view: its output aliases its input and frees nothing; recompute "
                 "the op that allocates the storage")
-    if info.random or _dropout_p(g, node) > 0:
+    if draws_random(n.op, n.args, n.kwargs):
         return (f"{what} draws random numbers: a recompute would not give the same result "
                 "(DESIGN invariant 4)")
     if n.op in _UNINITIALIZED:

@@ -18,7 +18,7 @@ from peakcut.ir.dims import linalg, movement, norms, pointwise, reductions, view
 from peakcut.ir.dims.call import Builder, Call, assemble, aten
 from peakcut.ir.dims.rule import DimRule
 from peakcut.ir.graph import Graph
-from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.ir.ops import GATE_OP, LOAD_OP, STORE_OP
 
 BUILDERS: Mapping[str, Builder] = MappingProxyType({
     **views.BUILDERS, **pointwise.BUILDERS, **reductions.BUILDERS, **linalg.BUILDERS,
@@ -35,6 +35,7 @@ NO_RULE: Mapping[str, str] = MappingProxyType({
     aten("_foreach_mul_.Scalar"): "updates a list in place (as _foreach_add_.List)",
     STORE_OP: "swap-out: code generation emits the copy itself; never split",
     LOAD_OP: "swap-in: code generation emits the copy itself; never split",
+    GATE_OP: "the GradScaler's skip-the-update decision: code generation emits it as an early return",
     **{aten(n): _RANDOM for n in (
         "native_dropout", "native_dropout_backward", "bernoulli.p", "bernoulli.default",
         "bernoulli_.float", "bernoulli_.Tensor", "rand", "randn", "rand_like", "randn_like",

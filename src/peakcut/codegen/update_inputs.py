@@ -1,0 +1,205 @@
+"""A step's update inputs, taken from the user's objects at every call.
+
+The optimizer state is the user's: `state:<param>.<slot>` inputs are the tensors in
+`optimizer.state[p]`, created exactly as torch.optim creates them on a parameter's
+first step; Adam's per-parameter `step` stays in the state dict and is advanced after
+the program ran, as torch.optim does. Hyper-parameters are read from
+`optimizer.param_groups` (capture.update.scalars). A GradScaler's scale is an input;
+its found_inf output decides whether the update happened (state made for this step is
+removed again, step counts stay) and feeds `GradScaler`'s own scale update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.optim.optimizer import _get_scalar_dtype
+
+from peakcut.capture.optimizers import SUPPORTED, GroupSpec, OptimizerSpec, describe
+from peakcut.capture.update import scalars
+
+
+class StepBindingError(ValueError):
+    """The model, batch, optimizer or scaler given to a step does not match what was captured."""
+
+
+@dataclass
+class Prepared:
+    """What one call needs and what it must do afterwards."""
+
+    hp: dict[str, float] = field(default_factory=dict)
+    created: list[tuple[torch.Tensor, str]] = field(default_factory=list)   # (param, slot) made now
+    advanced: list[torch.Tensor] = field(default_factory=list)             # Adam step tensors
+
+
+class UpdateInputs:
+    """Binds a captured update to a torch.optim optimizer (and GradScaler) at run time."""
+
+    def __init__(self, spec: OptimizerSpec | None, grad_scaler: bool) -> None:
+        self.spec = spec
+        self.grad_scaler = grad_scaler
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scaler: Any = None
+
+    # ------------------------------------------------------------------ objects
+    def attach(self, optimizer: torch.optim.Optimizer | None, scaler: Any = None) -> None:
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer: expected a torch.optim optimizer, got {type(optimizer).__name__}")
+        self.optimizer = optimizer
+        if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+            raise TypeError(f"scaler: expected a torch.amp.GradScaler, got {type(scaler).__name__}")
+        self.scaler = scaler
+
+    def optimizer_for(self, model: torch.nn.Module) -> torch.optim.Optimizer | None:
+        """The attached optimizer; a fresh one with the captured groups if none was given."""
+        if self.spec is None:
+            return None
+        if self.optimizer is None:
+            params = dict(model.named_parameters())
+            missing = [n for g in self.spec.groups for n in g.params if n not in params]
+            if missing:
+                raise StepBindingError(f"model has no parameter named {missing[0]!r} (captured with one)")
+            self.optimizer = self.spec.build(params)
+        return self.optimizer
+
+    def scaler_for(self, device: torch.device) -> Any:
+        if not self.grad_scaler:
+            return None
+        if self.scaler is None:
+            raise StepBindingError("this step was captured with a GradScaler: attach one (Step(..., scaler=) "
+                                   "or peakcut.optimize(..., scaler=))")
+        if self.scaler._scale is None:
+            self.scaler._lazy_init_scale_growth_tracker(device)
+        return self.scaler
+
+    # ------------------------------------------------------------------ per call
+    def prepare(self, model: torch.nn.Module, accumulate: bool, returns_grads: set[str]) -> Prepared:
+        """Check the optimizer against the capture, create missing state, compute the scalars."""
+        spec = self.spec
+        out = Prepared()
+        opt = self.optimizer_for(model)
+        if spec is None or opt is None:
+            return out
+        params = dict(model.named_parameters())
+        self._check_groups(opt, model, spec)
+        steps: dict[str, float] = {}
+        first: dict[str, bool] = {}
+        for group in spec.groups:
+            for name in group.params:
+                p = params[name]
+                if p.grad is not None and not accumulate and name not in returns_grads:
+                    raise StepBindingError(
+                        f"parameter {name!r} already has a .grad: plan.step computes the gradient of this batch "
+                        "alone, as after optimizer.zero_grad(); call optimizer.zero_grad() first, or plan with "
+                        "accumulate=k to add micro-batches")
+                self._state_of(opt, spec, group, name, p, out, steps, first)
+        out.hp = scalars(spec, opt.param_groups, steps, first)
+        return out
+
+    def state_tensors(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """'state:<param>.<slot>' -> tensor for every state tensor the optimizer holds for the
+        captured parameters (Adam's 'step' included)."""
+        opt = self.optimizer
+        if self.spec is None or opt is None:
+            return {}
+        params = dict(model.named_parameters())
+        found: dict[str, torch.Tensor] = {}
+        for group in self.spec.groups:
+            for name in group.params:
+                for slot, value in opt.state.get(params[name], {}).items():
+                    if isinstance(value, torch.Tensor):
+                        found[f"state:{name}.{slot}"] = value
+        return found
+
+    def finish(self, prepared: Prepared, found_inf: torch.Tensor | None) -> bool:
+        """After the program ran: advance step counts, or undo this call's new state when a
+        GradScaler skipped the update; update the scaler. Returns whether the update ran."""
+        skipped = found_inf is not None and bool(found_inf.item())
+        if skipped:
+            for p, slot in prepared.created:
+                state = self.optimizer.state[p] if self.optimizer is not None else {}
+                state.pop(slot, None)
+                if not state and self.optimizer is not None:
+                    self.optimizer.state.pop(p, None)
+        else:
+            for step in prepared.advanced:
+                step += 1
+            if self.optimizer is not None:
+                # what optimizer.step() sets for torch.optim.lr_scheduler ("step() before optimizer.step()")
+                self.optimizer._opt_called = True  # type: ignore[attr-defined]
+        if found_inf is not None:
+            s = self.scaler
+            torch._amp_update_scale_(s._scale, s._growth_tracker, found_inf.to(s._scale.device),
+                                     s._growth_factor, s._backoff_factor, s._growth_interval)
+        return not skipped
+
+    # ------------------------------------------------------------------ helpers
+    def _check_groups(self, opt: torch.optim.Optimizer, model: torch.nn.Module, spec: OptimizerSpec) -> None:
+        hooks = getattr(opt, "_optimizer_step_pre_hooks", {}) or getattr(opt, "_optimizer_step_post_hooks", {})
+        if hooks:
+            raise StepBindingError(f"{type(opt).__name__} has step hooks (register_step_pre_hook / post_hook): "
+                                   "plan.step does not call optimizer.step(), so they would not run; remove them")
+        if len(opt.param_groups) != len(spec.groups):
+            raise StepBindingError(f"{type(opt).__name__} has {len(opt.param_groups)} param groups, the plan was "
+                                   f"made for {len(spec.groups)}: plan again after changing the groups")
+        try:
+            live = describe(opt, model)
+        except (TypeError, ValueError) as e:
+            raise StepBindingError(f"the optimizer no longer matches the plan: {e}") from None
+        if live.kind != spec.kind:
+            raise StepBindingError(f"the plan updates like {spec.kind}, the optimizer is {type(opt).__name__} "
+                                   f"({SUPPORTED} are supported): plan again with this optimizer")
+        for gi, (was, now) in enumerate(zip(spec.groups, live.groups, strict=True)):
+            missing = set(was.params) - set(now.params)
+            if missing:
+                raise StepBindingError(f"param group {gi} of {type(opt).__name__} no longer holds "
+                                       f"{sorted(missing)[0]!r}, which the plan updates there")
+            if _structure(was) != _structure(now):
+                raise StepBindingError(
+                    f"param group {gi}: {_what_changed(was, now)} changed since planning, which changes the "
+                    "update's code (not just its numbers): plan again")
+
+    def _state_of(self, opt: torch.optim.Optimizer, spec: OptimizerSpec, group: GroupSpec, name: str,
+                  p: torch.Tensor, out: Prepared, steps: dict[str, float], first: dict[str, bool]) -> None:
+        if spec.kind == "sgd":
+            if group.hyper["momentum"] != 0:
+                state = opt.state[p]
+                if state.get("momentum_buffer") is None:
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    out.created.append((p, "momentum_buffer"))
+                    first[name] = True
+                _check_like(name, "momentum_buffer", state["momentum_buffer"], p)
+            return
+        state = opt.state[p]
+        if "step" not in state:
+            state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype())
+            out.created.append((p, "step"))
+            for slot in spec.slots(group):
+                state[slot] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                out.created.append((p, slot))
+        for slot in spec.slots(group):
+            if slot not in state:
+                raise StepBindingError(f"optimizer state of {name!r} has no {slot!r} (saved without amsgrad?)")
+            _check_like(name, slot, state[slot], p)
+        step = state["step"]
+        steps[name] = (step + 1).item()       # torch.optim: step_t += 1; step = step_t.item()
+        out.advanced.append(step)
+
+
+def _structure(g: GroupSpec) -> tuple[Any, ...]:
+    return g.structure()
+
+
+def _what_changed(was: GroupSpec, now: GroupSpec) -> str:
+    for key in ("weight_decay", "momentum"):
+        if (was.hyper.get(key, 0) != 0) != (now.hyper.get(key, 0) != 0):
+            return f"{key} ({was.hyper.get(key)} -> {now.hyper.get(key)}, zero <-> non-zero)"
+    return f"options {list(was.flags)} -> {list(now.flags)}"
+
+
+def _check_like(name: str, slot: str, t: torch.Tensor, p: torch.Tensor) -> None:
+    if t.shape != p.shape or t.dtype != p.dtype or t.device != p.device:
+        raise StepBindingError(f"optimizer state {name}.{slot}: {tuple(t.shape)} {t.dtype} on {t.device}, the "
+                               f"parameter is {tuple(p.shape)} {p.dtype} on {p.device}")
