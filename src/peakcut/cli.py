@@ -13,10 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from peakcut.cli_optimize import add_parser as add_optimize_parser
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:,.2f} GiB" if n >= 2**28 else f"{n / 2**20:,.2f} MiB"
+from peakcut.units import format_bytes
 
 
 def cmd_workloads(args: argparse.Namespace, out: Console) -> int:
@@ -114,16 +111,18 @@ def cmd_profile(args: argparse.Namespace, out: Console) -> int:
     table.add_column("fact")
     table.add_column("value", justify="right")
     table.add_row("ops in the step", f"{facts['nodes']:,} ({facts['opaque_nodes']} opaque)")
-    table.add_row("parameter bytes", _gib(facts["param_bytes"]))
-    table.add_row("caller-held (params, buffers, state, batch)", _gib(facts["caller_held_bytes"]))
-    table.add_row("eager peak (simulated)", _gib(facts["eager_peak_bytes"]))
+    table.add_row("parameter bytes", format_bytes(facts["param_bytes"]))
+    table.add_row("caller-held (params, buffers, state, batch)", format_bytes(facts["caller_held_bytes"]))
+    table.add_row("eager peak (simulated)", format_bytes(facts["eager_peak_bytes"]))
     saved = 1 - facts["reordered_peak_bytes"] / facts["eager_peak_bytes"]
-    table.add_row("re-ordered peak (simulated)", f"{_gib(facts['reordered_peak_bytes'])} ({saved:.2%} less)")
-    table.add_row("no order can go below", _gib(facts["reorder_lower_bound_bytes"]))
+    table.add_row("re-ordered peak (simulated)",
+                  f"{format_bytes(facts['reordered_peak_bytes'])} ({saved:.2%} less)")
+    table.add_row("no order can go below", format_bytes(facts["reorder_lower_bound_bytes"]))
     table.add_row("F-Tree (batch dimension)", f"{facts['ftree_levels']} levels, nodes per level "
                   f"{facts['ftree_nodes_per_level']}")
     if facts["fission_root_peak_bytes"] is not None:
-        table.add_row("peak with the F-Tree root in 2 parts (simulated)", _gib(facts["fission_root_peak_bytes"]))
+        table.add_row("peak with the F-Tree root in 2 parts (simulated)",
+                      format_bytes(facts["fission_root_peak_bytes"]))
     table.add_row("peak reached at", f"{facts['peak_op']} ({facts['peak_phase']})")
     table.add_row("capture + simulate + re-order + F-Tree", f"{facts['seconds']:.1f} s")
     out.print(table)
@@ -131,7 +130,7 @@ def cmd_profile(args: argparse.Namespace, out: Console) -> int:
     hot.add_column("module")
     hot.add_column("bytes live at peak", justify="right")
     for row in facts["hotspots_by_module"]:
-        hot.add_row(row["module"], _gib(row["bytes"]))
+        hot.add_row(row["module"], format_bytes(row["bytes"]))
     out.print(hot)
     if args.plot:
         out.print(f"memory timeline written to {args.plot}")

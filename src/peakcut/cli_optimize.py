@@ -20,9 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.3f} GiB"
+from peakcut.units import format_bytes, format_seconds
 
 
 def _load_factory(spec: str) -> tuple[Any, Any, Any, str]:
@@ -62,8 +60,9 @@ def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
         g = peakcut.capture(model, batch, loss_fn, args.optimizer)
 
         def progress(p: Any) -> None:
-            spinner.update(f"searching: {p.states} states, best peak {_gib(p.best_peak_bytes)}, latency "
-                           f"{p.best_latency_s * 1e3:.2f} ms, {'meets' if p.feasible else 'misses'} the limit, "
+            spinner.update(f"searching: {p.states} states, best peak {format_bytes(p.best_peak_bytes)}, "
+                           f"latency {format_seconds(p.best_latency_s)}, "
+                           f"{'meets' if p.feasible else 'misses'} the limit, "
                            f"{p.elapsed_s:.0f}/{args.time_budget:.0f} s")
 
         found = optimize_graph(g, memory_limit=args.memory_limit, latency_limit=args.latency_limit,
@@ -87,9 +86,9 @@ def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
     table.add_column("eager", justify="right")
     table.add_column("peakcut", justify="right")
     table.add_column("ratio", justify="right")
-    table.add_row("peak memory", _gib(report["eager_peak_bytes"]), _gib(report["peak_bytes"]),
+    table.add_row("peak memory", format_bytes(report["eager_peak_bytes"]), format_bytes(report["peak_bytes"]),
                   f"{report['peak_ratio']:.1%}")
-    table.add_row("latency", f"{report['eager_latency_s'] * 1e3:.2f} ms", f"{report['latency_s'] * 1e3:.2f} ms",
+    table.add_row("latency", format_seconds(report["eager_latency_s"]), format_seconds(report["latency_s"]),
                   f"{report['latency_ratio']:.1%}")
     out.print(table)
     out.print(f"memory: {report['memory_method']}\nlatency: {report['latency_method']}")
@@ -115,7 +114,7 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--time-budget", type=float, default=60.0, help="seconds for the whole search (default 60)")
     o.add_argument("--device", default="h200", help=f"cost model: {', '.join(KNOWN_SPECS)}")
     o.add_argument("--size", choices=("paper", "tiny"), default="paper")
-    o.add_argument("--optimizer", choices=("sgd", "adamw"), default="adamw")
+    o.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="adamw")
     o.add_argument("--pareto", action="store_true", help="collect the memory/latency front")
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--jobs", type=int, default=1,
