@@ -12,8 +12,9 @@ Progress messages of the workers are merged (states summed, the best of the best
 
 Needs the "fork" start method (Linux; not Windows) and a cost model that does not measure:
 measuring op latencies in two processes at once would disturb each other's timings.
-The same seed and jobs give the same result when every worker ends by its queue or
-`max_states` (split evenly between the workers).
+The same seed and jobs give the same result when every worker ends by its queue, by
+stalling (search module doc; each worker counts its own states) or by `max_states` (split
+evenly between the workers).
 """
 
 from __future__ import annotations

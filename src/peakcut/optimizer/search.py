@@ -14,7 +14,25 @@
 - the time budget is checked before every child, and a child whose kind recently
   took longer than the time left is skipped, so the search ends within about a
   second of the budget;
-- with the same seed (and a search that ends by exhausting its queue or
+- it ends before the budget when it is done (SearchResult.stopped says why):
+  "queue empty" when no state is left to expand, or "stalled" when the best has not
+  improved over the last `patience(nodes, found_at)` states built: the most of
+  STALL_STATES, STALL_PER_NODE per node of the root program, and the states built
+  until the best last improved (with `exact_front`, a new front point counts as an
+  improvement too). Both queues rarely empty: every state built joins one (the
+  reserve takes those outside δ), and remat, swap, undo and TASO-style rewrites
+  (view-only simplifications in any subset, matmul splits of splits, merges of the
+  parts) combine into more distinct programs than a budget reaches, even on a
+  one-layer model. The rule counts states, not seconds, so a stalled search is as
+  reproducible as one ended by its queue. Measured (analytic profiles, 45-60 s
+  searches): models of 60-180 ops found their last better state within the first
+  200 states and then built 1,000-3,000 more in vain; on the tiny workloads (670-
+  1,010 ops) and paper-size U-Net (873) the best kept improving to the end, at most
+  161 states apart. Those graphs get a patience of 1,340 states and more, and a
+  paper-size search builds fewer states within its budget than its patience
+  (ResNet-50, U-Net++, the transformers: 2 x nodes exceeds every count in
+  BENCHMARKS.md) or stalls only after 1,746 states without a better one (U-Net);
+- with the same seed (and a search that ends by exhausting its queue, stalling or
   `max_states`, not by the clock) the result is the same;
 - every built state's (peak, latency) enters the Pareto front;
 - states are evaluated on compact fission expansions (Deriver); the result is validated
@@ -41,6 +59,8 @@ from peakcut.optimizer.objective import Objective
 from peakcut.optimizer.state import State
 
 QUEUE_LIMIT = 48    # states kept in the queue (each holds a program graph)
+STALL_STATES = 200  # the search stops when its best has not improved over this many states, ...
+STALL_PER_NODE = 2  # ... this many per node of the root program, and the states it took to find it
 VALIDATE = 3        # latest bests re-derived on the full expansion at the end, at most
 FRONT_SHARE = 0.25  # of the budget kept for re-deriving the Pareto front (exact_front)
 
@@ -74,7 +94,7 @@ class SearchResult:
     duplicates: int                  # children skipped because their hash was seen
     failed: int                      # children whose rule failed while building
     seconds: float
-    stopped: str                     # "queue empty" | "time budget" | "max states"
+    stopped: str                     # "queue empty" | "stalled" | "time budget" | "max states"
     front: list[FrontPoint] = field(default_factory=list)   # Pareto front (peak, latency), by peak
     jobs: int = 1                    # processes the search ran on (optimizer.parallel)
 
@@ -89,12 +109,27 @@ def _dominated(a: State, b: State) -> bool:
             and (b.peak_bytes < a.peak_bytes or b.latency_s < a.latency_s))
 
 
-def _update_front(front: list[State], s: State) -> None:
+def _update_front(front: list[State], s: State) -> bool:
+    """Adds `s` to the Pareto front unless a point dominates or equals it; whether it was added."""
     if any(_dominated(s, f) or (f.peak_bytes, f.latency_s) == (s.peak_bytes, s.latency_s) for f in front):
-        return
+        return False
     front[:] = [f for f in front if not _dominated(f, s)]
     front.append(s)
     front.sort(key=lambda x: (x.peak_bytes, x.latency_s))
+    return True
+
+
+def patience(nodes: int, found_at: int) -> int:
+    """States built without a better best after which the search stops as "stalled".
+
+    nodes: the root program's nodes; found_at: the states built when the best last
+    improved (the root counts as the first). The neighbourhood of a state (hot-spot
+    candidates, F-Tree mutations, TASO sites, undos) grows with the graph, hence the
+    per-node term; waiting as long again as the best took keeps a search that still
+    improves late from being cut short (it spends at most half its states past its
+    last improvement).
+    """
+    return max(STALL_STATES, STALL_PER_NODE * nodes, found_at)
 
 
 def search(root: State, deriver: Deriver, objective: Objective, *, time_budget: float = 60.0,
@@ -133,6 +168,11 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
     _update_front(front, root)
     states, expanded, duplicates, failed = 1, 0, 0, 0
     stopped = "queue empty"
+    nodes = len(root.program.nodes)
+    found_at = 1                   # states built when the best (or, exact_front, the front) last improved
+
+    def stalled() -> bool:
+        return states - found_at >= patience(nodes, found_at)
 
     def report() -> None:
         if progress is not None:
@@ -149,12 +189,14 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
 
     def judge(child: State) -> None:
         """A new state: the best when BetterThan, queued within the relaxation, else reserved."""
-        nonlocal best, heap, reserve
-        _update_front(front, child)
+        nonlocal best, heap, reserve, found_at
+        if _update_front(front, child) and exact_front:
+            found_at = states
         k = key(child)
         if objective.better(k, key(best)):
             best = child
             bests.append(child)
+            found_at = states
             report()
         entry = (k, next(counter), child)
         if objective.within_relaxation(k, key(best)):
@@ -171,6 +213,9 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
     while heap or reserve:
         if time.perf_counter() >= deadline - reserve_s():
             stopped = "time budget"
+            break
+        if stalled():
+            stopped = "stalled"
             break
         _, _, state = heapq.heappop(heap if heap else reserve)
         if deadline - reserve_s() - time.perf_counter() <= (deriver.expected_seconds("moves")
@@ -205,6 +250,9 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
                 break
             if max_states is not None and states >= max_states:
                 stopped = "max states"
+                break
+            if stalled():
+                stopped = "stalled"
                 break
             if move.key in seen_keys:
                 duplicates += 1
