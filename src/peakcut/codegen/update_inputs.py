@@ -92,7 +92,8 @@ class UpdateInputs:
                 if p.grad is not None and not accumulate and name not in returns_grads:
                     raise StepBindingError(
                         f"parameter {name!r} already has a .grad: plan.step computes the gradient of this batch "
-                        "alone, as after optimizer.zero_grad(); call optimizer.zero_grad() first, or plan with "
+                        "alone, as after optimizer.zero_grad(); call optimizer.zero_grad() (set_to_none=True, the "
+                        "default) first, or plan with "
                         "accumulate=k to add micro-batches")
                 self._state_of(opt, spec, group, name, p, out, steps, first)
         out.hp = scalars(spec, opt.param_groups, steps, first)

@@ -230,11 +230,11 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         final_share = budget if accumulate == 1 else budget * 0.6
         g = capture(model, b, loss_fn, opt, keep_grads=keep_grads, max_grad_norm=max_grad_norm,
                     grad_scaler=use_scaler, accumulate=accumulate > 1)
-        main = _search(g, final_share - (time.perf_counter() - t0), model, search)
+        main = _search(g, final_share - (time.perf_counter() - t0), model, search, accumulate)
         micro = None
         if accumulate > 1:
             gm = capture(model, b, loss_fn, None, grad_scaler=use_scaler)
-            micro = _search(gm, budget - (time.perf_counter() - t0), model, search)
+            micro = _search(gm, budget - (time.perf_counter() - t0), model, search, accumulate)
         return main, micro
 
     main, micro = plan_for(batch, time_budget)
@@ -247,7 +247,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
     return plan
 
 
-def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, Any]) -> Program:
+def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, Any], accumulate: int) -> Program:
     """optimize_graph on one captured step -> its Program (best graph, order, report)."""
     found = optimize_graph(g, time_budget=max(0.0, budget), **search)
     found.report["title"] = f"peakcut plan for {type(model).__name__}"
@@ -256,7 +256,7 @@ def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, A
     found.report["step"] = {
         "mode": sig.mode, "optimizer": None if spec is None else spec.kind,
         "param_groups": 0 if spec is None else len(spec.groups), "max_grad_norm": sig.max_grad_norm,
-        "grad_scaler": sig.grad_scaler, "accumulate": sig.accumulate,
+        "grad_scaler": sig.grad_scaler, "accumulate": accumulate,
     }
     why = ""
     if not found.feasible:
@@ -264,6 +264,8 @@ def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, A
         what = "peak" if mode == "memory" else "latency"
         have = format_bytes(found.best.peak_bytes) if mode == "memory" else format_seconds(found.best.latency_s)
         want = format_bytes(found.objective.limit) if mode == "memory" else format_seconds(found.objective.limit)
-        why = (f"{what} limit not met within {budget:.3g} s: best {have}, limit {want} "
-               f"({found.result.states} states searched); the best plan is on this error's .plan")
+        r = found.result
+        why = (f"{what} limit not met: best {have}, limit {want} ({r.states} states searched in "
+               f"{r.seconds:.3g} s of a {budget:.3g} s budget; stopped: {r.stopped}); the best plan is on "
+               "this error's .plan")
     return Program(found.best.program, list(found.best.order), found.report, found.feasible, why)
