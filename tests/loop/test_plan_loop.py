@@ -159,3 +159,23 @@ def test_dropout_gives_eager_numbers_under_the_same_seed() -> None:
         ref_opt.zero_grad()
         close(loss, ref_loss.detach(), k + 1, "loss")
         params_close(model, ref, k + 1)
+
+
+def test_no_parameter_updates_before_the_clipping_norm_exists() -> None:
+    """With max_grad_norm every write of a parameter or of optimizer state follows the total norm,
+    in whatever order the search chose (it reads the clipped gradients)."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    try:
+        plan = peakcut.optimize(model, data(8, 0), loss_fn, opt, max_grad_norm=1.0, memory_limit=0.7, **SEARCH)
+    except peakcut.LimitNotMet as e:
+        plan = e.plan
+    g, order = plan.graph, plan.order
+    norms = [i for i, nid in enumerate(order) if g.nodes[nid].op == "aten.linalg_vector_norm.default"]
+    total = max(norms)           # the norm of the stacked per-gradient norms comes last
+    owned = {g.tensors[t].storage for t, name in zip(g.inputs, g.input_names, strict=True)
+             if name.startswith(("param:", "state:"))}
+    writes = [i for i, nid in enumerate(order)
+              if any(g.tensors[t].storage in owned for t in g.nodes[nid].mutated_ids())]
+    assert writes and min(writes) > total
