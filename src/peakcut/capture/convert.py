@@ -6,6 +6,10 @@ it (views, in-place results, _unsafe_view). Mutation hazards (a reader of a
 buffer must run before the op that overwrites it, and after the op that last
 wrote it) become explicit control edges, so any topological order of the
 graph computes the same numbers (DESIGN invariant 2).
+
+Output dtypes are the real kernels' (realcheck.py): where a fake kernel's dtype
+is wrong, the tensor gets the real dtype, its storage the real byte size, and
+the node extra {"fake_dtypes": [...]} (what the fake kernel says, per output).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from peakcut.capture.trace import CaptureError, TraceLog
+from peakcut.capture.realcheck import real_output_dtypes
+from peakcut.capture.trace import CaptureError, TraceLog, kv_cache_hint
 from peakcut.ir.graph import Graph, StepSignature
 from peakcut.ir.node import Node, Phase, TensorRef
 from peakcut.ir.tensor import Role, TensorMeta, dtype_name
@@ -35,17 +40,23 @@ class _Builder:
         self._next += 1
         return self._next
 
-    def tensor(self, val: torch.Tensor, role: Role, name: str) -> int:
+    def tensor(self, val: torch.Tensor, role: Role, name: str, dtype: torch.dtype | None = None) -> int:
+        """The meta of `val`; `dtype`: its real dtype where the fake one is wrong (a storage it
+        creates then holds as many elements of the real dtype)."""
+        dtype = val.dtype if dtype is None else dtype
         storage = val.untyped_storage()
         key = StorageWeakRef(storage)
         if key not in self._storage_ids:
             self._storage_ids[key] = self.new_id()
             self._keepalive.append(storage)  # keep the weak key's referent alive while converting
-            self.storages[self._storage_ids[key]] = int(storage.nbytes())
+            nbytes = int(storage.nbytes())
+            if dtype != val.dtype:
+                nbytes = nbytes // val.element_size() * dtype.itemsize
+            self.storages[self._storage_ids[key]] = nbytes
         tid = self.new_id()
         self.tensors[tid] = TensorMeta(
             id=tid, shape=tuple(int(s) for s in val.shape), stride=tuple(int(s) for s in val.stride()),
-            dtype=dtype_name(val.dtype), storage=self._storage_ids[key],
+            dtype=dtype_name(dtype), storage=self._storage_ids[key],
             storage_offset=int(val.storage_offset()), role=role, name=name,
         )
         return tid
@@ -74,6 +85,8 @@ def fx_to_graph(
         raise CaptureError(f"internal: {len(placeholders)} placeholders for {len(input_names)} inputs")
     roles = dict(zip(placeholders, input_roles, strict=True))
     names = dict(zip(placeholders, input_names, strict=True))
+    real = real_output_dtypes(gm)
+    log.notes.extend(real.notes)
 
     for index, fx_node in enumerate(gm.graph.nodes):
         if fx_node.op == "placeholder":
@@ -95,9 +108,11 @@ def fx_to_graph(
             multi = isinstance(val, (tuple, list))
             vals = list(val) if multi else [val]
             outs: list[int | None] = []
+            real_dtypes = real.dtypes.get(fx_node)
             for i, v in enumerate(vals):
                 if isinstance(v, torch.Tensor):
-                    outs.append(b.tensor(v, Role.ACTIVATION, fx_node.name if not multi else f"{fx_node.name}_{i}"))
+                    name = fx_node.name if not multi else f"{fx_node.name}_{i}"
+                    outs.append(b.tensor(v, Role.ACTIVATION, name, real_dtypes[i] if real_dtypes else None))
                 elif v is None:
                     outs.append(None)
                 else:
@@ -105,9 +120,11 @@ def fx_to_graph(
             env[fx_node] = outs if multi else outs[0]
             args = _map_args(fx_node.args, env)
             kwargs = {k: _map_args(v, env) for k, v in fx_node.kwargs.items()}
+            extra = {"fake_dtypes": [None if not isinstance(v, torch.Tensor) else dtype_name(v.dtype)
+                                     for v in vals]} if real_dtypes else {}
             nodes[nid] = Node(
                 id=nid, op=str(fx_node.target), args=tuple(args), kwargs=kwargs, outputs=tuple(outs),
-                multi_output=multi, module=module, phase=phase, name=fx_node.name,
+                multi_output=multi, module=module, phase=phase, name=fx_node.name, extra=extra,
             )
             order.append(nid)
         elif fx_node.op == "output":
@@ -116,7 +133,8 @@ def fx_to_graph(
                 raise CaptureError(f"internal: {len(flat)} outputs for {len(output_names)} names")
         elif fx_node.op == "get_attr":
             nid = b.new_id()
-            node, tid = _constant_node(b, nid, fx_node, getattr(gm, fx_node.target), device, log.attribution(index))
+            node, tid = _constant_node(b, nid, fx_node, getattr(gm, fx_node.target), device, log.attribution(index),
+                                       log)
             env[fx_node] = tid
             nodes[nid] = node
             order.append(nid)
@@ -143,14 +161,15 @@ def fx_to_graph(
 
 
 def _constant_node(b: _Builder, nid: int, fx_node: torch.fx.Node, value: Any, device: str,
-                   where: tuple[str, Phase]) -> tuple[Node, int]:
+                   where: tuple[str, Phase], log: TraceLog) -> tuple[Node, int]:
     """A 0-dim constant captured from the model (e.g. torch.tensor(-inf)) becomes aten.scalar_tensor."""
     if not isinstance(value, torch.Tensor) or value.dim() != 0:
         shape = tuple(getattr(value, "shape", ()))
-        raise CaptureError(
-            f"the step captured a constant tensor {fx_node.target} of shape {shape} in module "
-            f"'{where[0]}'; only 0-dim constants are supported: register it as a buffer instead"
-        )
+        message = (f"the step captured a constant tensor {fx_node.target} of shape {shape} in module "
+                   f"'{where[0]}'")
+        hint = kv_cache_hint(message, log) if log.kv_caches else ""
+        raise CaptureError(message + (hint or "; only 0-dim constants are supported: register it as a "
+                                      "buffer instead"))
     tid = b.tensor(value, Role.ACTIVATION, fx_node.name)
     node = Node(
         id=nid, op="aten.scalar_tensor.default", args=(value.item(),),

@@ -31,6 +31,8 @@ class TraceLog:
     marks: list[tuple[int, str, Phase]] = field(default_factory=list)  # (node count, module, phase)
     stack: list[str] = field(default_factory=list)
     phase: Phase = Phase.FORWARD
+    notes: list[str] = field(default_factory=list)  # what capture changed or found, for the user
+    kv_caches: list[tuple[str, str]] = field(default_factory=list)  # (module, cache type) that returned one
 
     def mark(self) -> None:
         mode = get_proxy_mode()
@@ -60,7 +62,10 @@ def _install_module_hooks(model: torch.nn.Module, log: TraceLog, stack: ExitStac
             log.stack.append(path)
             log.mark()
 
-        def post(_m: torch.nn.Module, _args: Any, _out: Any, root: bool = not name) -> None:
+        def post(_m: torch.nn.Module, _args: Any, out: Any, root: bool = not name, path: str = path) -> None:
+            cache = _find_kv_cache(out)
+            if cache is not None and not any(k[0] == path for k in log.kv_caches):
+                log.kv_caches.append((path, type(cache).__name__))
             if log.stack:
                 log.stack.pop()
             if root and log.phase is Phase.FORWARD:
@@ -89,8 +94,14 @@ def trace_step(
     model: torch.nn.Module,
     log: TraceLog,
 ) -> torch.fx.GraphModule:
-    """make_fx(fn)(*args) over FakeTensors at eager dispatch level; errors name the module."""
+    """make_fx(fn)(*args) over FakeTensors at eager dispatch level; errors name the module.
+
+    A Hugging Face-style `config.use_cache=True` (on the model or a submodule) is turned off
+    for the trace and restored after it, with a note in log.notes: with it the forward builds
+    a KV cache object (DynamicCache) a training step never reads and a graph cannot return.
+    """
     with ExitStack() as stack:
+        _disable_kv_cache(model, log, stack)
         _install_module_hooks(model, log, stack)
         stack.enter_context(fx_traceback.preserve_node_meta())
         try:
@@ -102,8 +113,62 @@ def trace_step(
             mod = _module_type(model, where)
             raise CaptureError(
                 f"cannot capture {type(model).__name__}: in module '{where}'{mod} during {log.phase.value}: "
-                f"{_explain(e)}"
+                f"{_explain(e)}{kv_cache_hint(e, log)}"
             ) from e
+
+
+def _is_kv_cache(obj: Any) -> bool:
+    """A transformers Cache (DynamicCache, StaticCache, ...), recognised without importing transformers."""
+    return any(c.__name__ == "Cache" and c.__module__.startswith("transformers")
+               for c in type(obj).__mro__)
+
+
+def _find_kv_cache(out: Any, depth: int = 2) -> Any:
+    """A KV cache object in a module's output (looked for two levels deep), or None."""
+    if _is_kv_cache(out):
+        return out
+    if depth == 0 or isinstance(out, (torch.Tensor, str, bytes)):
+        return None
+    if isinstance(out, dict):  # transformers' ModelOutput is an OrderedDict
+        values = list(out.values())
+    elif isinstance(out, (tuple, list)):
+        values = list(out[:16])
+    else:
+        return None
+    return next((c for v in values if (c := _find_kv_cache(v, depth - 1)) is not None), None)
+
+
+def kv_cache_hint(e: BaseException | str, log: TraceLog) -> str:
+    """An explanation to append to a capture error whose real cause is a KV cache object."""
+    text = str(e)
+    if not (log.kv_caches or "Cache" in type(e).__name__ or "Cache" in text or "register it as a buffer" in text):
+        return ""
+    if log.kv_caches:
+        module, kind = log.kv_caches[0]
+        what = f"the KV cache ({kind}) that module '{module}' returns"
+    else:
+        what = "a KV cache object (e.g. transformers' DynamicCache) built in forward"
+    return (f"; the real cause is {what}: a training step needs no KV cache and a captured step cannot "
+            "hold one -- call the model with use_cache=False (or set model.config.use_cache = False) and "
+            "pass no past_key_values")
+
+
+def _disable_kv_cache(model: torch.nn.Module, log: TraceLog, stack: ExitStack) -> None:
+    """Set use_cache=False on every module config that has it True, until `stack` closes."""
+    seen: set[int] = set()
+    for name, mod in model.named_modules():
+        config = getattr(mod, "config", None)
+        if config is None or id(config) in seen or getattr(config, "use_cache", None) is not True:
+            continue
+        seen.add(id(config))
+        try:
+            config.use_cache = False
+        except Exception:  # noqa: BLE001 - a read-only config: trace as it is
+            continue
+        stack.callback(setattr, config, "use_cache", True)
+        owner = type(mod).__name__ + (f" ('{name}')" if name else "")
+        log.notes.append(f"use_cache=True on {owner}'s config: traced with use_cache=False "
+                         "(a training step needs no KV cache, and a captured step cannot return one)")
 
 
 def _module_type(model: torch.nn.Module, path: str) -> str:
