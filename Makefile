@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(VENV)/bin/peakcut optimize bert-base --size paper --latency-limit 1.1 --time-budget 30 --device h200 --out out/demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2       # pytest-xdist: two workers (CI has 2 cores)
 
 bench: $(STAMP)
 	$(PY) -m bench.peers            # peers vs peakcut: tiny measured (~20 min) + paper simulated (~15 min)

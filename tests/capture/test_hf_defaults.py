@@ -73,3 +73,16 @@ def test_an_explicit_kv_cache_is_named_as_the_cause():
     assert "KV cache (DynamicCache)" in text and "module 'model' returns" in text
     assert "use_cache=False" in text and "register it as a buffer" not in text
     assert model.config.use_cache is True
+
+
+def test_capture_notes_reach_the_plan_report() -> None:
+    model = llama()
+    ids = torch.randint(0, 64, (2, 16))
+
+    def loss_fn(m, b):
+        return m(input_ids=b[0], labels=b[0]).loss
+
+    plan = peakcut.optimize(model, (ids,), loss_fn, torch.optim.AdamW(model.parameters()), time_budget=10,
+                            max_states=4)
+    assert any("use_cache=False" in note for note in plan.report["capture_notes"])
+    assert peakcut.Graph.from_json(plan.graph.to_json()).signature.notes == plan.graph.signature.notes

@@ -20,14 +20,9 @@ from transformers import BertConfig, BertForMaskedLM
 
 import peakcut
 from peakcut.capture import convert, realcheck
-from peakcut.capture.realcheck import (
-    KNOWN,
-    RealCheck,
-    known_real_dtypes,
-    real_call_dtypes,
-    real_output_dtypes,
-)
+from peakcut.capture.realcheck import RealCheck, real_output_dtypes
 from peakcut.codegen.program import Step
+from peakcut.ir.real_dtypes import KNOWN, known_real_dtypes, real_call_dtypes
 from peakcut.transform import remat, swap
 
 aten = torch.ops.aten

@@ -117,7 +117,7 @@ class Loop:
             self.opt.step()
             self.opt.zero_grad()
         self.sched.step()
-        self.losses.append(float(loss))
+        self.losses.append(float(loss.detach()))
 
     def checkpoint(self) -> dict[str, Any]:
         return copy.deepcopy({"model": self.model.state_dict(), "opt": self.opt.state_dict(),

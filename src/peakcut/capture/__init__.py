@@ -9,7 +9,7 @@ decompositions), in-place ops included; see docs/ir.md for why not Core ATen.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -182,6 +182,7 @@ def capture(
         grad_scaler=grad_scaler, accumulate=accumulate,
     )
     g = fx_to_graph(gm, input_names, roles, out_names, out_roles, keep, log, str(dev), signature)
+    g.signature = replace(g.signature, notes=tuple(log.notes))
     if grad_scaler and mode == "train":
         _gate_updates(g)
     _chain_random(g)

@@ -45,24 +45,6 @@ class SGD:
 
 
 @dataclass(frozen=True)
-class AdamW:
-    """A torch.optim.AdamW over all trainable parameters (foreach=False)."""
-
-    lr: float = 1e-3
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 1e-2
-    amsgrad: bool = False
-    maximize: bool = False
-
-    def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(params, lr=self.lr, betas=(self.beta1, self.beta2), eps=self.eps,
-                                 weight_decay=self.weight_decay, amsgrad=self.amsgrad, maximize=self.maximize,
-                                 foreach=False)
-
-
-@dataclass(frozen=True)
 class Adam:
     """A torch.optim.Adam over all trainable parameters (foreach=False)."""
 
@@ -75,9 +57,16 @@ class Adam:
     maximize: bool = False
 
     def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        return torch.optim.Adam(params, lr=self.lr, betas=(self.beta1, self.beta2), eps=self.eps,
-                                weight_decay=self.weight_decay, amsgrad=self.amsgrad, maximize=self.maximize,
-                                foreach=False)
+        cls = torch.optim.AdamW if isinstance(self, AdamW) else torch.optim.Adam
+        return cls(params, lr=self.lr, betas=(self.beta1, self.beta2), eps=self.eps,
+                   weight_decay=self.weight_decay, amsgrad=self.amsgrad, maximize=self.maximize, foreach=False)
+
+
+@dataclass(frozen=True)
+class AdamW(Adam):
+    """A torch.optim.AdamW over all trainable parameters (foreach=False)."""
+
+    weight_decay: float = 1e-2
 
 
 Recipe = SGD | Adam | AdamW

@@ -46,10 +46,9 @@ and ResNet-50 (paper size) it found nothing the narrow check misses
 costs 0.01-0.2 s a capture (7-15 real runs at paper size).
 
 Code that re-runs graph ops over FakeTensors (Graph.check's shape check, fission's
-part layouts, TASO's run_fake) gets the fake kernel's dtypes back; ``real_call_dtypes``
-applies KNOWN to them, and a node whose dtypes were corrected carries
-``extra["fake_dtypes"]`` (convert.py), so such code can tell a known disagreement
-from a broken graph.
+part layouts, TASO's run_fake) gets the fake kernel's dtypes back and passes them
+through ``ir.real_dtypes.with_real_dtypes`` (KNOWN lives there, below the IR); a node
+whose dtypes were corrected also carries ``extra["fake_dtypes"]`` (convert.py).
 
 Output ranks are compared too; a rank disagreement cannot be fixed from a tiny
 run (the real shape is unknown), so the fake metadata stays and a note says so.
@@ -67,6 +66,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from peakcut.ir.real_dtypes import KNOWN, known_real_dtypes
 from peakcut.ir.registry import OpKind, lookup
 
 # Calls whose inputs and outputs together are at most this many bytes run at their real shapes.
@@ -76,72 +76,7 @@ _KEEP = 8
 # A shrunk call producing more than this many bytes is not run.
 _SHRUNK_LIMIT = 16 << 20
 
-_REDUCED = (torch.bfloat16, torch.float16)
 Dtypes = tuple[torch.dtype | None, ...]
-
-
-# ------------------------------------------------------------------ the known table
-def _mixed(dtypes: Sequence[torch.dtype | None], x: int, params: Sequence[int]) -> bool:
-    """The CPU kernels' is_mixed_type: a bf16/fp16 input with fp32 weight/bias/statistics."""
-    if x >= len(dtypes) or dtypes[x] not in _REDUCED:
-        return False
-    return any(i < len(dtypes) and dtypes[i] == torch.float32 for i in params)
-
-
-def _stats_fp32(x: int, params: Sequence[int], outs: Sequence[int]) -> Callable[[Sequence[Any], Dtypes], Dtypes | None]:
-    def rule(args: Sequence[Any], fake: Dtypes) -> Dtypes | None:
-        if not _mixed(args, x, params):
-            return None
-        return tuple(torch.float32 if i in outs and d is not None else d for i, d in enumerate(fake))
-    return rule
-
-
-def _grad_input_like_input(x: int, params: Sequence[int]) -> Callable[[Sequence[Any], Dtypes], Dtypes | None]:
-    def rule(args: Sequence[Any], fake: Dtypes) -> Dtypes | None:
-        if not _mixed(args, x, params) or not fake or fake[0] is None:
-            return None
-        return (args[x], *fake[1:])
-    return rule
-
-
-# device type -> op -> rule(dtypes of the positional arguments (None: not a tensor), fake
-# output dtypes) -> real output dtypes, or None when the rule does not apply. Checked against
-# the real kernels by tests/capture/test_real_metadata.py.
-KNOWN: dict[str, dict[str, Callable[[Sequence[Any], Dtypes], Dtypes | None]]] = {
-    "cpu": {
-        "aten.native_layer_norm.default": _stats_fp32(0, (2, 3), (1, 2)),
-        "aten.native_group_norm.default": _stats_fp32(0, (1, 2), (1, 2)),
-        "aten.native_batch_norm.default": _stats_fp32(0, (1, 2, 3, 4), (1, 2)),
-        "aten._native_batch_norm_legit.default": _stats_fp32(0, (1, 2, 3, 4), (1, 2)),
-        "aten._native_batch_norm_legit.no_stats": _stats_fp32(0, (1, 2), (1, 2)),
-        "aten._native_batch_norm_legit_no_training.default": _stats_fp32(0, (1, 2, 3, 4), (1, 2)),
-        "aten._native_batch_norm_legit_functional.default": _stats_fp32(0, (1, 2, 3, 4), (1, 2, 3, 4)),
-        "aten.native_group_norm_backward.default": _grad_input_like_input(1, (2, 3, 4)),
-    },
-}
-
-
-def known_real_dtypes(op: str, arg_dtypes: Sequence[torch.dtype | None], fake: Dtypes,
-                      device_type: str) -> Dtypes | None:
-    """What the real kernel returns where KNOWN says the fake kernel is wrong, else None.
-
-    arg_dtypes: the dtype of each positional argument (None for non-tensors); fake: the
-    fake kernel's output dtypes. Usable by any code that re-runs ops over FakeTensors.
-    """
-    rule = KNOWN.get(device_type, {}).get(op)
-    if rule is None:
-        return None
-    real = rule(arg_dtypes, fake)
-    return None if real is None or tuple(real) == tuple(fake) else tuple(real)
-
-
-def real_call_dtypes(op: str, args: Sequence[Any], results: Sequence[Any], device_type: str) -> Dtypes:
-    """The dtypes a call's outputs really have, from the fake kernel's `results` for the
-    positional `args` (tensors or not), KNOWN applied: for code that re-runs graph ops over
-    FakeTensors and compares with the graph's metadata."""
-    fake = _dtypes(results)
-    arg_dtypes = [a.dtype if isinstance(a, torch.Tensor) else None for a in args]
-    return known_real_dtypes(op, arg_dtypes, fake, device_type) or fake
 
 
 # ------------------------------------------------------------------ the walk

@@ -89,6 +89,7 @@ from peakcut.ir.check import _check_node_shapes, check_graph
 from peakcut.ir.dims import CAT, SAME, DimRule, PartCall, split_node_args
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, TensorRef, iter_refs, map_refs, resolve_op
+from peakcut.ir.real_dtypes import with_real_dtypes
 from peakcut.ir.registry import OpKind, lookup
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.transform.rewrite import describe_node, describe_tensor
@@ -393,8 +394,9 @@ class _Expander:
         with self._fake:
             fakes = {t: self._fake_of(t) for t in inputs}
             try:
-                result = resolve_op(op)(*map_refs(args, lambda r: fakes[r.id]),
-                                        **map_refs(kwargs, lambda r: fakes[r.id]))
+                fake_args = map_refs(args, lambda r: fakes[r.id])
+                result = with_real_dtypes(op, fake_args, resolve_op(op)(*fake_args, **map_refs(
+                    kwargs, lambda r: fakes[r.id])), torch.device(g.device).type)
             except (RuntimeError, NotImplementedError, ValueError, TypeError, IndexError) as e:
                 raise FissionError(f"{what} fails on its part inputs: {e}") from None
         known = {StorageWeakRef(self._bases[g.tensors[t].storage].untyped_storage()): i

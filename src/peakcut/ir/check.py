@@ -7,6 +7,7 @@ import torch
 
 from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.node import map_refs
+from peakcut.ir.real_dtypes import with_real_dtypes
 from peakcut.ir.tensor import Role
 
 
@@ -124,7 +125,7 @@ def _check_node_shapes(g: Graph, nid: int) -> None:
     args = map_refs(n.args, lambda ref: fakes[ref.id])
     kwargs = map_refs(n.kwargs, lambda ref: fakes[ref.id])
     try:
-        result = n.overload()(*args, **kwargs)
+        result = with_real_dtypes(n.op, args, n.overload()(*args, **kwargs), torch.device(g.device).type)
     except NotImplementedError:
         return  # no fake/meta kernel: the shape cannot be re-derived here
     except RuntimeError as e:

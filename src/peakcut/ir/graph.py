@@ -37,6 +37,7 @@ class StepSignature:
     max_grad_norm: float | None = None   # gradients clipped by global norm before the update
     grad_scaler: bool = False    # loss scaled by 'scaler:scale'; unscaled, update skipped on inf/nan
     accumulate: bool = False     # 'acc:<param>' inputs (earlier micro-batches' p.grad) added to
+    notes: tuple[str, ...] = ()  # what capture changed or found (use_cache off, real output dtypes)
 
 
 @dataclass

@@ -19,6 +19,7 @@ import torch
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, iter_refs, map_refs
+from peakcut.ir.real_dtypes import with_real_dtypes
 from peakcut.ir.registry import OpKind, lookup, mutated_arguments
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.transform.rewrite import (
@@ -122,7 +123,8 @@ def run_fake(g: Graph, node: Node) -> list[torch.Tensor | None]:
         args = map_refs(node.args, lambda r: fakes[r.id])
         kwargs = map_refs(node.kwargs, lambda r: fakes[r.id])
         try:
-            result = node.overload()(*args, **kwargs)
+            result = with_real_dtypes(node.op, args, node.overload()(*args, **kwargs),
+                                      torch.device(g.device).type)
         except NotImplementedError:
             raise RuleError(f"node {node.name or node.id} ({node.op}) has no fake kernel: its "
                             "outputs cannot be derived for new inputs") from None
