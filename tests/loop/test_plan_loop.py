@@ -179,3 +179,30 @@ def test_no_parameter_updates_before_the_clipping_norm_exists() -> None:
     writes = [i for i, nid in enumerate(order)
               if any(g.tensors[t].storage in owned for t in g.nodes[nid].mutated_ids())]
     assert writes and min(writes) > total
+
+
+def test_accumulate_with_a_grad_scaler() -> None:
+    """Scaled gradients add up over the micro-batches and are unscaled once, before the update."""
+    k = 2
+    torch.manual_seed(0)
+    model = Net()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2, foreach=False)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
+    ref_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
+    plan = peakcut.optimize(model, data(4, 0), loss_fn, opt, accumulate=k, scaler=scaler, **SEARCH)
+    for i in range(3 * k):
+        batch = data(4, i)
+        if i == 3:                       # inf in the second micro-batch of the second update
+            batch[0][1, 2] = float("inf")
+        plan.step(batch)
+        ref_scaler.scale(loss_fn(ref, batch)).backward()
+        if (i + 1) % k == 0:
+            ref_scaler.step(ref_opt)
+            ref_scaler.update()
+            ref_opt.zero_grad()
+        assert scaler.get_scale() == ref_scaler.get_scale(), i
+        params_close(model, ref, i + 1)
+    assert len(opt.state) == len(ref_opt.state)
+    assert [float(s["step"]) for s in opt.state.values()] == [float(s["step"]) for s in ref_opt.state.values()]

@@ -171,7 +171,7 @@ def capture(
         out_roles = [Role.ACTIVATION, *[Role.GRAD] * len(used_names)]
         # gradients of parameters the optimizer does not update are returned (stored in p.grad)
         keep = [True, *[spec is None or keep_grads or n not in updated for n in used_names]]
-        if grad_scaler:
+        if grad_scaler and mode == "train":       # without an update there is nothing to skip
             out_names.append("found_inf")
             out_roles.append(Role.ACTIVATION)
             keep.append(True)
