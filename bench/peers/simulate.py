@@ -166,7 +166,8 @@ def _joint_graph(jc: JointCapture, fw: torch.fx.GraphModule, bw: torch.fx.GraphM
     if n_tangents != 1:
         raise RuntimeError(f"backward takes {n_tangents} tangents, expected 1 (the loss)")
     train_names = [n for (n, _), h in zip(jc.param_items, has_grad, strict=True) if h]
-    spec = OptimizerSpec("adamw", (GroupSpec(tuple(train_names), dict(OPTIMIZER_HYPER)),))
+    spec = OptimizerSpec("adamw", (GroupSpec(tuple(train_names), dict(OPTIMIZER_HYPER),
+                                               ("decoupled_weight_decay",)),))
     slot_names = [(n, s) for n in train_names for s in spec.slots(spec.groups[0])]
     hypers = HyperTable()
 

@@ -180,6 +180,7 @@ def capture(
         batch_spec=pytree.treespec_dumps(batch_spec), output_spec=out_spec,
         optimizer=_recorded(spec, updated), mode=mode, max_grad_norm=options.max_grad_norm,
         grad_scaler=grad_scaler, accumulate=accumulate,
+        requires_grad=tuple(n for n, p in param_items if p.requires_grad) if mode != "inference" else (),
     )
     g = fx_to_graph(gm, input_names, roles, out_names, out_roles, keep, log, str(dev), signature)
     g.signature = replace(g.signature, notes=tuple(log.notes))
@@ -328,17 +329,28 @@ def _chain_random(g: Graph) -> None:
 
 
 def _gate_updates(g: Graph) -> None:
-    """Every write of a parameter or of optimizer state runs after the GradScaler's gate."""
+    """The GradScaler's gate (an early return when found_inf) runs after everything the step
+    returns or must do whatever it finds (the outputs, buffer updates), and every write of a
+    parameter or of optimizer state runs after it."""
     gates = [n.id for n in g.nodes.values() if n.op == GATE_OP]
     if not gates:
         return
-    owned = {g.tensors[t].storage for t, name in zip(g.inputs, g.input_names, strict=True)
-             if name.startswith(("param:", "state:"))}
-    for node in g.nodes.values():
-        if node.id == gates[0] or node.phase is not Phase.OPTIMIZER:
+    gate = gates[0]
+    names = dict(zip(g.inputs, g.input_names, strict=True))
+    owned = {g.tensors[t].storage for t, name in names.items() if name.startswith(("param:", "state:"))}
+    buffers = {g.tensors[t].storage for t, name in names.items() if name.startswith("buffer:")}
+    for t in g.outputs:
+        producer = g.producer(t)
+        if producer is not None and producer != gate:
+            g.add_control(gate, producer)
+    for node in list(g.nodes.values()):
+        if node.id == gate:
             continue
-        if any(g.tensors[t].storage in owned for t in node.mutated_ids()):
-            g.add_control(node.id, gates[0])
+        written = {g.tensors[t].storage for t in node.mutated_ids()}
+        if node.phase is Phase.OPTIMIZER and written & owned:
+            g.add_control(node.id, gate)
+        elif written & buffers:
+            g.add_control(gate, node.id)
 
 
 def _hook_backward_meta(loss: torch.Tensor) -> None:

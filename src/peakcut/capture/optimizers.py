@@ -117,7 +117,8 @@ class OptimizerSpec:
                              weight_decay=h["weight_decay"], nesterov=g.flag("nesterov"))
             else:
                 entry.update(lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"],
-                             weight_decay=h["weight_decay"], amsgrad=g.flag("amsgrad"))
+                             weight_decay=h["weight_decay"], amsgrad=g.flag("amsgrad"),
+                             decoupled_weight_decay=g.flag("decoupled_weight_decay"))
             entry["maximize"] = g.flag("maximize")
             groups.append(entry)
         cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[self.kind]
@@ -160,7 +161,8 @@ def describe(opt: torch.optim.Optimizer, model: torch.nn.Module) -> OptimizerSpe
     for optimizers, options and parameters peakcut cannot reproduce exactly."""
     name = type(opt).__name__
     if type(opt) not in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW):
-        raise TypeError(f"optimizer {type(opt).__module__}.{name} is not supported: peakcut reproduces "
+        raise TypeError(f"optimizer {type(opt).__module__}.{name} is not supported (subclasses neither: "
+                        "their step() may differ): peakcut reproduces "
                         f"{SUPPORTED} exactly (any param groups, LR schedules, amsgrad, nesterov, maximize); "
                         "use one of them, or optimizer=None to get gradients and step your optimizer yourself")
     names = {id(p): n for n, p in model.named_parameters()}
@@ -183,13 +185,13 @@ def describe(opt: torch.optim.Optimizer, model: torch.nn.Module) -> OptimizerSpe
             hyper = {k: _number(group[k], name, gi, k) for k in ("lr", "momentum", "dampening", "weight_decay")}
             flags = tuple(f for f in ("nesterov", "maximize") if group.get(f))
         else:
-            if group.get("decoupled_weight_decay") or isinstance(opt, torch.optim.AdamW):
-                kind = "adamw"
+            kind = "adamw" if isinstance(opt, torch.optim.AdamW) else "adam"
             b1, b2 = group["betas"]
             hyper = {"lr": _number(group["lr"], name, gi, "lr"), "beta1": _number(b1, name, gi, "betas"),
                      "beta2": _number(b2, name, gi, "betas"), "eps": _number(group["eps"], name, gi, "eps"),
                      "weight_decay": _number(group["weight_decay"], name, gi, "weight_decay")}
-            flags = tuple(f for f in ("amsgrad", "maximize") if group.get(f))
+            # AdamW is Adam with decoupled weight decay; torch.optim allows it per group
+            flags = tuple(f for f in ("amsgrad", "maximize", "decoupled_weight_decay") if group.get(f))
         groups.append(GroupSpec(tuple(params), hyper, flags))
     return OptimizerSpec(kind, tuple(groups))
 

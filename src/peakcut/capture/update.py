@@ -49,29 +49,32 @@ class HyperTable:
             self.values[name] = float(value)
         return found
 
-    @staticmethod
-    def is_sentinel_like(v: float) -> bool:
-        """A float of the sentinels' magnitude: one left after substitution means arithmetic
-        on a hyper-parameter inside the trace, which a run-time scalar cannot express."""
-        return v != 0.0 and abs(v) < 1e-70
-
 
 def substitute_hypers(gm: torch.fx.GraphModule, hypers: HyperTable) -> None:
-    """Sentinel floats of a trace -> ir Hyper scalars (name + capture-time value), in place."""
+    """Sentinel floats of a trace -> ir Hyper scalars (name + capture-time value), in place.
+
+    Every hyper-parameter must reach the graph verbatim as an op argument: one that only
+    entered arithmetic in the trace (a bug in traced_update) would be a constant, so it is
+    refused. Other floats (a model's own constants) are left alone.
+    """
+    found: set[str] = set()
+
     def swap(v: Any) -> Any:
         if isinstance(v, float) and not isinstance(v, Hyper):
             name = hypers.names.get(v)
             if name is not None:
+                found.add(name)
                 return Hyper(name, hypers.values[name])
-            if HyperTable.is_sentinel_like(v):
-                raise ValueError(f"a hyper-parameter was used in arithmetic inside the traced update ({v!r}); "
-                                 "it cannot be a run-time input")
         return v
 
     for node in gm.graph.nodes:
         if node.op == "call_function":
             node.args = torch.fx.node.map_aggregate(node.args, swap)
             node.kwargs = torch.fx.node.map_aggregate(node.kwargs, swap)
+    missing = sorted(set(hypers.values) - found)
+    if missing:
+        raise ValueError(f"internal: hyper-parameters {missing[:3]} entered arithmetic inside the traced "
+                         "update instead of being op arguments; they cannot be run-time inputs")
 
 
 # ----------------------------------------------------------------------------- traced update
@@ -112,7 +115,8 @@ def traced_update(spec: OptimizerSpec, params: Mapping[str, torch.Tensor], grads
             if spec.kind == "sgd":
                 _sgd(gi, group, name, params[name], grads[name], state[name], hp)
             else:
-                _adam(spec.kind == "adamw", gi, group, name, params[name], grads[name], state[name], hp)
+                _adam(group.flag("decoupled_weight_decay"), gi, group, name, params[name], grads[name],
+                      state[name], hp)
 
 
 def _sgd(gi: int, group: GroupSpec, name: str, param: torch.Tensor, grad: torch.Tensor,

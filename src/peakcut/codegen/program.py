@@ -93,11 +93,12 @@ class Step:
                 f"{name}: got shape {tuple(t.shape)} {t.dtype}, the captured step expects {meta.shape} {meta.dtype}"
             )
 
-    def ensure_state(self, model: torch.nn.Module) -> None:
+    def ensure_state(self, model: torch.nn.Module) -> Prepared:
         """Create the optimizer state the program reads (as torch.optim does on a first step)
-        and read this step's hyper-parameters."""
+        and read this step's hyper-parameters; returns what was created and read."""
         self._model = model
         self._prepared = self.update.prepare(model, self.graph.signature.accumulate, self._returned_grads)
+        return self._prepared
 
     @property
     def state(self) -> dict[str, torch.Tensor]:
@@ -106,18 +107,51 @@ class Step:
         return {} if model is None else self.update.state_tensors(model)
 
     def bind(self, model: torch.nn.Module, batch: Any) -> list[torch.Tensor]:
-        """The program's positional inputs for this model and batch, checked against the capture."""
+        """The program's positional inputs for this model and batch, checked against the capture.
+
+        Everything that can be checked is checked before optimizer state is created; state
+        created here is removed again if a later check fails (discard_new_state)."""
         params = dict(model.named_parameters())
         buffers = dict(model.named_buffers())
+        leaves, spec = pytree.tree_flatten(batch)
+        self._check_model_and_batch(params, buffers, leaves, spec)
+        self.ensure_state(model)
+        try:
+            return self._inputs(model, params, buffers, leaves)
+        except Exception:
+            self.discard_new_state()
+            raise
+
+    def discard_new_state(self) -> None:
+        """Remove the optimizer state the last bind created (its call did not complete)."""
+        self.update.discard(self._prepared)
+
+    def _check_model_and_batch(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+                               leaves: list[Any], spec: Any) -> None:
+        sig = self.graph.signature
         for name in self.graph.input_names:
             kind, _, key = name.partition(":")
             source = {"param": params, "buffer": buffers}.get(kind)
             if source is not None and key not in source:
                 raise StepBindingError(f"model has no {kind} named {key!r} (captured with one)")
-        self.ensure_state(model)
-        leaves, spec = pytree.tree_flatten(batch)
-        if pytree.treespec_dumps(spec) != self.graph.signature.batch_spec:
+        if sig.requires_grad:
+            now = {n for n, p in params.items() if p.requires_grad}
+            changed = sorted(now.symmetric_difference(sig.requires_grad))
+            if changed:
+                state = "now requires" if changed[0] in now else "no longer requires"
+                raise StepBindingError(f"parameter {changed[0]!r} {state} a gradient ({len(changed)} changed since "
+                                       "planning): which parameters train is part of the plan; plan again")
+        if pytree.treespec_dumps(spec) != sig.batch_spec:
             raise StepBindingError("batch: its structure differs from the batch the step was captured with")
+        for tid, name in zip(self.graph.inputs, self.graph.input_names, strict=True):
+            if name.startswith("batch:"):
+                index = int(name.partition(":")[2])
+                if index >= len(leaves):
+                    raise StepBindingError(f"batch has {len(leaves)} tensors, the step was captured with more")
+                self._check(name, leaves[index], self.graph.tensors[tid])
+
+    def _inputs(self, model: torch.nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+                leaves: list[Any]) -> list[torch.Tensor]:
         opt_state = self.update.state_tensors(model)
         values: list[torch.Tensor] = []
         for tid, name in zip(self.graph.inputs, self.graph.input_names, strict=True):
@@ -169,7 +203,11 @@ class Step:
         captured with keep_grads) are added to each parameter's .grad, like loss.backward().
         """
         inputs = self.bind(model, batch)
-        outputs = self.run(inputs, self.device_of(inputs))
+        try:
+            outputs = self.run(inputs, self.device_of(inputs))
+        except Exception:
+            self.discard_new_state()      # e.g. a bad label in the loss: no update ran
+            raise
         del inputs
         sig = self.graph.signature
         if sig.mode == "inference":

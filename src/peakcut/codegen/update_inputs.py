@@ -68,8 +68,8 @@ class UpdateInputs:
         if not self.grad_scaler:
             return None
         if self.scaler is None:
-            raise StepBindingError("this step was captured with a GradScaler: attach one (Step(..., scaler=) "
-                                   "or peakcut.optimize(..., scaler=))")
+            raise StepBindingError("this step was captured with a GradScaler: attach one (peakcut.optimize(..., "
+                                   "scaler=), peakcut.load_plan(..., scaler=) or Step(..., scaler=))")
         if self.scaler._scale is None:
             self.scaler._lazy_init_scale_growth_tracker(device)
         return self.scaler
@@ -86,17 +86,21 @@ class UpdateInputs:
         self._check_groups(opt, model, spec)
         steps: dict[str, float] = {}
         first: dict[str, bool] = {}
-        for group in spec.groups:
+        for group in spec.groups:            # checks first: nothing is created for a refused call
             for name in group.params:
-                p = params[name]
-                if p.grad is not None and not accumulate and name not in returns_grads:
+                if params[name].grad is not None and not accumulate and name not in returns_grads:
                     raise StepBindingError(
                         f"parameter {name!r} already has a .grad: plan.step computes the gradient of this batch "
                         "alone, as after optimizer.zero_grad(); call optimizer.zero_grad() (set_to_none=True, the "
-                        "default) first, or plan with "
-                        "accumulate=k to add micro-batches")
-                self._state_of(opt, spec, group, name, p, out, steps, first)
-        out.hp = scalars(spec, opt.param_groups, steps, first)
+                        "default) first, or plan with accumulate=k to add micro-batches")
+        try:
+            for group in spec.groups:
+                for name in group.params:
+                    self._state_of(opt, spec, group, name, params[name], out, steps, first)
+            out.hp = scalars(spec, opt.param_groups, steps, first)
+        except Exception:
+            self.discard(out)
+            raise
         return out
 
     def state_tensors(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -114,16 +118,24 @@ class UpdateInputs:
                         found[f"state:{name}.{slot}"] = value
         return found
 
+    def discard(self, prepared: Prepared) -> None:
+        """Remove the state `prepare` created (the call failed, or a GradScaler skipped it)."""
+        if self.optimizer is None:
+            return
+        for p, slot in prepared.created:
+            state = self.optimizer.state.get(p)
+            if state is not None:
+                state.pop(slot, None)
+                if not state:
+                    self.optimizer.state.pop(p, None)
+        prepared.created.clear()
+
     def finish(self, prepared: Prepared, found_inf: torch.Tensor | None) -> bool:
         """After the program ran: advance step counts, or undo this call's new state when a
         GradScaler skipped the update; update the scaler. Returns whether the update ran."""
         skipped = found_inf is not None and bool(found_inf.item())
         if skipped:
-            for p, slot in prepared.created:
-                state = self.optimizer.state[p] if self.optimizer is not None else {}
-                state.pop(slot, None)
-                if not state and self.optimizer is not None:
-                    self.optimizer.state.pop(p, None)
+            self.discard(prepared)
         else:
             for step in prepared.advanced:
                 step += 1

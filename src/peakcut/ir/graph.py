@@ -38,6 +38,7 @@ class StepSignature:
     grad_scaler: bool = False    # loss scaled by 'scaler:scale'; unscaled, update skipped on inf/nan
     accumulate: bool = False     # 'acc:<param>' inputs (earlier micro-batches' p.grad) added to
     notes: tuple[str, ...] = ()  # what capture changed or found (use_cache off, real output dtypes)
+    requires_grad: tuple[str, ...] = ()  # parameters that required a gradient at capture
 
 
 @dataclass

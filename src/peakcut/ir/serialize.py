@@ -136,7 +136,8 @@ def graph_from_json(text: str) -> Graph:
             order=[int(x) for x in doc["order"]],
             control={int(k): tuple(int(x) for x in v) for k, v in doc["control"]},
             device=str(doc["device"]),
-            signature=StepSignature(**{**doc["signature"], "notes": tuple(doc["signature"].get("notes", ()))}),
+            signature=StepSignature(**{**doc["signature"], "notes": tuple(doc["signature"].get("notes", ())),
+                                       "requires_grad": tuple(doc["signature"].get("requires_grad", ()))}),
         )
     except GraphError:
         raise

@@ -98,7 +98,7 @@ class Plan:
                 main, micro = Program(self.graph, self.order, self.report), self._micro
             title = main.report.get("title", "peakcut plan")
             step = Step(main.graph, main.order, title=title, optimizer=self.optimizer, scaler=self.scaler)
-            self.optimizer = step.optimizer
+            self.optimizer = step.update.optimizer_for(self.model)     # made from the plan if none given
             micro_step = (Step(micro.graph, micro.order, title=title + " (micro-batch)", scaler=self.scaler)
                           if micro is not None else None)
             found = self._steps[key] = (step, micro_step)  # type: ignore[index]
@@ -133,6 +133,9 @@ class Plan:
 
     def save(self, path: str | Path) -> Path:
         """Write graph, order, report and program source into directory `path`."""
+        if self.accumulate > 1:
+            raise NotImplementedError("saving an accumulate=k plan is not supported yet (it holds two programs); "
+                                      "plan again with peakcut.optimize after loading your checkpoint")
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         (out / "graph.json").write_text(self.graph.to_json())
@@ -157,7 +160,8 @@ def _shapes(key: tuple[Any, ...] | None) -> str:
 def load_plan(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
               scaler: Any = None) -> Plan:
     """A saved plan, bound to `model` (the same architecture and parameter shapes) and to
-    your optimizer (default: a fresh one made from the plan's description)."""
+    your optimizer (default: a fresh one made from the plan's description, plan.optimizer).
+    A loaded plan runs the saved batch shape only (it cannot plan another one)."""
     src = Path(path)
     missing = [name for name in PLAN_FILES[:3] if not (src / name).exists()]
     if missing:

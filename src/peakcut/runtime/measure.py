@@ -123,7 +123,7 @@ def measure(
     if method == "cpu-profiler" and device.type != "cpu":
         raise ValueError(f"method='cpu-profiler' needs a CPU model, got {device}")
 
-    step.ensure_state(model)
+    created = step.ensure_state(model)       # state a first step would create: removed afterwards
     with _restored(step, model, restore):
         inputs = step.bind(model, batch)
         input_bytes = _storage_bytes(inputs)
@@ -145,6 +145,8 @@ def measure(
         else:
             delta, _ = profiler_peak(lambda: step.run(inputs, dev))
             peak = input_bytes + delta
+    if restore:
+        step.update.discard(created)
     return Measurement(peak, statistics.median(times), method, str(device), input_bytes, tuple(times),
                        host_peak_bytes=getattr(step, "host_peak_bytes", 0))
 
