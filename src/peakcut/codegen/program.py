@@ -70,6 +70,8 @@ class Step:
         self._prepared = Prepared()
         self._model: torch.nn.Module | None = None
         self._returned_grads = {n.removeprefix("grad:") for n in graph.output_names if n.startswith("grad:")}
+        spec = self.update.spec
+        self._updated = {n for g in spec.groups for n in g.params} if spec is not None else set()
         self.host = HostPool()
         self._swaps = has_swaps(graph)
 
@@ -158,9 +160,7 @@ class Step:
             kind, _, key = name.partition(":")
             source = {"param": params, "buffer": buffers}.get(kind)
             if source is not None:
-                if key not in source:
-                    raise StepBindingError(f"model has no {kind} named {key!r} (captured with one)")
-                value = source[key]
+                value = source[key]             # present: _check_model_and_batch checked
             elif kind == "state":
                 value = opt_state.get(name)
             elif kind == "acc":
@@ -168,10 +168,7 @@ class Step:
             elif kind == "scaler":
                 value = self.update.scaler_for(_device_of(params, leaves))._scale
             else:
-                index = int(key)
-                if index >= len(leaves):
-                    raise StepBindingError(f"batch has {len(leaves)} tensors, the step was captured with more")
-                value = leaves[index]
+                value = leaves[int(key)]
             self._check(name, value, self.graph.tensors[tid])
             values.append(value)
         return values
@@ -216,16 +213,16 @@ class Step:
         named = dict(zip(self.graph.output_names, outputs, strict=True))
         self.update.finish(self._prepared, named.get("found_inf"))
         params = dict(model.named_parameters())
-        updated = {n for g in (self.update.spec.groups if self.update.spec else ()) for n in g.params}
         for name, value in named.items():
             if name.startswith("grad:"):
-                p = params[name.removeprefix("grad:")]
-                if p.grad is None or name.removeprefix("grad:") in updated:
+                key = name.removeprefix("grad:")
+                p = params[key]
+                if p.grad is None or key in self._updated:
                     p.grad = value
                 else:
                     p.grad.add_(value)
         if sig.accumulate:
-            for name in updated:
+            for name in self._updated:
                 params[name].grad = None        # optimizer.zero_grad() after the update
         return outputs[0]
 
