@@ -13,7 +13,15 @@ import peakcut
 from peakcut.ir.graph import Graph
 from peakcut.optimizer.api import detach_loss
 from peakcut.transform.rewrite import describe_node
-from peakcut.transform.taso import KINDS, algebra, matmul, merge_groups, taso_candidates
+from peakcut.transform.taso import (
+    KINDS,
+    algebra,
+    matmul,
+    matmul_merge,
+    matmul_split,
+    merge_groups,
+    taso_candidates,
+)
 from peakcut.transform.taso.edit import is_view_op
 from peakcut.transform.taso.find import TasoCandidate
 from peakcut.workloads import get_workload
@@ -33,9 +41,9 @@ def _eager_found(g: Graph, order: Sequence[int], kind: str) -> list[TasoCandidat
     out: list[TasoCandidate] = []
     if kind == "merge_matmuls":
         for nodes in merge_groups(g):
-            plan = matmul.plan_merge(g, order, nodes)
+            plan = matmul_merge.plan_merge(g, order, nodes)
             if not isinstance(plan, str):
-                out.append(TasoCandidate(kind, nodes, matmul.merge_summary(g, plan)))
+                out.append(TasoCandidate(kind, nodes, matmul_merge.merge_summary(g, plan)))
         return out
     if kind == "split_matmul":
         merged, plain = [], []
@@ -45,17 +53,17 @@ def _eager_found(g: Graph, order: Sequence[int], kind: str) -> list[TasoCandidat
             m = matmul.parse_matmul(g, nid)
             if isinstance(m, str):
                 continue
-            info = matmul.merged_info(g, nid)
+            info = matmul_merge.merged_info(g, nid)
             if info is not None:
-                if matmul.why_not_split_matmul(g, order, nid) is None:
+                if matmul_split.why_not_split_matmul(g, order, nid) is None:
                     k = len(info["sizes"])
                     merged.append(TasoCandidate(kind, (nid,), (
                         f"un-merge {describe_node(g, nid)} into {k} matmuls: "
                         f"1 matmul launch becomes {k}, its concatenations go")))
             elif g.tensors[m.out].shape[-1] >= 2 and (
-                    matmul.why_not_split_matmul(g, order, nid, 2) is None):
+                    matmul_split.why_not_split_matmul(g, order, nid, 2) is None):
                 nbytes = g.tensors[m.out].nbytes
-                parts = matmul.near_equal_parts(g.tensors[m.out].shape[-1], 2)
+                parts = matmul_split.near_equal_parts(g.tensors[m.out].shape[-1], 2)
                 plain.append((-nbytes, TasoCandidate(
                     kind, (nid,), f"split {describe_node(g, nid)} into {list(parts)} output "
                     "features: 1 matmul launch becomes 2, plus weight slices and a cat of "
@@ -111,7 +119,7 @@ def test_lazy_matches_eager_with_merged_matmuls(tiny):
     """After some merges the un-merge sites come first among split_matmul's."""
     g, order = tiny, list(tiny.order)
     for c in taso_candidates(g, order, limit=3, kinds=("merge_matmuls",)):
-        if matmul.why_not_merge_matmuls(g, order, c.nodes) is None:
+        if matmul_merge.why_not_merge_matmuls(g, order, c.nodes) is None:
             rw = c.apply(g, order)
             g, order = rw.graph, rw.order
     _same_for_all_queries(g, order)
@@ -131,8 +139,8 @@ def test_checked_skips_only_the_order_test(tiny):
                 assert why_not(g, order, nid) == why_not(g, order, nid, checked=True), kind
     for nid in g.order:
         if g.nodes[nid].op in matmul.MATMULS:
-            assert (matmul.why_not_split_matmul(g, order, nid, 2)
-                    == matmul.why_not_split_matmul(g, order, nid, 2, checked=True))
+            assert (matmul_split.why_not_split_matmul(g, order, nid, 2)
+                    == matmul_split.why_not_split_matmul(g, order, nid, 2, checked=True))
     for nodes in merge_groups(g):
-        assert (matmul.plan_merge(g, order, nodes)
-                == matmul.plan_merge(g, order, nodes, checked=True))
+        assert (matmul_merge.plan_merge(g, order, nodes)
+                == matmul_merge.plan_merge(g, order, nodes, checked=True))

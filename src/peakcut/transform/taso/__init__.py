@@ -13,12 +13,8 @@ from peakcut.transform.taso.algebra import (
     why_not_fold_views,
 )
 from peakcut.transform.taso.find import KINDS, TasoCandidate, merge_groups, taso_candidates
-from peakcut.transform.taso.matmul import (
-    merge_matmuls,
-    split_matmul,
-    why_not_merge_matmuls,
-    why_not_split_matmul,
-)
+from peakcut.transform.taso.matmul_merge import merge_matmuls, why_not_merge_matmuls
+from peakcut.transform.taso.matmul_split import split_matmul, why_not_split_matmul
 
 __all__ = [
     "KINDS", "TasoCandidate", "cancel_transposes", "drop_identity", "fold_views", "merge_groups",

@@ -35,6 +35,7 @@ from peakcut.transform.rewrite import (
     writers_of,
 )
 from peakcut.transform.taso.edit import Edit, run_fake, same_region, scalar
+from peakcut.transform.taso.matmul import view_closure
 
 TRANSPOSES = ("aten.t.default", "aten.transpose.int", "aten.permute.default")
 VIEWS = ("aten.view.default", "aten._unsafe_view.default")
@@ -232,8 +233,6 @@ def _plan_identity(g: Graph, order: Sequence[int], node: int,
                 if s == om.storage or m not in before:
                     return (f"{describe_node(g, m)} writes {describe_tensor(g, x if s == xm.storage else out)} "
                             f"in place after {what}: its readers would see the write")
-        from peakcut.transform.taso.matmul import view_closure
-
         closure = view_closure(g, out)
         stray = [t.id for t in g.tensors.values() if t.storage == om.storage and t.id not in closure]
         if stray:

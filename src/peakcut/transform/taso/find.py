@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from peakcut.ir.graph import Graph
 from peakcut.transform.rewrite import Rewrite, check_candidate_query, describe_node, positions
-from peakcut.transform.taso import algebra, matmul
+from peakcut.transform.taso import algebra, matmul, matmul_merge, matmul_split
 from peakcut.transform.taso.edit import is_view_op
 
 KINDS = ("merge_matmuls", "split_matmul", "drop_identity", "cancel_transposes", "fold_views")
@@ -56,9 +56,9 @@ class TasoCandidate:
         """Apply this candidate's rule to (g, order), the graph and order it was found on (or
         one where its nodes still apply)."""
         if self.kind == "merge_matmuls":
-            return matmul.merge_matmuls(g, order, self.nodes)
+            return matmul_merge.merge_matmuls(g, order, self.nodes)
         if self.kind == "split_matmul":
-            return matmul.split_matmul(g, order, self.nodes[0], list(self.parts) or None)
+            return matmul_split.split_matmul(g, order, self.nodes[0], list(self.parts) or None)
         if self.kind in _SINGLE:
             return _SINGLE[self.kind][1](g, order, self.nodes[0])
         raise ValueError(f"unknown TASO candidate kind {self.kind!r}; known: {KINDS}")
@@ -116,9 +116,9 @@ def merge_groups(g: Graph) -> list[tuple[int, ...]]:
 def _merge_sites(g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
     """Maximal merge groups (merge_groups) whose plan_merge succeeds, validated as pulled."""
     for nodes in merge_groups(g):
-        plan = matmul.plan_merge(g, order, nodes, checked=True)
+        plan = matmul_merge.plan_merge(g, order, nodes, checked=True)
         if not isinstance(plan, str):
-            yield TasoCandidate("merge_matmuls", nodes, matmul.merge_summary(g, plan))
+            yield TasoCandidate("merge_matmuls", nodes, matmul_merge.merge_summary(g, plan))
 
 
 def _split_sites(g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
@@ -133,20 +133,20 @@ def _split_sites(g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
         m = matmul.parse_matmul(g, nid)
         if isinstance(m, str):
             continue
-        info = matmul.merged_info(g, nid)
+        info = matmul_merge.merged_info(g, nid)
         if info is not None:
             merged.append((nid, info))
         elif g.tensors[m.out].shape[-1] >= 2:
             plain.append((-g.tensors[m.out].nbytes, nid, m))
     for nid, info in merged:
-        if matmul.why_not_split_matmul(g, order, nid, checked=True) is None:
+        if matmul_split.why_not_split_matmul(g, order, nid, checked=True) is None:
             yield TasoCandidate(kind, (nid,), (
                 f"un-merge {describe_node(g, nid)} into {len(info['sizes'])} matmuls: "
                 f"1 matmul launch becomes {len(info['sizes'])}, its concatenations go"))
     plain.sort(key=lambda p: p[0])
     for _, nid, m in plain:
-        if matmul.why_not_split_matmul(g, order, nid, 2, checked=True) is None:
-            parts = matmul.near_equal_parts(g.tensors[m.out].shape[-1], 2)
+        if matmul_split.why_not_split_matmul(g, order, nid, 2, checked=True) is None:
+            parts = matmul_split.near_equal_parts(g.tensors[m.out].shape[-1], 2)
             yield TasoCandidate(
                 kind, (nid,), f"split {describe_node(g, nid)} into {list(parts)} output "
                 "features: 1 matmul launch becomes 2, plus weight slices and a cat of "
