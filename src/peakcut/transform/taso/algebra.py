@@ -51,10 +51,11 @@ def _input(g: Graph, nid: int) -> int | None:
     return n.args[0].id if n.args and isinstance(n.args[0], TensorRef) else None
 
 
-def _why_not_node(g: Graph, order: Sequence[int], node: int, ops: Sequence[str],
-                  checked: bool = False) -> str | None:
-    """Why `node` is not a one-tensor-to-one-tensor node of `ops` on (g, order). checked: the
-    caller has already verified that `order` is an order of g (skips that O(nodes) test)."""
+def _one_to_one(g: Graph, order: Sequence[int], node: int, ops: Sequence[str],
+                checked: bool = False) -> tuple[int, int] | str:
+    """(input, output) of `node` when it is a one-tensor-to-one-tensor node of `ops` on
+    (g, order), else why it is not. checked: the caller has already verified that `order` is
+    an order of g (skips that O(nodes) test)."""
     if node not in g.nodes:
         return f"node {node} is not in the graph"
     stale = None if checked else check_order_matches(g, order)
@@ -63,9 +64,10 @@ def _why_not_node(g: Graph, order: Sequence[int], node: int, ops: Sequence[str],
     n = g.nodes[node]
     if n.op not in ops:
         return f"{describe_node(g, node)} is not one of {', '.join(ops)}"
-    if _single(g, node) is None or _input(g, node) is None:
+    x, out = _input(g, node), _single(g, node)
+    if x is None or out is None:
         return f"{describe_node(g, node)} does not map one tensor to one tensor"
-    return None
+    return x, out
 
 
 def _why_not_dropped(g: Graph, t: int) -> str | None:
@@ -80,10 +82,10 @@ def _why_not_dropped(g: Graph, t: int) -> str | None:
 
 
 # ------------------------------------------------------------------ transposes
-def _permutation(g: Graph, nid: int) -> list[int] | None:
-    """The output's dim d is the input's dim perm[d]."""
+def _permutation(g: Graph, nid: int, source: int) -> list[int] | None:
+    """The output's dim d is the input's (`source`'s) dim perm[d]."""
     n = g.nodes[nid]
-    rank = len(g.tensors[_input(g, nid)].shape)
+    rank = len(g.tensors[source].shape)
     if n.op == "aten.t.default":
         return [1, 0] if rank == 2 else list(range(rank))
     if n.op == "aten.transpose.int" and len(n.args) == 3 and rank:
@@ -97,25 +99,25 @@ def _permutation(g: Graph, nid: int) -> list[int] | None:
 
 
 def _plan_transposes(g: Graph, order: Sequence[int], node: int,
-                     checked: bool = False) -> tuple[int, int] | str:
-    reason = _why_not_node(g, order, node, TRANSPOSES, checked)
-    if reason:
-        return reason
+                     checked: bool = False) -> tuple[int, int, int] | str:
+    """(inner transpose, its input x, node's output) when `node` undoes the transpose it reads."""
+    found = _one_to_one(g, order, node, TRANSPOSES, checked)
+    if isinstance(found, str):
+        return found
+    y, out = found
     what = describe_node(g, node)
-    y = _input(g, node)
     inner = g.producer(y)
-    if inner is None or g.nodes[inner].op not in TRANSPOSES or _input(g, inner) is None:
+    x = _input(g, inner) if inner is not None else None
+    if inner is None or g.nodes[inner].op not in TRANSPOSES or x is None:
         return f"{what} does not transpose the result of a transpose"
-    outer_perm, inner_perm = _permutation(g, node), _permutation(g, inner)
+    outer_perm, inner_perm = _permutation(g, node, y), _permutation(g, inner, x)
     if outer_perm is None or inner_perm is None or len(outer_perm) != len(inner_perm):
         return f"{what} or {describe_node(g, inner)} has arguments peakcut does not read"
     if [inner_perm[d] for d in outer_perm] != list(range(len(outer_perm))):
         return f"{what} and {describe_node(g, inner)} do not undo each other"
-    x = _input(g, inner)
-    out = _single(g, node)
     if not same_region(g.tensors[out], g.tensors[x]):
         return f"{describe_tensor(g, out)} does not look at {describe_tensor(g, x)} as it is"
-    return _why_not_dropped(g, out) or (inner, x)
+    return _why_not_dropped(g, out) or (inner, x, out)
 
 
 def why_not_cancel_transposes(g: Graph, order: Sequence[int], node: int, *,
@@ -132,9 +134,9 @@ def cancel_transposes(g: Graph, order: Sequence[int], node: int) -> Rewrite:
     plan = _plan_transposes(g, order, node)
     if isinstance(plan, str):
         raise RuleError(plan)
-    inner, x = plan
+    inner, x, out = plan
     edit = Edit(g, order, "cancel_transposes")
-    users = edit.redirect({_single(g, node): x})
+    users = edit.redirect({out: x})
     edit.remove(node, stand_ins=tuple(users))
     edit.remove_dead([inner])
     return edit.finish([node], (
@@ -146,15 +148,16 @@ def cancel_transposes(g: Graph, order: Sequence[int], node: int) -> Rewrite:
 # ------------------------------------------------------------------ views
 def _plan_views(g: Graph, order: Sequence[int], node: int,
                 checked: bool = False) -> tuple[int, int] | str:
-    reason = _why_not_node(g, order, node, VIEWS, checked)
-    if reason:
-        return reason
+    """(inner view, its input x) when `node` can view x directly."""
+    found = _one_to_one(g, order, node, VIEWS, checked)
+    if isinstance(found, str):
+        return found
+    y, result = found
     what = describe_node(g, node)
-    y = _input(g, node)
     inner = g.producer(y)
-    if inner is None or g.nodes[inner].op not in VIEWS or _input(g, inner) is None:
+    x = _input(g, inner) if inner is not None else None
+    if inner is None or g.nodes[inner].op not in VIEWS or x is None:
         return f"{what} does not view the result of a view"
-    x = _input(g, inner)
     n = g.nodes[node]
     probe = Node(id=-1, op=n.op, args=(TensorRef(x), *n.args[1:]), kwargs=n.kwargs,
                  outputs=n.outputs)
@@ -162,7 +165,7 @@ def _plan_views(g: Graph, order: Sequence[int], node: int,
         (out,) = run_fake(g, probe)
     except (RuleError, ValueError) as e:
         return f"{what} cannot view {describe_tensor(g, x)} directly: {e}"
-    meta = g.tensors[_single(g, node)]
+    meta = g.tensors[result]
     got = (tuple(out.shape), tuple(out.stride()), int(out.storage_offset())) if out is not None \
         else None
     if got != (meta.shape, meta.stride, meta.storage_offset):
@@ -204,14 +207,14 @@ IDENTITY_OPS = ("aten.alias.default", "aten.detach.default", *_SAME_SHAPE_VIEWS,
 
 
 def _plan_identity(g: Graph, order: Sequence[int], node: int,
-                   checked: bool = False) -> tuple[int, bool] | str:
-    """(x, is_view) when `node` returns x as it is."""
-    reason = _why_not_node(g, order, node, IDENTITY_OPS, checked)
-    if reason:
-        return reason
+                   checked: bool = False) -> tuple[int, int, bool] | str:
+    """(x, node's output, is_view) when `node` returns x as it is."""
+    found = _one_to_one(g, order, node, IDENTITY_OPS, checked)
+    if isinstance(found, str):
+        return found
+    x, out = found
     n = g.nodes[node]
     what = describe_node(g, node)
-    x, out = _input(g, node), _single(g, node)
     xm, om = g.tensors[x], g.tensors[out]
     if n.op in _ZERO_OPS or n.op in _ONE_OPS:
         neutral = 0 if n.op in _ZERO_OPS else 1
@@ -237,14 +240,14 @@ def _plan_identity(g: Graph, order: Sequence[int], node: int,
         stray = [t.id for t in g.tensors.values() if t.storage == om.storage and t.id not in closure]
         if stray:
             return f"{describe_tensor(g, stray[0])} shares the storage of {describe_tensor(g, out)}"
-        return x, False
+        return x, out, False
     if n.op in _SAME_SHAPE_VIEWS:
         size = n.args[1] if len(n.args) > 1 else None
         if not isinstance(size, (list, tuple)) or om.shape != xm.shape:
             return f"{what} changes the shape of {describe_tensor(g, x)}"
     if not same_region(om, xm):
         return f"{what} does not return {describe_tensor(g, x)} as it is"
-    return _why_not_dropped(g, out) or (x, True)
+    return _why_not_dropped(g, out) or (x, out, True)
 
 
 def why_not_drop_identity(g: Graph, order: Sequence[int], node: int, *,
@@ -261,9 +264,9 @@ def drop_identity(g: Graph, order: Sequence[int], node: int) -> Rewrite:
     plan = _plan_identity(g, order, node)
     if isinstance(plan, str):
         raise RuleError(plan)
-    x, view = plan
+    x, out, view = plan
     edit = Edit(g, order, "drop_identity")
-    users = edit.redirect({_single(g, node): x})
+    users = edit.redirect({out: x})
     if not view:
         edit.rederive(users)
     edit.remove(node, stand_ins=tuple(users))

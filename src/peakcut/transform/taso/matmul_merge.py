@@ -24,7 +24,7 @@ matmul instead of k small ones. matmul_split.py undoes a merge.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +78,7 @@ class MergePlan:
     mode: str                   # "cols" | "rows" | "sum"
     sizes: tuple[int, ...]      # N_i (cols), M_i (rows) or K_i (sum)
     tree: _SumTree | None = None
+    biases: tuple[int, ...] = ()  # the addmm biases, per matmul (empty for aten.mm)
 
 
 def _sole_reader(g: Graph, t: int) -> int | None:
@@ -91,7 +92,7 @@ def _is_plain_add(g: Graph, nid: int) -> bool:
         return False
     if n.kwargs.get("alpha", 1) != 1 or n.args[0] == n.args[1]:
         return False
-    out = g.tensors[n.outputs[0]]
+    out = g.tensors[n.output_tuple[0]]
     return all(g.tensors[a.id].shape == out.shape and g.tensors[a.id].dtype == out.dtype
                for a in n.args)
 
@@ -117,7 +118,7 @@ def _sum_tree(g: Graph, mms: Sequence[Matmul]) -> _SumTree | str:
         views.append(view)
         path = [r]
         while True:
-            up = _sole_reader(g, g.nodes[path[-1]].outputs[0])
+            up = _sole_reader(g, g.nodes[path[-1]].output_tuple[0])
             if up is None or not _is_plain_add(g, up):
                 break
             path.append(up)
@@ -187,16 +188,20 @@ def plan_merge(g: Graph, order: Sequence[int], nodes: Sequence[int], *,
                     "operand (same tensor memory and layout on the left or on the right) and "
                     f"their results are not summed{': ' + found if found else ''}")
         mode, sizes, tree = "sum", tuple(a.shape[1] for a, _ in metas), found
+    biases: tuple[int, ...] = ()
     if first.op == ADDMM:
         if mode == "rows":
             return (f"{describe_node(g, first.node)} adds a bias: only bias-free matmuls that "
                     "share their right operand are merged")
         if len({(repr(m.beta), repr(m.alpha)) for m in mms}) != 1:
             return f"{describe_node(g, first.node)} and the others scale differently (beta/alpha)"
-        for m, n in zip(mms, sizes, strict=True):
-            bias = g.tensors[m.bias]
-            if bias.shape != (n,) or bias.dtype != g.tensors[mms[0].bias].dtype:
-                return (f"the bias {describe_tensor(g, m.bias)} of {describe_node(g, m.node)} is "
+        biases = tuple(m.bias for m in mms if m.bias is not None)
+        if len(biases) != len(mms):
+            return f"{describe_node(g, first.node)} and the others: not every addmm has a bias"
+        for m, bias_id, n in zip(mms, biases, sizes, strict=True):
+            bias = g.tensors[bias_id]
+            if bias.shape != (n,) or bias.dtype != g.tensors[biases[0]].dtype:
+                return (f"the bias {describe_tensor(g, bias_id)} of {describe_node(g, m.node)} is "
                         f"not a vector of its {n} output features")
     for m in mms:
         reason = why_not_output(g, m)
@@ -217,7 +222,7 @@ def plan_merge(g: Graph, order: Sequence[int], nodes: Sequence[int], *,
         if rest is not None and any(m.node in ancestors(g, rest) for m in mms):
             return (f"{describe_tensor(g, tree.rest)}, added to the matmuls' sum, depends on "
                     "one of them")
-    return MergePlan(mms, mode, sizes, tree)
+    return MergePlan(mms, mode, sizes, tree, biases)
 
 
 def why_not_merge_matmuls(g: Graph, order: Sequence[int], nodes: Sequence[int]) -> str | None:
@@ -262,17 +267,19 @@ def _concat(edit: Edit, tensors: Sequence[int], dim: int, name: str, like: Node)
     of a contiguous x_i and not every tensor is contiguous itself (a weight reaches addmm as
     t(W): the cat then copies W's rows and the matmul keeps its transposed operand)."""
     g = edit.new
-    sources = [transposed_source(g, t) for t in tensors]
-    kw = {"phase": like.phase, "module": like.module}
+    sources = [s for t in tensors if (s := transposed_source(g, t)) is not None]
 
-    def dense(ids: Sequence[int | None]) -> bool:
-        return all(i is not None and is_contiguous(g.tensors[i].shape, g.tensors[i].stride)
-                   for i in ids)
+    def dense(ids: Sequence[int]) -> bool:
+        return all(is_contiguous(g.tensors[i].shape, g.tensors[i].stride) for i in ids)
 
-    if dense(sources) and not dense(tensors):
-        cat = edit.add(CAT, ([TensorRef(s) for s in sources], 1 - dim), name=f"{name}_cat", **kw)
-        return edit.add(T, (TensorRef(cat.outputs[0]),), name=name, **kw).outputs[0]
-    return edit.add(CAT, ([TensorRef(t) for t in tensors], dim), name=name, **kw).outputs[0]
+    def add(op: str, args: tuple[Any, ...], node_name: str) -> int:
+        return edit.add(op, args, name=node_name, phase=like.phase,
+                        module=like.module).output_tuple[0]
+
+    if len(sources) == len(tensors) and dense(sources) and not dense(tensors):
+        cat = add(CAT, ([TensorRef(s) for s in sources], 1 - dim), f"{name}_cat")
+        return add(T, (TensorRef(cat),), name)
+    return add(CAT, ([TensorRef(t) for t in tensors], dim), name)
 
 
 def merge_matmuls(g: Graph, order: Sequence[int], nodes: Sequence[int]) -> Rewrite:
@@ -301,56 +308,60 @@ def merge_matmuls(g: Graph, order: Sequence[int], nodes: Sequence[int]) -> Rewri
     label = f"{first.name or first.id}_merged"
     names = [g.nodes[m.node].name or str(m.node) for m in mms]
     extra = {"mode": plan.mode, "sizes": list(plan.sizes), "of": names}
-    kw = {"name": label, "phase": first.phase, "module": module, "extra": extra}
     principals = [m.node for m in mms]
+
+    def add_merged(op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None = None) -> Node:
+        return edit.add(op, args, kwargs, name=label, phase=first.phase, module=module,
+                        extra=extra)
+
     if plan.mode == "cols":
         b = _concat(edit, [m.b for m in mms], 1, f"{label}_rhs", like)
         if first.op == ADDMM:
-            bias = edit.add(CAT, ([TensorRef(m.bias) for m in mms], 0), name=f"{label}_bias",
-                            phase=first.phase, module=module).outputs[0]
-            merged = edit.add(ADDMM, (TensorRef(bias), TensorRef(mms[0].a), TensorRef(b)),
-                              {k: v for k, v in first.kwargs.items() if k in ("beta", "alpha")},
-                              **kw)
+            bias = edit.add(CAT, ([TensorRef(t) for t in plan.biases], 0), name=f"{label}_bias",
+                            phase=first.phase, module=module).output_tuple[0]
+            merged = add_merged(ADDMM, (TensorRef(bias), TensorRef(mms[0].a), TensorRef(b)),
+                                {k: v for k, v in first.kwargs.items() if k in ("beta", "alpha")})
         else:
-            merged = edit.add(MM, (TensorRef(mms[0].a), TensorRef(b)), **kw)
+            merged = add_merged(MM, (TensorRef(mms[0].a), TensorRef(b)))
         shape = "sharing their left operand"
     elif plan.mode == "rows":
         a = _concat(edit, [m.a for m in mms], 0, f"{label}_lhs", like)
-        merged = edit.add(MM, (TensorRef(a), TensorRef(mms[0].b)), **kw)
+        merged = add_merged(MM, (TensorRef(a), TensorRef(mms[0].b)))
         shape = "sharing their right operand"
     else:
         a = _concat(edit, [m.a for m in mms], 1, f"{label}_lhs", like)
         b = _concat(edit, [m.b for m in mms], 0, f"{label}_rhs", like)
-        merged = edit.add(MM, (TensorRef(a), TensorRef(b)), **kw)
+        merged = add_merged(MM, (TensorRef(a), TensorRef(b)))
         shape = "whose results are summed"
     if plan.tree is None:
         dim = 1 if plan.mode == "cols" else 0
-        split = edit.add(SPLIT, (TensorRef(merged.outputs[0]), list(plan.sizes), dim),
+        split = edit.add(SPLIT, (TensorRef(merged.output_tuple[0]), list(plan.sizes), dim),
                          name=f"{label}_split", phase=first.phase, module=module,
                          multi_output=True)
-        mapping = {m.out: part for m, part in zip(mms, split.outputs, strict=True)}
+        mapping = {m.out: part for m, part in zip(mms, split.output_tuple, strict=True)}
         users = edit.redirect(mapping)
         edit.rederive(users)
         tail = f"split {list(plan.sizes)} along dim {dim}"
     else:
         tree = plan.tree
-        result = merged.outputs[0]
+        result = merged.output_tuple[0]
         if tree.views[0] is not None:
             v = g.nodes[tree.views[0]]
             result = edit.add(v.op, (TensorRef(result), *v.args[1:]), v.kwargs,
-                              name=f"{label}_view", phase=first.phase, module=module).outputs[0]
+                              name=f"{label}_view", phase=first.phase,
+                              module=module).output_tuple[0]
         root = g.nodes[tree.root]
         if tree.rest is not None:
             edit.replace_args(root.id, (TensorRef(tree.rest), TensorRef(result)))
         else:
-            users = edit.redirect({root.outputs[0]: result})
+            users = edit.redirect({root.output_tuple[0]: result})
             edit.rederive(users)
             edit.remove(root.id, stand_ins=(merged.id,))
         for nid in reversed(tree.adds[:-1]):
             edit.remove(nid, stand_ins=(merged.id,))
-        for nid in tree.views:
-            if nid is not None:
-                edit.remove(nid, stand_ins=(merged.id,))
+        for view in tree.views:
+            if view is not None:
+                edit.remove(view, stand_ins=(merged.id,))
         principals += [n for n in (*tree.adds, *tree.views) if n is not None]
         tail = (f"sum of K = {list(plan.sizes)}, replacing {len(tree.adds) - (tree.rest is not None)} "
                 "addition(s)")
@@ -370,7 +381,7 @@ def merge_matmuls(g: Graph, order: Sequence[int], nodes: Sequence[int]) -> Rewri
 
 
 def _shape(edit: Edit, node: Node) -> tuple[int, ...]:
-    return edit.new.tensors[node.outputs[0]].shape
+    return edit.new.tensors[node.output_tuple[0]].shape
 
 
 def merged_info(g: Graph, nid: int) -> dict[str, Any] | None:

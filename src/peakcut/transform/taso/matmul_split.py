@@ -8,8 +8,9 @@ bias) and an aten.cat of their outputs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
@@ -120,7 +121,6 @@ def _pieces(edit: Edit, t: int, sizes: Sequence[int], dim: int, name: str,
     (through a transpose: t(cat(x_i)) gives t(x_i)) when it was concatenated in exactly these
     parts, else slices of it (slices of x before the transpose when t = x.t())."""
     g = edit.new
-    kw = {"phase": like.phase, "module": like.module}
 
     def cat_parts(x: int, along: int) -> list[int] | None:
         p = g.producer(x)
@@ -143,17 +143,18 @@ def _pieces(edit: Edit, t: int, sizes: Sequence[int], dim: int, name: str,
             start = 0
             for i, s in enumerate(sizes):
                 found.append(edit.add(SLICE, (TensorRef(src), 1 - dim, start, start + s),
-                                      name=f"{name}_{i}_slice", **kw).outputs[0])
+                                      name=f"{name}_{i}_slice", phase=like.phase,
+                                      module=like.module).output_tuple[0])
                 start += s
         return [_transpose_of(edit, x, f"{name}_{i}", like) for i, x in enumerate(found)]
     found = cat_parts(t, dim)
     if found is not None:
         return found
-    out = []
+    out: list[int] = []
     start = 0
     for i, s in enumerate(sizes):
         out.append(edit.add(SLICE, (TensorRef(t), dim, start, start + s), name=f"{name}_{i}",
-                            **kw).outputs[0])
+                            phase=like.phase, module=like.module).output_tuple[0])
         start += s
     return out
 
@@ -167,16 +168,17 @@ def _transpose_of(edit: Edit, x: int, name: str, like: Node) -> int:
         if (n.op == T and len(n.output_ids()) == 1 and n.id not in edit.added
                 and edit.runs_before(n.id, like.id)):
             return n.output_ids()[0]
-    return edit.add(T, (TensorRef(x),), name=name, phase=like.phase, module=like.module).outputs[0]
+    return edit.add(T, (TensorRef(x),), name=name, phase=like.phase,
+                    module=like.module).output_tuple[0]
 
 
-def _bias_pieces(edit: Edit, m: Matmul, sizes: Sequence[int], name: str, like: Node) -> list[int]:
-    meta = edit.new.tensors[m.bias]
+def _bias_pieces(edit: Edit, bias: int, sizes: Sequence[int], name: str, like: Node) -> list[int]:
+    meta = edit.new.tensors[bias]
     if not meta.shape or meta.shape[-1] == 1 and sum(sizes) != 1:
-        return [m.bias] * len(sizes)
+        return [bias] * len(sizes)
     if len(meta.shape) == 1:
-        return _pieces_1d(edit, m.bias, sizes, name, like)
-    return _pieces(edit, m.bias, sizes, len(meta.shape) - 1, name, like)
+        return _pieces_1d(edit, bias, sizes, name, like)
+    return _pieces(edit, bias, sizes, len(meta.shape) - 1, name, like)
 
 
 def _pieces_1d(edit: Edit, t: int, sizes: Sequence[int], name: str, like: Node) -> list[int]:
@@ -187,11 +189,11 @@ def _pieces_1d(edit: Edit, t: int, sizes: Sequence[int], name: str, like: Node) 
         ids = [r.id for r in n.args[0] if isinstance(r, TensorRef)]
         if len(ids) == len(n.args[0]) and [g.tensors[i].shape[0] for i in ids] == list(sizes):
             return ids
-    out = []
+    out: list[int] = []
     start = 0
     for i, s in enumerate(sizes):
         out.append(edit.add(SLICE, (TensorRef(t), 0, start, start + s), name=f"{name}_{i}",
-                            phase=like.phase, module=like.module).outputs[0])
+                            phase=like.phase, module=like.module).output_tuple[0])
         start += s
     return out
 
@@ -217,47 +219,50 @@ def split_matmul(g: Graph, order: Sequence[int], node: int,
     like = n
     k = len(plan.sizes)
     kwargs = {kk: v for kk, v in n.kwargs.items() if kk in ("beta", "alpha")}
-    base = {"phase": n.phase, "module": n.module}
+
+    def add(op: str, args: tuple[Any, ...], name: str, op_kwargs: Mapping[str, Any] | None = None,
+            extra: Mapping[str, Any] | None = None) -> Node:
+        return edit.add(op, args, op_kwargs, name=name, phase=n.phase, module=n.module,
+                        extra=extra)
+
     info = merged_info(g, node) or {}
     names = list(info.get("of", [])) if plan.unmerge else []
     if len(names) != k:
         names = [f"{label}_part{i}" for i in range(k)]
     if plan.mode == "cols":
         bs = _pieces(edit, m.b, plan.sizes, 1, f"{label}_rhs", like)
-        biases = _bias_pieces(edit, m, plan.sizes, f"{label}_bias", like) if m.bias else None
+        biases = (_bias_pieces(edit, m.bias, plan.sizes, f"{label}_bias", like)
+                  if m.bias is not None else None)
         outs = []
         for i in range(k):
+            args: tuple[TensorRef, ...] = (TensorRef(m.a), TensorRef(bs[i]))
             if biases is not None:
-                args = (TensorRef(biases[i]), TensorRef(m.a), TensorRef(bs[i]))
-            else:
-                args = (TensorRef(m.a), TensorRef(bs[i]))
-            outs.append(edit.add(m.op, args, kwargs, name=names[i], **base,
-                                 extra={"part": i, "of": label}))
+                args = (TensorRef(biases[i]), *args)
+            outs.append(add(m.op, args, names[i], kwargs, extra={"part": i, "of": label}))
     elif plan.mode == "rows":
         as_ = _pieces(edit, m.a, plan.sizes, 0, f"{label}_lhs", like)
-        outs = [edit.add(MM, (TensorRef(as_[i]), TensorRef(m.b)), name=names[i], **base,
-                         extra={"part": i, "of": label}) for i in range(k)]
+        outs = [add(MM, (TensorRef(as_[i]), TensorRef(m.b)), names[i],
+                    extra={"part": i, "of": label}) for i in range(k)]
     else:
         as_ = _pieces(edit, m.a, plan.sizes, 1, f"{label}_lhs", like)
         bs = _pieces(edit, m.b, plan.sizes, 0, f"{label}_rhs", like)
-        outs = [edit.add(MM, (TensorRef(as_[i]), TensorRef(bs[i])), name=names[i], **base,
-                         extra={"part": i, "of": label}) for i in range(k)]
-    results = [o.outputs[0] for o in outs]
+        outs = [add(MM, (TensorRef(as_[i]), TensorRef(bs[i])), names[i],
+                    extra={"part": i, "of": label}) for i in range(k)]
+    results = [o.output_tuple[0] for o in outs]
     if plan.mode == "sum":
         readers = g.users(m.out)
         target = m.out
         view = g.nodes[readers[0]] if len(readers) == 1 else None
         if view is not None and is_view_op(view.op) and len(view.output_ids()) == 1:
-            results = [edit.add(view.op, (TensorRef(r), *view.args[1:]), view.kwargs,
-                                name=f"{names[i]}_view", **base).outputs[0]
+            results = [add(view.op, (TensorRef(r), *view.args[1:]), f"{names[i]}_view",
+                           view.kwargs).output_tuple[0]
                        for i, r in enumerate(results)]
             target = view.output_ids()[0]
         else:
             view = None
         total = results[0]
         for i, r in enumerate(results[1:], 1):
-            total = edit.add(ADD, (TensorRef(total), TensorRef(r)), name=f"{label}_sum{i}",
-                             **base).outputs[0]
+            total = add(ADD, (TensorRef(total), TensorRef(r)), f"{label}_sum{i}").output_tuple[0]
         users = edit.redirect({target: total})
         edit.rederive(users)
         if view is not None:
@@ -265,7 +270,7 @@ def split_matmul(g: Graph, order: Sequence[int], node: int,
         edit.remove(node, stand_ins=tuple(o.id for o in outs))
         what = (f"un-merge {describe_node(g, node)} into {k} matmuls ({', '.join(names)}) and "
                 f"{k - 1} addition(s) of their results; readers {describe_users(g, users)}")
-    elif plan.unmerge:
+    elif plan.split_node is not None:   # un-merging "cols" / "rows": the merged split goes
         sp = g.nodes[plan.split_node]
         users = edit.redirect(dict(zip(sp.output_ids(), results, strict=True)))
         edit.rederive(users)
@@ -275,8 +280,8 @@ def split_matmul(g: Graph, order: Sequence[int], node: int,
                 f"({', '.join(names)}) reading the pieces of its concatenated operand again; "
                 f"readers {describe_users(g, users)}")
     else:
-        cat = edit.add(CAT, ([TensorRef(r) for r in results], 1), name=f"{label}_cat", **base)
-        users = edit.redirect({m.out: cat.outputs[0]})
+        cat = add(CAT, ([TensorRef(r) for r in results], 1), f"{label}_cat")
+        users = edit.redirect({m.out: cat.output_tuple[0]})
         edit.rederive(users)
         edit.remove(node, stand_ins=(cat.id,))
         what = (f"split {describe_node(g, node)} along its {sum(plan.sizes)} output features "
