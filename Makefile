@@ -27,6 +27,7 @@ bench-quick: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy src/peakcut     # strict on ir/, memory/, schedule/ (pyproject [tool.mypy])
 
 clean:
 	rm -rf $(VENV) out .pytest_cache
