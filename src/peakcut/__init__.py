@@ -10,14 +10,13 @@
     plan.step(batch); plan.report; plan.save("out/plan"); peakcut.load_plan("out/plan", model)
 """
 
-__version__ = "0.1.0"
-
-from peakcut.api import build, capture, measure  # noqa: E402
-from peakcut.capture import SGD, Adam, AdamW, CaptureError  # noqa: E402
-from peakcut.codegen import Step, StepBindingError  # noqa: E402
-from peakcut.ir import Graph, GraphError, Role  # noqa: E402
-from peakcut.optimizer import LimitNotMet, Plan, load_plan, optimize  # noqa: E402
-from peakcut.runtime import Measurement, check_equivalence  # noqa: E402
+from peakcut.api import build, capture, measure
+from peakcut.capture import SGD, Adam, AdamW, CaptureError
+from peakcut.codegen import Step, StepBindingError
+from peakcut.ir import Graph, GraphError, Role
+from peakcut.optimizer import LimitNotMet, Plan, load_plan, optimize
+from peakcut.runtime import Measurement, check_equivalence
+from peakcut.version import __version__
 
 __all__ = [
     "SGD", "Adam", "AdamW", "CaptureError", "Graph", "GraphError", "LimitNotMet", "Measurement", "Plan", "Role",
