@@ -154,8 +154,8 @@ class _Walk:
         """The dtype `node` really has (a tensor-valued FX node: an op's single output or a getitem)."""
         if node.op == "call_function" and node.target is operator.getitem:
             parent, i = node.args
-            fixed = self.result.dtypes.get(parent)
-            if fixed is not None:
+            fixed = self.result.dtypes.get(parent) if isinstance(parent, torch.fx.Node) else None
+            if fixed is not None and isinstance(i, int):
                 return fixed[i]
         fixed = self.result.dtypes.get(node)
         if fixed is not None:
@@ -240,11 +240,14 @@ class _Walk:
                 return v
             return torch.empty_strided(v.shape, v.stride(), dtype=self.dtype(n), device=v.device)
 
+        op = node.target
+        if not callable(op):
+            return None
         try:
             with self._fake():
                 args = _map(node.args, make)
                 kwargs = _map(node.kwargs, make)
-                out = node.target(*args, **kwargs)
+                out = op(*args, **kwargs)
         except Exception:  # noqa: BLE001 - any failure: the caller keeps the traced dtypes
             return None
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
@@ -287,9 +290,12 @@ class _Walk:
             return None
 
     def _run(self, node: torch.fx.Node, expect: Dtypes) -> tuple[Dtypes, tuple[int | None, ...]] | None:
-        inputs = [n for n in _fx_inputs((node.args, node.kwargs))]
-        in_vals = [n.meta.get("val") for n in inputs]
-        if not all(isinstance(v, torch.Tensor) for v in in_vals):
+        op = node.target
+        if not callable(op):
+            return None
+        inputs = _fx_inputs((node.args, node.kwargs))
+        in_vals = [v for v in (n.meta.get("val") for n in inputs) if isinstance(v, torch.Tensor)]
+        if len(in_vals) != len(inputs):
             return None
         total = sum(v.numel() * _itemsize(self.dtype(n)) for n, v in zip(inputs, in_vals, strict=True))
         total += sum(v.numel() * v.element_size() for v in _vals(node) if isinstance(v, torch.Tensor))
@@ -314,7 +320,7 @@ class _Walk:
         if size is not None:  # the shrunk call must mean the same to the fake kernel
             try:
                 with self._fake(), _quiet_fake_tensor_log():
-                    out = node.target(*_map(node.args, lambda n: make(n, True), on_int),
+                    out = op(*_map(node.args, lambda n: make(n, True), on_int),
                                       **_map(node.kwargs, lambda n: make(n, True), on_int))
             except Exception:  # noqa: BLE001 - the shrunk call is not valid: not run
                 return None
@@ -326,7 +332,7 @@ class _Walk:
         try:
             device_type = in_vals[0].device.type
             with torch.no_grad(), _no_autocast(device_type):
-                out = node.target(*_map(node.args, lambda n: make(n, False), on_int),
+                out = op(*_map(node.args, lambda n: make(n, False), on_int),
                                   **_map(node.kwargs, lambda n: make(n, False), on_int))
         except Exception:  # noqa: BLE001 - the real kernel rejects the call: not checked
             return None
@@ -349,10 +355,10 @@ def _itemsize(dtype: torch.dtype | None) -> int:
     return dtype.itemsize if dtype is not None else 0
 
 
-def _filled(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _filled(shape: Sequence[int], dtype: torch.dtype | None, device: torch.device) -> torch.Tensor:
     """A real tensor of constants (never drawn from the RNG): 0.5 for floats, 0 / False else."""
     t = torch.empty(shape, dtype=dtype, device=device)
-    return t.fill_(0.5) if (dtype.is_floating_point or dtype.is_complex) else t.zero_()
+    return t.fill_(0.5) if (t.dtype.is_floating_point or t.dtype.is_complex) else t.zero_()
 
 
 @contextmanager

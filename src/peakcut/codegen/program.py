@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,13 +87,15 @@ class Step:
         return self.host.peak_bytes
 
     # ------------------------------------------------------------ binding
-    def _check(self, name: str, t: torch.Tensor | None, meta: TensorMeta) -> None:
+    def _check(self, name: str, t: torch.Tensor | None, meta: TensorMeta) -> torch.Tensor:
+        """`t` if it matches the captured input's shape and dtype, else StepBindingError."""
         if t is None:
             raise StepBindingError(f"{name}: no tensor (p.grad is None?)")
         if tuple(t.shape) != meta.shape or str(t.dtype).removeprefix("torch.") != meta.dtype:
             raise StepBindingError(
                 f"{name}: got shape {tuple(t.shape)} {t.dtype}, the captured step expects {meta.shape} {meta.dtype}"
             )
+        return t
 
     def ensure_state(self, model: torch.nn.Module) -> Prepared:
         """Create the optimizer state the program reads (as torch.optim does on a first step)
@@ -128,7 +130,7 @@ class Step:
         """Remove the optimizer state the last bind created (its call did not complete)."""
         self.update.discard(self._prepared)
 
-    def _check_model_and_batch(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+    def _check_model_and_batch(self, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor],
                                leaves: list[Any], spec: Any) -> None:
         sig = self.graph.signature
         for name in self.graph.input_names:
@@ -152,13 +154,14 @@ class Step:
                     raise StepBindingError(f"batch has {len(leaves)} tensors, the step was captured with more")
                 self._check(name, leaves[index], self.graph.tensors[tid])
 
-    def _inputs(self, model: torch.nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+    def _inputs(self, model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor],
                 leaves: list[Any]) -> list[torch.Tensor]:
         opt_state = self.update.state_tensors(model)
         values: list[torch.Tensor] = []
         for tid, name in zip(self.graph.inputs, self.graph.input_names, strict=True):
             kind, _, key = name.partition(":")
             source = {"param": params, "buffer": buffers}.get(kind)
+            value: torch.Tensor | None
             if source is not None:
                 value = source[key]             # present: _check_model_and_batch checked
             elif kind == "state":
@@ -169,8 +172,7 @@ class Step:
                 value = self.update.scaler_for(_device_of(params, leaves))._scale
             else:
                 value = leaves[int(key)]
-            self._check(name, value, self.graph.tensors[tid])
-            values.append(value)
+            values.append(self._check(name, value, self.graph.tensors[tid]))
         return values
 
     def device_of(self, inputs: list[torch.Tensor]) -> str:
@@ -227,7 +229,7 @@ class Step:
         return outputs[0]
 
 
-def _device_of(params: dict[str, torch.Tensor], leaves: list[Any]) -> torch.device:
+def _device_of(params: Mapping[str, torch.Tensor], leaves: list[Any]) -> torch.device:
     for t in (*params.values(), *leaves):
         if isinstance(t, torch.Tensor):
             return t.device

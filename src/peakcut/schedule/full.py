@@ -30,7 +30,7 @@ class Schedule:
     lower_bound_bytes: int      # no order of this graph can peak lower (simulated, same model)
     seconds: float
     method: str                 # the candidate that won ("eager", "greedy", "partition-dp") [+refine]
-    stats: dict = field(default_factory=dict)
+    stats: dict[str, object] = field(default_factory=dict)  # search counters, for reports
 
     @property
     def reduction(self) -> float:

@@ -15,11 +15,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+import numpy as np
+
 from peakcut.schedule.problem import Problem
 
 
 def greedy_order(problem: Problem, nodes: Sequence[int] | None = None,
-                 position: Sequence[int] | None = None) -> list[int]:
+                 position: Sequence[int] | np.ndarray | None = None) -> list[int]:
     """A topological order of `nodes` (default: all), built greedily as described above.
 
     nodes: a set that runs contiguously inside a reference order whose

@@ -132,6 +132,8 @@ class BTLMBlock(nn.Module):
 class BTLMModel(nn.Module):
     """Token embedding, ALiBi decoder stack and final LayerNorm."""
 
+    alibi_slopes: torch.Tensor  # a registered buffer
+
     def __init__(self, cfg: BTLMConfig) -> None:
         super().__init__()
         self.embeddings_scale = cfg.embeddings_scale

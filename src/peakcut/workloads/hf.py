@@ -14,6 +14,7 @@ alternating global/local attention with window 256).
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,12 +30,14 @@ from transformers import (
 
 Batch = tuple[torch.Tensor, ...]
 
-_COMMON = {"attn_implementation": "eager", "use_cache": False}
+# Config keyword arguments are heterogeneous (ints, strings, nested lists): typed as Any here,
+# checked by the transformers config classes themselves.
+_COMMON: dict[str, Any] = {"attn_implementation": "eager", "use_cache": False}
 _MASK_PROB = 0.15
 _IGNORE = -100
 
 
-_BERT_DIMS = {
+_BERT_DIMS: dict[str, dict[str, Any]] = {
     "paper": {
         "vocab_size": 30522,
         "hidden_size": 768,
@@ -52,7 +55,7 @@ _BERT_DIMS = {
         "max_position_embeddings": 64,
     },
 }
-_VIT_DIMS = {
+_VIT_DIMS: dict[str, dict[str, Any]] = {
     "paper": {
         "image_size": 224,
         "patch_size": 16,
@@ -72,7 +75,7 @@ _VIT_DIMS = {
         "num_labels": 10,
     },
 }
-_GPT_NEO_DIMS = {
+_GPT_NEO_DIMS: dict[str, dict[str, Any]] = {
     "paper": {
         "vocab_size": 50257,
         "hidden_size": 2048,
@@ -159,8 +162,10 @@ def make_vit_base(size: str, batch_size: int) -> tuple[nn.Module, Batch]:
     """ViTForImageClassification and ``(pixel_values, labels)``."""
     cfg = vit_config(size)
     model = ViTForImageClassification(cfg)
-    pixels = torch.randn(batch_size, cfg.num_channels, cfg.image_size, cfg.image_size)
-    labels = torch.randint(0, cfg.num_labels, (batch_size,))
+    side: int = _VIT_DIMS[size]["image_size"]  # the config's field also admits a (h, w) pair
+    classes: int = _VIT_DIMS[size]["num_labels"]
+    pixels = torch.randn(batch_size, cfg.num_channels, side, side)
+    labels = torch.randint(0, classes, (batch_size,))
     return model, (pixels, labels)
 
 

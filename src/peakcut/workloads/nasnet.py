@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -74,7 +75,8 @@ class Cell(nn.Module):
         states = [self.pre(prev), self.pre_prev(prev_prev) if self.pre_prev is not None else prev]
         for block, ops in zip(self.blocks, self.ops, strict=True):
             a, b = block.inputs
-            states.append(ops[0](states[a]) + ops[1](states[b]))
+            first, second = cast(nn.ModuleList, ops)  # built above: one pair per block
+            states.append(first(states[a]) + second(states[b]))
         return self.project(torch.cat([states[i] for i in self.loose], dim=1))
 
 
