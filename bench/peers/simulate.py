@@ -10,8 +10,9 @@ same memory simulator (Graph.simulate, CPU workspace model) and device cost mode
   partitioner (torch._functorch.partitioners.min_cut_rematerialization_partition, what
   the aot_eager and inductor backends use) is run once per budget/solver. Each partitioned
   forward/backward pair is then re-traced as one program (forward, then backward fed the
-  forward's saved outputs and a ones tangent, then the same AdamW update), so saved
-  tensors stay live until the backward's last reader, and converted with fx_to_graph.
+  forward's saved outputs and a ones tangent, then the same AdamW update:
+  peakcut.capture.capture_with_gradients), so saved tensors stay live until the backward's
+  last reader.
   The joint graph is the whole loss without graph breaks (no Dynamo).
 - compile inductor: not simulated (Inductor's fused kernels have no peakcut IR or cost).
 """
@@ -25,20 +26,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 import peakcut
 from bench.peers.peakcut_hook import peakcut_graph
 from bench.peers.results import Cell, fail_reason
 from bench.peers.tools import Tool, apply_checkpointing
-from peakcut.capture import BoundModel
-from peakcut.capture.optimizers import GroupSpec, OptimizerSpec
-from peakcut.capture.trace import TraceLog, new_fake_mode
-from peakcut.capture.update import HyperTable, substitute_hypers, traced_update
+from peakcut import Graph
+from peakcut.capture import BoundModel, GroupSpec, OptimizerSpec, capture_with_gradients
 from peakcut.cost import get_cost_model
-from peakcut.ir.graph import Graph, StepSignature
-from peakcut.ir.tensor import Role
 from peakcut.simulate import simulate_timeline
 from peakcut.workloads import WorkloadInstance
 
@@ -132,7 +129,7 @@ class JointCapture:
                         self.partitions[tool] = e
             return min_cut_rematerialization_partition(joint, joint_inputs, **kw)
 
-        fake_mode = new_fake_mode()
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         params = [_fake(fake_mode, p, p.requires_grad) for _, p in self.param_items]
         buffers = [_fake(fake_mode, b) for _, b in self.buffer_items]
         leaves = [_fake(fake_mode, t) for t in self.batch_leaves]
@@ -168,45 +165,18 @@ def _joint_graph(jc: JointCapture, fw: torch.fx.GraphModule, bw: torch.fx.GraphM
     train_names = [n for (n, _), h in zip(jc.param_items, has_grad, strict=True) if h]
     spec = OptimizerSpec("adamw", (GroupSpec(tuple(train_names), dict(OPTIMIZER_HYPER),
                                                ("decoupled_weight_decay",)),))
-    slot_names = [(n, s) for n in train_names for s in spec.slots(spec.groups[0])]
-    hypers = HyperTable()
 
-    def step(params: list, buffers: list, slots: list, leaves: list) -> list:
+    def gradients(params: list[torch.Tensor], buffers: list[torch.Tensor],
+                  leaves: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
         outs = fw(*params, *buffers, *leaves)
         user, saved = outs[:num_fwd_outputs], outs[num_fwd_outputs:]
         loss = [o for o in user if o.dim() == 0 and o.is_floating_point()][-1]
         del outs, user
-        grads = bw(*saved, torch.ones_like(loss))[:n_params]
-        del saved
-        by_name = {n: p for (n, _), p in zip(jc.param_items, params, strict=True)}
-        got = {n: g for (n, _), g in zip(jc.param_items, grads, strict=True) if g is not None}
-        slot_map: dict[str, dict[str, torch.Tensor]] = {n: {} for n in train_names}
-        for (n, slot), t in zip(slot_names, slots, strict=True):
-            slot_map[n][slot] = t
-        with torch.no_grad():
-            traced_update(spec, by_name, got, slot_map, hypers)
-        return [loss]
+        grads = list(bw(*saved, torch.ones_like(loss))[:n_params])
+        return loss, grads
 
-    fake_mode = new_fake_mode()
-    params = [_fake(fake_mode, p) for _, p in jc.param_items]
-    buffers = [_fake(fake_mode, b) for _, b in jc.buffer_items]
-    leaves = [_fake(fake_mode, t) for t in jc.batch_leaves]
-    by_fake = {n: p for (n, _), p in zip(jc.param_items, params, strict=True)}
-    with fake_mode:
-        slots = [torch.zeros_like(by_fake[n]) for n, _ in slot_names]
-    gm = make_fx(step, tracing_mode="fake", decomposition_table={})(params, buffers, slots, leaves)
-    substitute_hypers(gm, hypers)
-    input_names = (
-        [f"param:{n}" for n, _ in jc.param_items] + [f"buffer:{n}" for n, _ in jc.buffer_items]
-        + [f"state:{n}.{s}" for n, s in slot_names]
-        + [f"batch:{i}" for i in range(len(leaves))]
-    )
-    roles = ([Role.PARAM] * len(params) + [Role.BUFFER] * len(buffers)
-             + [Role.OPT_STATE] * len(slots) + [Role.INPUT] * len(leaves))
-    signature = StepSignature(batch_spec=pytree.treespec_dumps(jc.batch_spec), optimizer=spec.to_dict())
-    from peakcut.capture.convert import fx_to_graph
-
-    return fx_to_graph(gm, input_names, roles, ["loss"], [Role.ACTIVATION], [True], TraceLog(), "cpu", signature)
+    batch = pytree.tree_unflatten(list(jc.batch_leaves), jc.batch_spec)
+    return capture_with_gradients(jc.inst.model, batch, gradients, spec)
 
 
 def _timed(cell: Cell, make: Callable[[], tuple[Graph, list[int] | None]]) -> Cell:

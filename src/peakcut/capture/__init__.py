@@ -22,6 +22,7 @@ from peakcut.capture.optimizers import (
     SGD,
     Adam,
     AdamW,
+    GroupSpec,
     OptimizerSpec,
     describe,
     resolve_optimizer,
@@ -34,19 +35,22 @@ from peakcut.capture.update import (
     traced_update,
     unscale,
 )
+from peakcut.capture.with_gradients import capture_with_gradients
 from peakcut.ir.graph import Graph, StepSignature
 from peakcut.ir.node import Phase
 from peakcut.ir.ops import GATE_OP
 from peakcut.ir.registry import draws_random
 from peakcut.ir.tensor import Role
 
-__all__ = ["SGD", "Adam", "AdamW", "CaptureError", "OptimizerSpec", "capture", "describe_optimizer"]
+__all__ = ["SGD", "Adam", "AdamW", "BoundModel", "CaptureError", "GroupSpec", "OptimizerSpec", "capture",
+           "capture_with_gradients", "describe_optimizer"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
 class BoundModel:
-    """Calls `model` with substituted parameters/buffers (functional_call); forwards attributes."""
+    """The model as a traced loss_fn sees it: calls `model` with substituted parameters and
+    buffers (torch.func.functional_call) and forwards attribute reads to it."""
 
     def __init__(self, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
         self._model = model
