@@ -33,7 +33,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from peakcut.ir.workspace import cpu_workspace_bytes
-from peakcut.runtime.measure import allocator_events, profiler_peak
+from peakcut.runtime import allocator_events, profiler_peak
 
 aten = torch.ops.aten
 TOLERANCE_BYTES = 256

@@ -22,8 +22,7 @@ import time
 import torch
 
 import peakcut
-from peakcut.fission.bound import batch_fission_bound
-from peakcut.fission.build import analyze, best_root_at_two
+from peakcut.fission import analyze, batch_fission_bound, best_root_at_two
 from peakcut.fission.loss import detach_loss
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 

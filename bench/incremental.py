@@ -29,10 +29,16 @@ import statistics
 import time
 
 import peakcut
-from peakcut.ir.graph import Graph
+from peakcut import Graph
 from peakcut.ir.ops import LOAD_OP
-from peakcut.schedule import IntervalSettings, Problem, Reachability, incremental_schedule
-from peakcut.schedule.interval import IntervalStats, schedule_interval
+from peakcut.schedule import (
+    IntervalSettings,
+    IntervalStats,
+    Problem,
+    Reachability,
+    incremental_schedule,
+    schedule_interval,
+)
 from peakcut.transform import (
     Rewrite,
     deremat,
@@ -44,7 +50,7 @@ from peakcut.transform import (
     why_not_remat,
     why_not_swap,
 )
-from peakcut.workloads.nasnet import random_nasnet
+from peakcut.workloads import random_nasnet
 
 NETWORKS = 10
 ROUNDS = 10

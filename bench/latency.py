@@ -27,8 +27,8 @@ import statistics
 import torch
 
 import peakcut
+from peakcut import Graph
 from peakcut.cost import MeasuredCostModel
-from peakcut.ir.graph import Graph
 from peakcut.simulate import simulate_timeline
 from peakcut.transform import remat, why_not_remat
 from peakcut.workloads import WORKLOAD_NAMES, get_workload

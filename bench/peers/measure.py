@@ -21,7 +21,7 @@ import torch
 from bench.peers.peakcut_hook import peakcut_step
 from bench.peers.results import Cell, fail_reason
 from bench.peers.tools import Tool, apply_checkpointing, fresh_dynamo
-from peakcut.runtime.measure import profiler_peak
+from peakcut.runtime import profiler_peak
 from peakcut.workloads import WorkloadInstance
 
 WARMUP = 3

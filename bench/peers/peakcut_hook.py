@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 import peakcut
-from peakcut.ir.graph import Graph
+from peakcut import Graph
 from peakcut.optimizer import LimitNotMet, optimize_graph
 from peakcut.workloads import WorkloadInstance
 

@@ -37,7 +37,7 @@ def cmd_workloads(args: argparse.Namespace, out: Console) -> int:
 def fission_facts(g: Any) -> dict:
     """F-Tree summary of the batch dimension and the simulated peak with its root split in 2
     (in a forest, the root that lowers it most)."""
-    from peakcut.fission.build import analyze, best_root_at_two
+    from peakcut.fission import analyze, best_root_at_two
     from peakcut.fission.loss import detach_loss
 
     t0 = time.perf_counter()

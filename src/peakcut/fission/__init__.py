@@ -12,11 +12,11 @@
 
 from peakcut.fission.analyzer import ComponentView, MemoryView, build_ftree, compute_scores
 from peakcut.fission.bound import FissionBound, batch_fission_bound
-from peakcut.fission.build import analyze, batch_components
+from peakcut.fission.build import analyze, batch_components, best_root_at_two
 from peakcut.fission.dgraph import DGraph, build_dgraph
 from peakcut.fission.expand import Expanded, FissionError, expand
 from peakcut.fission.ftree import FNode, FTree, FTreeError, divisors
 
 __all__ = ["ComponentView", "DGraph", "Expanded", "FNode", "FTree", "FTreeError", "FissionBound",
-           "FissionError", "MemoryView", "analyze", "batch_components", "batch_fission_bound",
+           "FissionError", "MemoryView", "analyze", "batch_components", "batch_fission_bound", "best_root_at_two",
            "build_dgraph", "build_ftree", "compute_scores", "divisors", "expand"]

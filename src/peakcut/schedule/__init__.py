@@ -17,12 +17,12 @@
 
 from peakcut.schedule.full import Schedule, schedule
 from peakcut.schedule.incremental import IncrementalResult, IntervalRule, incremental_schedule
-from peakcut.schedule.interval import IntervalSettings
+from peakcut.schedule.interval import IntervalSettings, IntervalStats, schedule_interval
 from peakcut.schedule.placement import place
 from peakcut.schedule.problem import Problem
 from peakcut.schedule.reach import Reachability, lower_bound
 
 __all__ = [
-    "IncrementalResult", "IntervalRule", "IntervalSettings", "Problem", "Reachability", "Schedule",
-    "incremental_schedule", "lower_bound", "place", "schedule",
+    "IncrementalResult", "IntervalRule", "IntervalSettings", "IntervalStats", "Problem", "Reachability",
+    "Schedule", "incremental_schedule", "lower_bound", "place", "schedule", "schedule_interval",
 ]

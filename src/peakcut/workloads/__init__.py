@@ -1,4 +1,5 @@
-"""The seven benchmark workloads of the MAGIS paper (Table 2), at paper and tiny size."""
+"""The seven benchmark workloads of the MAGIS paper (Table 2), at paper and tiny size, and the
+random NASNet-like networks of its incremental-scheduling benchmark (random_nasnet)."""
 
 from peakcut.workloads.base import (
     WORKLOAD_NAMES,
@@ -7,5 +8,7 @@ from peakcut.workloads.base import (
     get_workload,
     list_workloads,
 )
+from peakcut.workloads.nasnet import random_nasnet
 
-__all__ = ["WORKLOAD_NAMES", "Workload", "WorkloadInstance", "get_workload", "list_workloads"]
+__all__ = ["WORKLOAD_NAMES", "Workload", "WorkloadInstance", "get_workload", "list_workloads",
+           "random_nasnet"]
