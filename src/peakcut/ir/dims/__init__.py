@@ -12,6 +12,7 @@ dim_rule), split.py (running a node in parts and merging the results).
 
 from peakcut.ir.dims.rule import CAT, MERGE_KINDS, SAME, DimRule, Dims, Label
 from peakcut.ir.dims.split import (
+    Narrow,
     PartCall,
     as_outputs,
     can_split,
@@ -22,6 +23,6 @@ from peakcut.ir.dims.split import (
 from peakcut.ir.dims.table import BUILDERS, NO_RULE, dim_rule
 
 __all__ = [
-    "BUILDERS", "CAT", "MERGE_KINDS", "NO_RULE", "SAME", "DimRule", "Dims", "Label", "PartCall",
-    "as_outputs", "can_split", "dim_rule", "label_sizes", "merge_outputs", "split_node_args",
+    "BUILDERS", "CAT", "MERGE_KINDS", "NO_RULE", "SAME", "DimRule", "Dims", "Label", "Narrow",
+    "PartCall", "as_outputs", "can_split", "dim_rule", "label_sizes", "merge_outputs", "split_node_args",
 ]

@@ -22,11 +22,10 @@ from typing import Any
 import torch
 
 from peakcut.ir.dims.rule import DimRule, Dims, Label
+from peakcut.ir.dims.shapes import Shape
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import TensorRef, resolve_op
 from peakcut.ir.registry import bind_arguments
-
-Shape = tuple[int, ...]
 
 
 def aten(name: str) -> str:
@@ -75,7 +74,14 @@ class Call:
     def arg(self, name: str) -> Any:
         return self.args[name]
 
-    def shape(self, name: str) -> Shape | None:
+    def shape(self, name: str) -> Shape:
+        """Shape of the tensor argument `name`, which the op requires (ValueError if absent)."""
+        shape = self.optional_shape(name)
+        if shape is None:
+            raise ValueError(f"{self.op}: argument {name!r} is not a tensor")
+        return shape
+
+    def optional_shape(self, name: str) -> Shape | None:
         """Shape of the tensor argument `name`, None if it is absent (an optional None)."""
         value = self.args.get(name)
         return self.shapes[value.id] if isinstance(value, TensorRef) else None
@@ -97,20 +103,25 @@ class Call:
         return shape
 
 
-@dataclass
+TensorLabels = Dims | list[Dims | None] | None
+"""Labels of one tensor argument: one per dimension, a list with an entry per tensor of a
+Tensor[] argument, or None (shared: every dimension None, as for an entry that is None)."""
+
+
+@dataclass(frozen=True)
 class Labeling:
     """A builder's answer: labels of tensor arguments by schema name.
 
-    tensors: argument name -> labels (a list of labels per entry for Tensor[]
-    arguments); tensor arguments not named are shared (all None).
-    outputs: labels per output (ignored for outputs that are None).
+    tensors: argument name -> labels (see TensorLabels); tensor arguments not
+    named are shared (all None).
+    outputs: labels per output (ignored for outputs that are None; None: all None).
     sizes: size-like arguments by name (see DimRule.args). merge: see DimRule.merge.
     """
 
-    tensors: dict[str, Dims | list[Dims]]
-    outputs: list[Dims]
-    sizes: dict[str, Dims] = field(default_factory=dict)
-    merge: dict[Label, str] = field(default_factory=dict)
+    tensors: Mapping[str, TensorLabels]
+    outputs: Sequence[Dims | None]
+    sizes: Mapping[str, Dims] = field(default_factory=dict)
+    merge: Mapping[Label, str] = field(default_factory=dict)
 
 
 Builder = Callable[[Call], Labeling | None]
@@ -162,7 +173,7 @@ def _strip(dims: Dims, drop: set[Label]) -> Dims:
     return tuple(None if d in drop else d for d in dims)
 
 
-def _fit(dims: Dims | list[Dims] | None, shape: Shape, what: str) -> Dims:
+def _fit(dims: TensorLabels, shape: Shape, what: str) -> Dims:
     if dims is None:
         return (None,) * len(shape)
     if isinstance(dims, list) or len(dims) != len(shape):

@@ -10,6 +10,7 @@ width, kernel) are never labels (MAGIS §4.1, footnote 2).
 from __future__ import annotations
 
 from peakcut.ir.dims.call import Builder, Call, Labeling, aten
+from peakcut.ir.dims.rule import Dims, Label
 from peakcut.ir.dims.shapes import broadcast
 
 _SUM = "sum"
@@ -36,10 +37,10 @@ def addmm(call: Call) -> Labeling:
     """addmm, baddbmm: beta*self + alpha*(a @ b); k is a label only when beta == 0."""
     batched = call.op == aten("baddbmm")
     a, b = ("batch1", "batch2") if batched else ("mat1", "mat2")
-    lead = ("b",) if batched else ()
+    lead: Dims = ("b",) if batched else ()
     k = "k" if call.args.get("beta", 1) == 0 else None
     out = (*lead, "m", "n")
-    tensors = {"self": broadcast(call.shape("self"), call.out, out),
+    tensors = {"self": broadcast(call.optional_shape("self"), call.out, out),
                a: (*lead, "m", k), b: (*lead, k, "n")}
     return Labeling(tensors, [out], merge={"k": _SUM} if k else {})
 
@@ -55,7 +56,7 @@ def efficient_attention(call: Call) -> Labeling | None:
     if call.args.get("dropout_p", 0.0):
         return None
     qkv = ("b", "h", None, None)
-    bias_shape = call.shape("attn_bias")
+    bias_shape = call.optional_shape("attn_bias")
     full_bias = (*call.out[:2], call.out[2], call.shape("key")[2])
     tensors = {"query": qkv, "key": qkv, "value": qkv,
                "attn_bias": broadcast(bias_shape, full_bias, qkv)}
@@ -72,17 +73,18 @@ def convolution(call: Call) -> Labeling | None:
     x, w = call.shape("input"), call.shape("weight")
     if len(x) != len(w):
         return None  # unbatched input: not a layout this rule knows
-    spatial = (None,) * (len(x) - 2)
-    groups = call.arg("groups")
-    has_bias = call.shape("bias") is not None
+    spatial: Dims = (None,) * (len(x) - 2)
+    groups: int = call.arg("groups")
+    has_bias = call.optional_shape("bias") is not None
     if groups == 1:
         c = None if has_bias else "c"
-        weight = ("c", "o") if call.arg("transposed") else ("o", "c")
-        weight = tuple(d if d != "c" else c for d in weight)
-        tensors = {"input": ("n", c, *spatial), "weight": (*weight, *spatial), "bias": ("o",)}
+        weight: Dims = (c, "o") if call.arg("transposed") else ("o", c)
+        tensors: dict[str, Dims] = {"input": ("n", c, *spatial), "weight": (*weight, *spatial),
+                                    "bias": ("o",)}
         return Labeling(tensors, [("n", "o", *spatial)], merge={"c": _SUM} if c else {})
-    tensors = {"input": ("n", "g", *spatial), "weight": ("g", None, *spatial), "bias": ("g",)}
-    return Labeling(tensors, [("n", "g", *spatial)], sizes={"groups": ("g",)})
+    grouped: dict[str, Dims] = {"input": ("n", "g", *spatial), "weight": ("g", None, *spatial),
+                                "bias": ("g",)}
+    return Labeling(grouped, [("n", "g", *spatial)], sizes={"groups": ("g",)})
 
 
 def convolution_backward(call: Call) -> Labeling | None:
@@ -97,18 +99,18 @@ def convolution_backward(call: Call) -> Labeling | None:
     if len(x) != len(w):
         return None
     present = [shape is not None for shape in call.outputs]  # CPU may return more than masked
-    spatial = (None,) * (len(x) - 2)
-    groups = call.arg("groups")
-    transposed = call.arg("transposed")
+    spatial: Dims = (None,) * (len(x) - 2)
+    groups: int = call.arg("groups")
+    transposed: bool = call.arg("transposed")
     has_bias_sizes = call.arg("bias_sizes") is not None
     if groups == 1:
         c = "c" if (present[0] or present[1]) else None  # grad_bias alone does not depend on c
-        weight = (c, "o") if transposed else ("o", c)
-        outs = [("n", c, *spatial), (*weight, *spatial), ("o",)]
-        tensors = {"grad_output": ("n", "o", *spatial), "input": ("n", c, *spatial),
-                   "weight": (*weight, *spatial)}
-        sizes = {"bias_sizes": ("o",)} if has_bias_sizes else {}
-        merge = {"n": _SUM, "o": _SUM}
+        weight: Dims = (c, "o") if transposed else ("o", c)
+        outs: list[Dims] = [("n", c, *spatial), (*weight, *spatial), ("o",)]
+        tensors: dict[str, Dims] = {"grad_output": ("n", "o", *spatial),
+                                    "input": ("n", c, *spatial), "weight": (*weight, *spatial)}
+        sizes: dict[str, Dims] = {"bias_sizes": ("o",)} if has_bias_sizes else {}
+        merge: dict[Label, str] = {"n": _SUM, "o": _SUM}
     else:
         outs = [("n", "g", *spatial), ("g", None, *spatial), ("g",)]
         tensors = {"grad_output": ("n", "g", *spatial), "input": ("n", "g", *spatial),

@@ -8,10 +8,14 @@ tensors are sliced along their own axes where the output follows them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from peakcut.ir.dims.call import Builder, Call, Labeling, aten
+from peakcut.ir.dims.rule import Dims, Label
 from peakcut.ir.dims.shapes import (
+    Shape,
     broadcast,
     broadcast_shapes,
     cut,
@@ -20,6 +24,7 @@ from peakcut.ir.dims.shapes import (
     norm_dims,
     without,
 )
+from peakcut.ir.node import TensorRef
 
 _SUM = "sum"
 
@@ -45,7 +50,7 @@ def stack(call: Call) -> Labeling:
 def constant_pad_nd(call: Call) -> Labeling:
     """constant_pad_nd: padded (or cropped) axes are None; pad pairs count from the last axis."""
     out = names(len(call.out))
-    pad = list(call.arg("pad"))
+    pad: list[int] = list(call.arg("pad"))
     touched = [len(out) - 1 - i // 2 for i, p in enumerate(pad) if p != 0]
     dims = cut(out, *touched)
     return Labeling({"self": dims}, [dims])
@@ -54,10 +59,12 @@ def constant_pad_nd(call: Call) -> Labeling:
 def repeat(call: Call) -> Labeling:
     """repeat: an axis repeated r > 1 times is an output label tied to its `repeats` entry
     (part p holds r/n whole copies); an axis repeated once is shared with the input."""
-    repeats = list(call.arg("repeats"))
+    repeats: list[int] = list(call.arg("repeats"))
     src_rank = len(call.shape("self"))
     offset = len(repeats) - src_rank
-    out, src, sizes = [], [None] * src_rank, []
+    out: list[Label] = []
+    src: list[Label | None] = [None] * src_rank
+    sizes: list[Label | None] = []
     for j, r in enumerate(repeats):
         if r == 1 and j >= offset:
             out.append(f"d{j}")
@@ -116,16 +123,16 @@ def scatter(call: Call) -> Labeling:
     index and src have one length are labels; `dim` (written at data-dependent rows) is None."""
     out = names(len(call.out))
     dim = norm_dim(call.arg("dim"), len(out)) if out else 0
-    shapes = [s for s in map(call.shape, ("self", "index", "src")) if s is not None]
+    shapes = [s for s in map(call.optional_shape, ("self", "index", "src")) if s is not None]
     keep = [i for i in range(len(out)) if i != dim and len({s[i] for s in shapes}) == 1]
     dims = tuple(d if i in keep else None for i, d in enumerate(out))
     return Labeling({"self": dims, "index": dims, "src": dims}, [dims])
 
 
-def _advanced_index(call: Call) -> tuple[list[int], tuple[int, ...], bool] | None:
+def _advanced_index(call: Call) -> tuple[list[int], Shape, bool] | None:
     """(indexed axes, broadcast index shape, whether the index axes stay in place) of
     self[indices]; None for boolean masks (data-dependent shapes)."""
-    values = call.arg("indices")
+    values: Sequence[TensorRef | None] = call.arg("indices")
     if any(call.dtypes[v.id] in (torch.bool, torch.uint8) for v in values if v is not None):
         return None
     axes = [i for i, v in enumerate(values) if v is not None]
@@ -134,8 +141,8 @@ def _advanced_index(call: Call) -> tuple[list[int], tuple[int, ...], bool] | Non
     return axes, shape, in_place
 
 
-def _index_result(self_shape: tuple[int, ...], axes: list[int], index_shape: tuple[int, ...],
-                  index_dims: tuple, in_place: bool) -> tuple[tuple, tuple[int, ...]]:
+def _index_result(self_shape: Shape, axes: list[int], index_shape: Shape,
+                  index_dims: Dims, in_place: bool) -> tuple[Dims, Shape]:
     """(labels, shape) of self[indices]: self's other axes (labelled d_i) around the index
     axes when those are adjacent, else after them."""
     rest = [i for i in range(len(self_shape)) if i not in axes]
@@ -173,8 +180,8 @@ def index_put(call: Call) -> Labeling | None:
     self_shape = call.shape("self")
     src = tuple(None if i in axes else f"d{i}" for i in range(len(self_shape)))
     target, target_shape = _index_result(self_shape, axes, shape, (None,) * len(shape), in_place)
-    return Labeling({"self": src, "values": broadcast(call.shape("values"), target_shape, target)},
-                    [src])
+    values = broadcast(call.optional_shape("values"), target_shape, target)
+    return Labeling({"self": src, "values": values}, [src])
 
 
 def index_select(call: Call) -> Labeling:
@@ -196,7 +203,7 @@ def embedding(call: Call) -> Labeling:
 def embedding_dense_backward(call: Call) -> Labeling:
     """embedding_dense_backward -> [V, D]: D spatial; the index axes are summed over, unless
     scale_grad_by_freq (the scale counts each index over the whole batch)."""
-    idx = names(len(call.shape("indices")), "i")
+    idx: Dims = names(len(call.shape("indices")), "i")
     if call.arg("scale_grad_by_freq"):
         idx = (None,) * len(idx)
     merge = {d: _SUM for d in idx if d is not None}
@@ -206,7 +213,7 @@ def embedding_dense_backward(call: Call) -> Labeling:
 # ------------------------------------------------------------------ slicing backwards, scatters
 def slice_backward(call: Call) -> Labeling:
     """slice_backward: zeros(input_sizes) with grad_output written into a slice of `dim`."""
-    sizes = list(call.arg("input_sizes"))
+    sizes: list[int] = list(call.arg("input_sizes"))
     out = names(len(sizes))
     dim = norm_dim(call.arg("dim"), len(out))
     dims = out if call.shape("grad_output")[dim] == sizes[dim] else cut(out, dim)
@@ -214,7 +221,7 @@ def slice_backward(call: Call) -> Labeling:
 
 
 def select_backward(call: Call) -> Labeling:
-    sizes = list(call.arg("input_sizes"))
+    sizes: list[int] = list(call.arg("input_sizes"))
     out = names(len(sizes))
     dim = norm_dim(call.arg("dim"), len(out))
     dims = cut(out, dim)
@@ -269,7 +276,7 @@ def nll_loss(call: Call) -> Labeling:
         return Labeling({}, [(), ()])
     dims = ("n", None, *names(len(x) - 2, "s"))
     target = without(dims, [1])
-    reduction = call.arg("reduction")
+    reduction: int = call.arg("reduction")
     if reduction not in (_MEAN, _SUM_REDUCTION):
         return Labeling({"self": dims, "target": target}, [target, ()])
     kind = "nll_mean" if reduction == _MEAN else _SUM

@@ -9,6 +9,7 @@ splits whole groups of channels.
 from __future__ import annotations
 
 from peakcut.ir.dims.call import Builder, Call, Labeling, aten
+from peakcut.ir.dims.rule import Dims
 from peakcut.ir.dims.shapes import names
 
 _SUM = "sum"
@@ -37,7 +38,7 @@ def layer_norm_backward(call: Call) -> Labeling:
     )
 
 
-def _batch_norm_dims(call: Call, training: bool) -> tuple[tuple, tuple]:
+def _batch_norm_dims(call: Call, training: bool) -> tuple[Dims, Dims]:
     """(labels of the input, labels of per-channel tensors) for a batch norm call."""
     rank = len(call.shape("input"))
     if training:
@@ -53,7 +54,8 @@ def batch_norm(call: Call) -> Labeling:
     """
     training = bool(call.args.get("training", False))
     x, per_c = _batch_norm_dims(call, training)
-    stats = [per_c if shape == call.outputs[0][1:2] else None for shape in call.outputs[1:]]
+    channels = call.out[1:2]
+    stats = [per_c if shape == channels else None for shape in call.outputs[1:]]
     per_channel = ("weight", "bias", "running_mean", "running_var")
     tensors = {"input": x, **dict.fromkeys(per_channel, per_c)}
     return Labeling(tensors, [x, *stats])
@@ -75,7 +77,7 @@ def batch_norm_backward(call: Call) -> Labeling:
 
 
 def _sized(call: Call, name: str, channels: int) -> bool:
-    shape = call.shape(name)
+    shape = call.optional_shape(name)
     return shape is not None and shape == (channels,)
 
 

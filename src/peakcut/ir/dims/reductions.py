@@ -28,7 +28,8 @@ def _reduction(call: Call, dim_arg: str | None, merge: str | None) -> Labeling |
         out = tuple(None if i in reduced else d for i, d in enumerate(src))
     else:
         out = tuple(d for i, d in enumerate(src) if i not in reduced)
-    merges = {d: merge for i, d in enumerate(src) if i in reduced and d is not None}
+    merges = {} if merge is None else {d: merge for i, d in enumerate(src)
+                                        if i in reduced and d is not None}
     return Labeling({"self": src}, [out] * len(call.outputs), merge=merges)
 
 

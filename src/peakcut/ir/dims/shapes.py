@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from peakcut.ir.dims.rule import Dims
+from peakcut.ir.dims.rule import Dims, Label
 
 Shape = tuple[int, ...]
 
 
-def names(rank: int, prefix: str = "d") -> Dims:
+def names(rank: int, prefix: str = "d") -> tuple[Label, ...]:
     """Fresh labels prefix0..prefix{rank-1}, one per dimension."""
     return tuple(f"{prefix}{i}" for i in range(rank))
 

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -36,11 +36,19 @@ _CONTIGUOUS_ARGS: Mapping[str, tuple[str, ...]] = MappingProxyType({
 })
 
 
+class Narrow(NamedTuple):
+    """The slice of one input a part reads: ``tensor.narrow(dim, start, length)``."""
+
+    dim: int
+    start: int
+    length: int
+
+
 @dataclass(frozen=True)
 class PartCall:
     """One part of a split node.
 
-    narrows: tensor id -> (dim, start, length): the part reads
+    narrows: tensor id -> Narrow (dim, start, length): the part reads
     ``tensor.narrow(dim, start, length)`` (a view: in-place writes reach the
     whole tensor); other inputs are read whole. contiguous: narrowed inputs the
     op reads wrongly when strided (a kernel quirk): the part reads
@@ -51,7 +59,7 @@ class PartCall:
     op: str  # the node's op (squeeze.default runs as squeeze.dims)
     args: tuple[Any, ...]
     kwargs: Mapping[str, Any]
-    narrows: Mapping[int, tuple[int, int, int]]
+    narrows: Mapping[int, Narrow]
     contiguous: frozenset[int] = frozenset()
 
     def bind(self, tensors: Mapping[int, torch.Tensor]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -121,7 +129,8 @@ def label_lengths(g: Graph, nid: int, rule: DimRule) -> Mapping[Label, int]:
     metas = tuple([tensors[t] for t in node.input_tuple] + [tensors[t] for t in node.output_tuple])
     memo = node.memo.get(_LENGTHS_MEMO)
     if memo is not None and (memo[1] is rule or memo[1] == rule) and memo[0] == metas:
-        return memo[2]
+        cached: Mapping[Label, int] = memo[2]
+        return cached
     lengths = MappingProxyType({label: math.gcd(*sizes) if sizes else 0
                                 for label, sizes in label_sizes(g, nid, rule).items()})
     node.memo[_LENGTHS_MEMO] = (metas, rule, lengths)
@@ -131,7 +140,9 @@ def label_lengths(g: Graph, nid: int, rule: DimRule) -> Mapping[Label, int]:
 def can_split(g: Graph, nid: int, rule: DimRule, label: Label, n: int) -> bool:
     """Whether `label` of node `nid` splits into `n` equal parts."""
     sizes = label_sizes(g, nid, rule).get(label)
-    return bool(sizes) and n >= 1 and all(s % n == 0 for s in sizes)
+    if not sizes:
+        return False
+    return n >= 1 and all(s % n == 0 for s in sizes)
 
 
 def split_node_args(g: Graph, nid: int, rule: DimRule, label: Label, n: int, part: int) -> PartCall:
@@ -141,12 +152,12 @@ def split_node_args(g: Graph, nid: int, rule: DimRule, label: Label, n: int, par
     if not can_split(g, nid, rule, label, n):
         raise ValueError(f"{label!r} of node {nid} does not split into {n} equal parts")
     node = g.nodes[nid]
-    narrows: dict[int, tuple[int, int, int]] = {}
+    narrows: dict[int, Narrow] = {}
     for t, dims in zip(node.input_ids(), rule.inputs, strict=True):
         if label in dims:
             dim = dims.index(label)
             length = g.tensors[t].shape[dim] // n
-            narrows[t] = (dim, part * length, length)
+            narrows[t] = Narrow(dim, part * length, length)
     args, kwargs = list(node.args), dict(node.kwargs)
     for name, dims in rule.args.items():
         value = _get_arg(node.op, args, kwargs, name)
@@ -174,16 +185,17 @@ def merge_outputs(
     merged: list[torch.Tensor | None] = []
     for j, kind in enumerate(how):
         values = [p[j] for p in parts]
-        if any(v is None for v in values):
+        tensors = [v for v in values if v is not None]
+        if len(tensors) < len(values):
             merged.append(None)
         elif kind == CAT:
-            merged.append(torch.cat(values, rule.outputs[j].index(label)))
+            merged.append(torch.cat(tensors, rule.outputs[j].index(label)))
         elif kind == SAME:
-            merged.append(values[0])
+            merged.append(tensors[0])
         elif kind == "nll_mean":
             merged.append(_nll_mean(j, parts))
         else:
-            merged.append(_reduce(kind, values))
+            merged.append(_reduce(kind, tensors))
     return tuple(merged)
 
 
@@ -210,10 +222,18 @@ def _reduce(kind: str, values: list[torch.Tensor]) -> torch.Tensor:
 
 def _nll_mean(j: int, parts: Sequence[Sequence[torch.Tensor | None]]) -> torch.Tensor:
     """(output, total_weight) of a mean nll_loss from parts run with reduction=sum."""
-    total = torch.stack([p[1] for p in parts]).sum(0)
+    total = torch.stack(_tensors([p[1] for p in parts])).sum(0)
     if j == 1:
         return total
-    return torch.stack([p[0] for p in parts]).sum(0) / total
+    return torch.stack(_tensors([p[0] for p in parts])).sum(0) / total
+
+
+def _tensors(values: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+    """`values`, which must all be tensors (a part that returned None cannot be merged)."""
+    tensors = [v for v in values if v is not None]
+    if len(tensors) < len(values):
+        raise ValueError("a part returned None where the merge needs a tensor")
+    return tensors
 
 
 def _entries(value: Any) -> list[int]:

@@ -64,7 +64,8 @@ def dim_rule(g: Graph, nid: int) -> DimRule | None:
     metas = tuple([tensors[t] for t in node.input_tuple] + [tensors[t] for t in node.output_tuple])
     memo = node.memo.get(_MEMO)
     if memo is not None and memo[0] == metas:
-        return memo[1]
+        cached: DimRule | None = memo[1]
+        return cached
     rule = build_rule(g, nid)
     node.memo[_MEMO] = (metas, rule)
     return rule

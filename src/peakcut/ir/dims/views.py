@@ -7,7 +7,10 @@ whether to keep it a view).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from peakcut.ir.dims.call import Builder, Call, Labeling
+from peakcut.ir.dims.rule import Dims
 from peakcut.ir.dims.shapes import (
     broadcast,
     cut,
@@ -40,11 +43,11 @@ def expand(call: Call) -> Labeling:
     """expand: broadcast input dims get None; new and kept dims are labels, tied to their
     size entries."""
     out = names(len(call.out))
-    return Labeling({"self": broadcast(call.shape("self"), call.out, out)}, [out],
+    return Labeling({"self": broadcast(call.optional_shape("self"), call.out, out)}, [out],
                     sizes={"size": _size_labels(call.arg("size"), out)})
 
 
-def _size_labels(size: list[int], dims: tuple) -> tuple:
+def _size_labels(size: Sequence[int], dims: Dims) -> Dims:
     """Labels of a size list's entries: the output dims', None for -1 (inferred: left alone)."""
     return tuple(None if s == -1 else d for s, d in zip(size, dims, strict=True))
 
