@@ -8,7 +8,7 @@ import torch
 from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.node import map_refs
 from peakcut.ir.real_dtypes import with_real_dtypes
-from peakcut.ir.tensor import Role
+from peakcut.ir.tensor import Role, TensorMeta
 
 
 def check_graph(g: Graph, infer_shapes: bool = True) -> None:
@@ -75,8 +75,8 @@ def _check_roles_and_storages(g: Graph) -> None:
                 )
     param_storages = {g.tensors[t].storage for t in g.inputs if g.tensors[t].role is Role.PARAM}
     for nid in g.nodes:
-        for t in g.mutated_tensors(nid):
-            s = g.tensors[t].storage
+        for tid in g.mutated_tensors(nid):
+            s = g.tensors[tid].storage
             if s in param_storages and g.nodes[nid].phase.value not in ("optimizer",):
                 raise GraphError(f"{_describe(g, nid)} writes a parameter outside the optimizer update")
 
@@ -115,7 +115,7 @@ def _check_shapes(g: Graph) -> None:
                 _check_node_shapes(g, nid)
 
 
-def _fake(meta: object, device: str) -> torch.Tensor:
+def _fake(meta: TensorMeta, device: str) -> torch.Tensor:
     return torch.empty_strided(meta.shape, meta.stride, dtype=meta.torch_dtype, device=device)
 
 

@@ -166,7 +166,8 @@ def argument_names(op: str) -> tuple[str, ...]:
     return tuple(a.name for a in resolve_op(op)._schema.arguments)
 
 
-def flops(op: str, args: tuple, kwargs: dict, outputs: Sequence[torch.Tensor]) -> int:
+def flops(op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+          outputs: Sequence[torch.Tensor]) -> int:
     """FLOPs of one call; tensors in args/outputs are meta tensors."""
     overload = _overload(op)
     rule = flop_registry.get(overload.overloadpacket) if overload is not None else None
