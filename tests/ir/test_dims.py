@@ -34,12 +34,14 @@ from peakcut.ir.dims import (
     NO_RULE,
     SAME,
     DimRule,
+    Narrow,
     as_outputs,
     dim_rule,
     label_sizes,
     merge_outputs,
     split_node_args,
 )
+from peakcut.ir.dims.call import Call
 from peakcut.ir.node import Node, TensorRef, map_refs, resolve_op
 from peakcut.ir.registry import REGISTRY, OpKind
 from peakcut.ir.tensor import dtype_name
@@ -709,6 +711,19 @@ def test_bias_added_once_blocks_the_contracted_axis() -> None:
     assert rule.labels() == {"n", "o"}
 
 
+def test_call_shapes_of_required_and_optional_tensors() -> None:
+    """Builders read a required tensor's shape with Call.shape (an absent one is an error) and an
+    optional tensor's with Call.optional_shape (None when the call passes None)."""
+    conv = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    g, nid, _ = one_node_graph("aten.convolution.default",
+                               (_n(2, 6, 5, 5), _n(4, 6, 3, 3), None, *conv), {})
+    call = Call.of(g, nid)
+    assert call.shape("weight") == (4, 6, 3, 3) == call.optional_shape("weight")
+    assert call.optional_shape("bias") is None
+    with pytest.raises(ValueError, match="'bias' is not a tensor"):
+        call.shape("bias")
+
+
 def test_written_inputs_must_carry_every_label() -> None:
     """Eval-mode batch norm is element-wise, but it counts as writing its running statistics
     (registry: undeclared writes), which carry only the channel: a batch split would update
@@ -735,7 +750,7 @@ def test_split_node_args_divides_size_arguments() -> None:
     part = split_node_args(g, nid, rule, "d2", 3, 1)
     assert part.args[1] == [2, 4, 1, -1] and part.narrows == {}
     part = split_node_args(g, nid, rule, "d1", 2, 1)
-    assert part.args[1] == [2, 2, 3, -1] and part.narrows == {1: (0, 2, 2)}
+    assert part.args[1] == [2, 2, 3, -1] and part.narrows == {1: Narrow(dim=0, start=2, length=2)}
     with pytest.raises(ValueError, match="equal parts"):
         split_node_args(g, nid, rule, "d1", 3, 0)
 
