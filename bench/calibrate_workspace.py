@@ -1,4 +1,4 @@
-"""Re-measure the CPU workspace model (peakcut.ir.workspace) against the real allocator.
+"""Re-measure the CPU workspace model (peakcut.memory.workspace) against the real allocator.
 
 For every case, one op call runs on real CPU tensors under ``torch.profiler`` with
 ``profile_memory=True``; the c10 CPU allocator's alloc/free events give the running sum, and
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from peakcut.ir.workspace import cpu_workspace_bytes
+from peakcut.memory.workspace import cpu_workspace_bytes
 from peakcut.runtime import allocator_events, profiler_peak
 
 aten = torch.ops.aten

@@ -24,6 +24,7 @@ import torch
 import peakcut
 from peakcut.fission import analyze, batch_fission_bound, best_root_at_two
 from peakcut.fission.loss import detach_loss
+from peakcut.memory import simulate
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
 
@@ -40,7 +41,7 @@ def main() -> None:
     for name in WORKLOAD_NAMES:
         inst = get_workload(name).build("paper")
         g = detach_loss(peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw"))
-        eager = g.simulate().peak_bytes
+        eager = simulate(g).peak_bytes
         t0 = time.perf_counter()
         tree, dgraph = analyze(g, batch_only=True)
         build_s = time.perf_counter() - t0

@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 import peakcut
+from peakcut.memory import simulate
 from peakcut.workloads import get_workload
 
 WORKLOADS = ("bert-base", "gpt-neo-1.3b", "vit-base", "resnet50")
@@ -107,7 +108,7 @@ def describe_node(g: Any, nid: int) -> str:
 
 def simulated(g: Any, order: list[int] | None = None) -> dict[str, Any]:
     """Simulated peak, the node there, and the simulated peak over the optimizer phase."""
-    prof = g.simulate(order)
+    prof = simulate(g, order)
     opt_max, opt_node = 0, None
     for i, nid in enumerate(prof.order):
         if getattr(g.nodes[nid].phase, "value", None) == "optimizer" and int(prof.timeline[i]) > opt_max:

@@ -17,6 +17,7 @@ import time
 import torch
 
 import peakcut
+from peakcut.memory import simulate
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
 
@@ -32,7 +33,7 @@ def paper_rows(optimizer: str) -> list[str]:
         t0 = time.perf_counter()
         g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, optimizer)
         seconds = time.perf_counter() - t0
-        sim = g.simulate().peak_bytes
+        sim = simulate(g).peak_bytes
         tracked = peakcut.measure(peakcut.build(g), inst.model, inst.batch).peak_bytes
         rows.append(f"| {inst.description} | {len(g.nodes)} | {_gib(g.param_bytes())} | {_gib(sim)} | "
                     f"{_gib(tracked)} | {sim / tracked:.4f} | {seconds:.1f} |")
@@ -47,7 +48,7 @@ def tiny_rows() -> list[str]:
         for optimizer in ("sgd", "adamw"):
             g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, optimizer)
             m = peakcut.measure(peakcut.build(g), inst.model, inst.batch, repeats=3)
-            sim = g.simulate().peak_bytes
+            sim = simulate(g).peak_bytes
             rows.append(f"| {name} | {optimizer} | {sim:,} | {m.peak_bytes:,} | {sim / m.peak_bytes:.4f} | "
                         f"{m.seconds * 1e3:.1f} |")
     return rows

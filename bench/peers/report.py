@@ -120,7 +120,7 @@ HEADINGS = {
              "runs after warm-up (compile excluded); min/median/max in the detail table."),
     "paper": ("Paper sizes, simulated",
               "Cells: peak ratio vs eager / latency overhead vs eager on rtx3090/h200. Eager row: "
-              "absolute peak and latency. Peak: peakcut's memory simulator (Graph.simulate, capture "
+              "absolute peak and latency. Peak: peakcut's memory simulator (peakcut.memory.simulate, capture "
               "order, CPU workspace model) on each peer's step captured over FakeTensors, AdamW update "
               "included; latency: simulate_timeline with the analytic rtx3090 and h200 profiles. "
               "Simulated, not measured."),

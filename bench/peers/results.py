@@ -15,7 +15,7 @@ class Cell:
     Tiny (measured on CPU): peak_bytes = allocator peak of one step + baseline_bytes
     (parameters, buffers, optimizer state and batch held by the caller); times = step
     seconds after warm-up; peaks = the peak of each profiled repeat (determinism check).
-    Paper (simulated): peak_bytes from Graph.simulate (whole step, caller-held included);
+    Paper (simulated): peak_bytes from peakcut.memory.simulate (whole step, caller-held included);
     latency = simulated step seconds per device profile.
     """
 

@@ -1,5 +1,5 @@
 """Paper sizes, simulated: each peer's training step as a peakcut Graph, run through the
-same memory simulator (Graph.simulate, CPU workspace model) and device cost models
+same memory simulator (peakcut.memory.simulate, CPU workspace model) and device cost models
 (simulate_timeline with the analytic rtx3090 / h200 profiles) as peakcut's own plans.
 
 - eager: peakcut.capture of the step (make_fx over FakeTensors, AdamW update included).
@@ -36,6 +36,7 @@ from bench.peers.tools import Tool, apply_checkpointing
 from peakcut import Graph
 from peakcut.capture import BoundModel, GroupSpec, OptimizerSpec, capture_with_gradients
 from peakcut.cost import get_cost_model
+from peakcut.memory import simulate
 from peakcut.simulate import simulate_timeline
 from peakcut.workloads import WorkloadInstance
 
@@ -45,9 +46,9 @@ INDUCTOR_REASON = "Inductor's fused kernels have no peakcut IR"
 
 
 def evaluate(cell: Cell, g: Graph, order: list[int] | None = None) -> Cell:
-    """Fill peak (Graph.simulate) and per-profile latency (simulate_timeline) of a graph."""
+    """Fill peak (peakcut.memory.simulate) and per-profile latency (simulate_timeline) of a graph."""
     order = list(g.order if order is None else order)
-    profile = g.simulate(order)
+    profile = simulate(g, order)
     cell.peak_bytes = int(profile.peak_bytes)
     cell.baseline_bytes = int(profile.baseline_bytes)
     cell.nodes = len(g.nodes)

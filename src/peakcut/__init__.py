@@ -1,7 +1,7 @@
 """peakcut: fit deep-learning training steps into less accelerator memory.
 
     g = peakcut.capture(model, batch, loss_fn, optimizer="adamw")
-    g.simulate().peak_bytes          # simulated peak of the eager order
+    peakcut.memory.simulate(g).peak_bytes   # simulated peak of the eager order
     step = peakcut.build(g)          # generated, runnable program
     loss = step(model, batch)        # one real step, parameters updated in place
     m = peakcut.measure(step, model, batch)

@@ -57,6 +57,7 @@ def profile_facts(name: str, size: str, batch: int | None, optimizer: str, statu
                   reorder_seconds: float = 20.0) -> tuple[dict, Any, Any]:
     """Capture and simulate a workload; returns (facts, graph, memory profile)."""
     import peakcut
+    from peakcut.memory import simulate
     from peakcut.workloads import get_workload
 
     t0 = time.perf_counter()
@@ -66,7 +67,7 @@ def profile_facts(name: str, size: str, batch: int | None, optimizer: str, statu
     g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, optimizer)
     t_capture = time.perf_counter() - t0
     status("simulating memory")
-    prof = g.simulate()
+    prof = simulate(g)
     status("re-ordering for minimum peak memory")
     from peakcut.schedule import schedule
 

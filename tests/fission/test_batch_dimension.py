@@ -23,6 +23,7 @@ from peakcut.fission.build import BATCH_STATISTICS, batch_component, best_root_a
 from peakcut.fission.loss import detach_loss
 from peakcut.fission.trans import _leaves_and_returns, convex_core
 from peakcut.ir.graph import Graph
+from peakcut.memory import simulate
 from peakcut.workloads import get_workload
 
 
@@ -66,7 +67,7 @@ def test_unet_tail_from_the_last_batch_norm_through_the_loss_lowers_the_peak() -
     ops = {g.nodes[v].op for v in tree.nodes[root].nodes}
     assert {"aten.nll_loss2d_forward.default", "aten.nll_loss2d_backward.default",
             "aten.convolution_backward.default"} <= ops
-    assert peak < g.simulate().peak_bytes
+    assert peak < simulate(g).peak_bytes
 
 
 @given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 40))
@@ -98,12 +99,12 @@ def test_no_f_tree_node_goes_below_the_batch_fission_bound(name: str) -> None:
     g = step(name)
     tree, dgraph = analyze(g, batch_only=True)
     bound = batch_fission_bound(g, dgraph)
-    eager = g.simulate().peak_bytes
+    eager = simulate(g).peak_bytes
     assert 0 < bound.bytes <= eager
     for f in tree.nodes:
         enabled = FTree(tuple(replace(x, n=x.length) if x.id == f.id else x for x in tree.nodes))
         ex = expand(g, list(g.order), enabled, dgraph)
-        assert ex.graph.simulate(ex.order).peak_bytes >= bound.bytes, f"{name} node {f.id}"
+        assert simulate(ex.graph, ex.order).peak_bytes >= bound.bytes, f"{name} node {f.id}"
 
 
 def test_resnet_bound_sits_at_a_batch_norm() -> None:

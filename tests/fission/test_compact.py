@@ -18,6 +18,7 @@ from peakcut.fission.build import analyze
 from peakcut.fission.expand import FissionError, expand
 from peakcut.fission.ftree import FTree, divisors
 from peakcut.fission.loss import detach_loss
+from peakcut.memory import simulate
 from peakcut.optimizer.compact import RepeatedCost
 from peakcut.simulate import simulate_timeline
 from peakcut.workloads import get_workload
@@ -48,7 +49,7 @@ def assert_compact_matches(g, order, tree: FTree, dgraph) -> bool:
     config = [(f.id, f.n) for f in tree.enabled()]
     assert b.peak_bytes == a.peak_bytes, config
     assert math.isclose(b.latency_seconds, a.latency_seconds, rel_tol=1e-9), config
-    assert full.graph.simulate(full.order, "cpu").peak_bytes == compact.graph.simulate(compact.order, "cpu").peak_bytes
+    assert simulate(full.graph, full.order, "cpu").peak_bytes == simulate(compact.graph, compact.order, "cpu").peak_bytes
     parts = {(f.id, f.n) for f in tree.enabled()}
     assert len(compact.graph.nodes) < len(full.graph.nodes) or all(n == 1 for _, n in parts)
     return True

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from peakcut.analysis.memory import Hotspot, MemoryProfile
 from peakcut.cost.analytic import AnalyticCostModel
 from peakcut.cost.calls import is_swap, swap_transfer
 from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.node import TensorRef, iter_refs
 from peakcut.ir.ops import LOAD_OP, STORE_OP, is_swap_op
 from peakcut.ir.registry import argument_names, mutated_arguments
-from peakcut.simulate.memory import MemoryCurve, StorageLife
+from peakcut.memory import Hotspot, MemoryProfile
 from peakcut.simulate.streams import COMPUTE, STREAMS, StreamTiming, node_seconds, node_stream
 from peakcut.simulate.timeline import Timeline
 from peakcut.transform.rewrite import (
@@ -195,12 +195,12 @@ def computation_hash(g: Graph, order: list[int] | None = None) -> str:
 # ------------------------------------------------------------------ workspace
 def node_workspace(g: Graph, nid: int, model: str) -> int:
     from peakcut.ir.node import map_refs
-    from peakcut.ir.workspace import WORKSPACE_OPS, cpu_workspace_bytes
+    from peakcut.memory.workspace import cpu_workspace_bytes, workspace_ops
 
     if model != "cpu":
         raise ValueError(f"unknown workspace model {model!r}")
     node = g.nodes[nid]
-    if node.op not in WORKSPACE_OPS:
+    if node.op not in workspace_ops():
         return 0
     args = map_refs(node.args, lambda r: g.tensors[r.id].to_meta())
     kwargs = map_refs(node.kwargs, lambda r: g.tensors[r.id].to_meta())
@@ -272,6 +272,27 @@ def simulate(g: Graph, order: list[int] | None = None, workspace: str | None = "
 
 
 # ------------------------------------------------------------------ timeline simulation
+@dataclass(frozen=True)
+class StorageLife:
+    """alloc[s]: position allocating s; last[s]: position freeing it (None: never); held."""
+
+    alloc: dict[int, int]
+    last: dict[int, int | None]
+    held: frozenset[int]
+
+
+@dataclass(frozen=True)
+class MemoryCurve:
+    """The old curve: bytes after each event, each node's start/end point, the lives."""
+
+    times: np.ndarray
+    bytes: np.ndarray
+    baseline_bytes: int
+    start_index: np.ndarray
+    end_index: np.ndarray
+    lives: StorageLife
+
+
 def make_schedule(g: Graph, order: Sequence[int] | None) -> tuple:
     """(order, position, inputs, outputs, preds) with lists, as the old Schedule held them."""
     order_t = tuple(g.order if order is None else order)

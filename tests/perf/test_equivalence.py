@@ -18,7 +18,6 @@ import pytest
 import torch
 
 import peakcut
-from peakcut.analysis.memory import MemoryProfile
 from peakcut.cost import get_cost_model, get_profile
 from peakcut.cost.analytic import AnalyticCostModel
 from peakcut.cost.calls import call_key
@@ -28,6 +27,7 @@ from peakcut.fission.loss import detach_loss
 from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.ops import LOAD_OP, STORE_OP
 from peakcut.ir.tensor import Role, TensorMeta
+from peakcut.memory import MemoryProfile, simulate
 from peakcut.optimizer.state import computation_hash
 from peakcut.schedule import place
 from peakcut.simulate import simulate_timeline
@@ -298,7 +298,7 @@ def test_timelines(corpus: list[Case], device: str) -> None:
 def test_step_simulation(corpus: list[Case]) -> None:
     for name, g, order in corpus:
         for workspace in ("cpu", None):
-            _same_profile(g.copy().simulate(order, workspace), ref.simulate(g, order, workspace),
+            _same_profile(simulate(g.copy(), order, workspace), ref.simulate(g, order, workspace),
                           f"{name} {workspace}")
 
 
@@ -344,7 +344,7 @@ def test_timelines_with_ties_and_copy_waits(seed: int) -> None:
             what = f"seed {seed} order {k} overlap {overlap}"
             _same_timeline(simulate_timeline(g, order, cost), ref.simulate_timeline(g, order, cost), what)
             assert place(g, order, cost) == ref.place(g, order, cost), what
-            _same_profile(g.simulate(order), ref.simulate(g, order), what)
+            _same_profile(simulate(g, order), ref.simulate(g, order), what)
 
 
 # ------------------------------------------------------------------ placement

@@ -1,4 +1,4 @@
-"""With nothing swapped (or copies inline), the timeline's memory is exactly the spine's step model."""
+"""With nothing swapped (or copies inline), the timeline's memory is exactly the step simulation (peakcut.memory.simulate)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import peakcut
-from peakcut.analysis.memory import simulate
 from peakcut.ir.graph import Graph
+from peakcut.memory import simulate
 from peakcut.simulate import COMPUTE, simulate_timeline
 from peakcut.workloads import get_workload
 from tests.conftest import SmallCNN, cnn_loss
@@ -37,7 +37,7 @@ def captured(request: pytest.FixtureRequest) -> Graph:
 
 def assert_matches_spine(g: Graph, order: list[int] | None, cost: FakeCost,
                          workspace: str | None) -> None:
-    """Peak, per-node memory, peak node and hot-spots equal those of analysis.memory.simulate."""
+    """Peak, per-node memory, peak node and hot-spots equal those of peakcut.memory.simulate."""
     prof = simulate(g, order, workspace=workspace)
     tl = simulate_timeline(g, order, cost, workspace=workspace)
     assert tl.order == prof.order

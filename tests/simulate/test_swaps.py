@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import peakcut
-from peakcut.analysis.memory import simulate
+from peakcut.memory import simulate
 from peakcut.simulate import COMPUTE, D2H, H2D, simulate_timeline
 from tests.conftest import cnn_loss
 from tests.simulate.helpers import FakeCost, constant, insert_swap, swap_chain

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import peakcut
-from peakcut.analysis.workspace import node_workspace
 from peakcut.ir.graph import GraphError
+from peakcut.memory import simulate
+from peakcut.memory.workspace import node_workspace
 from peakcut.simulate import CostModel, Timeline, simulate_timeline
 from tests.conftest import cnn_loss
 from tests.simulate.helpers import FakeCost, GraphBuilder, constant, random_seconds
@@ -114,4 +115,4 @@ def test_paper_size_graph_is_fast():
     t0 = time.perf_counter()
     tl = simulate_timeline(b.g, None, cost)
     assert time.perf_counter() - t0 < 1.0
-    assert tl.peak_bytes == b.g.simulate().peak_bytes
+    assert tl.peak_bytes == simulate(b.g).peak_bytes

@@ -7,6 +7,7 @@ import pytest
 
 import peakcut
 from peakcut.ir.registry import lookup
+from peakcut.memory import simulate
 from peakcut.transform import hotspot_candidates, why_not_remat
 from peakcut.workloads import get_workload
 from tests.transform.conftest import random_topological_order
@@ -20,7 +21,7 @@ def graphs(cnn_graph, cnn_train_graph, inplace_graph, dropout_graph, empty_like_
 
 def test_candidates_sit_across_the_peak_and_apply(cnn_train_graph):
     g = cnn_train_graph
-    profile = g.simulate(g.order)
+    profile = simulate(g, g.order)
     peak = profile.peak_index
     pos = {n: i for i, n in enumerate(g.order)}
     cands = hotspot_candidates(g, g.order, profile, limit=50)
@@ -84,7 +85,7 @@ def test_limit_and_kinds(cnn_train_graph):
     with pytest.raises(ValueError, match="limit"):
         hotspot_candidates(g, g.order, limit=-1)
     with pytest.raises(ValueError, match="another order"):
-        hotspot_candidates(g, g.order, g.simulate(list(reversed(g.order))))
+        hotspot_candidates(g, g.order, simulate(g, list(reversed(g.order))))
     with pytest.raises(ValueError, match="stale order"):
         hotspot_candidates(g, g.order[1:])
 

@@ -21,6 +21,7 @@ from peakcut.codegen.swap import simulated_host_peak
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Phase
 from peakcut.ir.ops import STORE_OP
+from peakcut.memory import simulate
 from peakcut.transform import Rewrite, hotspot_candidates
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
@@ -41,7 +42,7 @@ def apply_plan(g: Graph, name: str) -> tuple[Graph, list[int], list[tuple[str, R
                 left.pop(i)
                 break
         else:
-            peak = g.nodes[g.simulate(order).peak_node]
+            peak = g.nodes[simulate(g, order).peak_node]
             if peak.phase is Phase.OPTIMIZER and {k for k, _ in done} >= set(PLAN):
                 break     # the peak moved into the update (gradients kept): no activation is alive
             pytest.fail(f"{name}: no applicable {left} candidate at the peak after "
@@ -71,11 +72,11 @@ def test_remat_and_swap_keep_numbers_and_memory_agreement(name: str) -> None:
 
     step = Step(g, order)
     measured = peakcut.measure(step, inst.model, inst.batch, method="cpu-profiler", repeats=1)
-    simulated = g.simulate(order).peak_bytes
+    simulated = simulate(g, order).peak_bytes
     host = simulated_host_peak(g, order)
     gap = (simulated - measured.peak_bytes) / measured.peak_bytes
     print(f"\n{name}: candidates at capture {initial}; simulated peak "
-          f"{captured.simulate().peak_bytes:,} -> {simulated:,} B; measured "
+          f"{simulate(captured).peak_bytes:,} -> {simulated:,} B; measured "
           f"{measured.peak_bytes:,} B ({gap:+.2%}); host copies {step.host_peak_bytes:,} B "
           f"measured, {host:,} B simulated")
     assert abs(simulated - measured.peak_bytes) <= 0.05 * measured.peak_bytes, (

@@ -13,6 +13,7 @@ import peakcut
 from peakcut.codegen.program import Step
 from peakcut.ir.ops import LOAD_OP, STORE_OP
 from peakcut.ir.tensor import Role, TensorMeta
+from peakcut.memory import simulate
 from peakcut.transform import RuleError, deswap, swap, why_not_deswap, why_not_swap
 from peakcut.transform.rewrite import why_not_move
 from peakcut.transform.swap import is_dense
@@ -178,7 +179,7 @@ def test_rewrite_shape(cnn_graph):
     assert r.changed == (bnb,) and r.removed == ()
     assert "swap tensor convolution" in r.description
     # the host copy is not device memory; the original is freed after its last forward reader
-    prof_before, prof_after = g.simulate(g.order), new.simulate(r.order)
+    prof_before, prof_after = simulate(g, g.order), simulate(new, r.order)
     storage = meta.storage
     assert prof_after.storage_lifetime[storage][1] < prof_before.storage_lifetime[storage][1]
     assert new.tensors[host].storage not in prof_after.storage_lifetime

@@ -18,6 +18,7 @@ from peakcut.codegen.swap import HostPool, has_swaps
 from peakcut.codegen.update_inputs import Prepared, StepBindingError, UpdateInputs
 from peakcut.ir.graph import Graph
 from peakcut.ir.tensor import TensorMeta
+from peakcut.memory import simulate
 
 __all__ = ["Step", "StepBindingError", "default_program_dir"]
 
@@ -54,7 +55,7 @@ class Step:
                  title: str = "", optimizer: torch.optim.Optimizer | None = None, scaler: Any = None) -> None:
         self.graph = graph
         self.order = list(graph.order if order is None else order)
-        peak = graph.simulate(self.order).peak_bytes
+        peak = simulate(graph, self.order).peak_bytes
         self.source = generate_source(graph, self.order, title=title, peak=f"{peak:,} bytes (simulated, cpu workspace model)")
         digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
         target = Path(path) if path is not None else default_program_dir() / f"step_{digest}.py"

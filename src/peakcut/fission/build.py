@@ -10,7 +10,6 @@ import random
 from collections import deque
 from collections.abc import Sequence
 
-from peakcut.analysis.memory import MemoryProfile
 from peakcut.fission.analyzer import (
     DEFAULT_LEVELS,
     ComponentView,
@@ -24,6 +23,7 @@ from peakcut.fission.ftree import FTree
 from peakcut.fission.trans import convex_core, trim_views, why_not_valid
 from peakcut.ir.graph import Graph
 from peakcut.ir.tensor import Role
+from peakcut.memory import MemoryProfile, simulate
 
 MIN_COMPONENT_NODES = 8  # smaller components are not worth a fission candidate
 
@@ -32,11 +32,11 @@ def memory_view(g: Graph, order: Sequence[int] | None = None,
                 profile: MemoryProfile | None = None) -> MemoryView:
     """Allocations, reads and hot-spots (storages live at the simulated peak) of `order`.
 
-    profile: g.simulate(order), when the caller has it already.
+    profile: simulate(g, order), when the caller has it already.
     """
     order = list(g.order if order is None else order)
     if profile is None:
-        profile = g.simulate(order)
+        profile = simulate(g, order)
     allocs: dict[int, dict[int, int]] = {}
     for s, (first, _) in profile.storage_lifetime.items():
         if first >= 0:
@@ -182,7 +182,7 @@ def analyze(g: Graph, order: Sequence[int] | None = None, levels: int = DEFAULT_
         trimmed = trim_views(g, convex_core(g, region))
         return trimmed if why_not_valid(g, dgraph, trimmed, by_view[id(view)]) is None else None
 
-    profile = g.simulate(list(g.order if order is None else order))
+    profile = simulate(g, list(g.order if order is None else order))
     mem = memory_view(g, order, profile)
     extra = _peak_candidates(g, order, views, profile)
     return build_ftree(views, mem, levels, valid=valid, extra=extra), dgraph
@@ -235,7 +235,7 @@ def best_root_at_two(g: Graph, tree: FTree, dgraph: DGraph,
         if tree.nodes[root].length % 2:
             continue
         split = expand(g, order, tree.with_n(root, 2), dgraph)
-        peak = split.graph.simulate(split.order).peak_bytes
+        peak = simulate(split.graph, split.order).peak_bytes
         if best is None or peak < best[1]:
             best = (root, peak)
     return best
@@ -254,6 +254,6 @@ def _peak_candidates(g: Graph, order: Sequence[int] | None, views: list[Componen
     """
     order = list(g.order if order is None else order)
     if profile is None and order:
-        profile = g.simulate(order)
+        profile = simulate(g, order)
     peak = order[profile.peak_index] if order and profile is not None else None
     return [(frozenset({peak}), view, peak) for view in views if peak in view.labels]

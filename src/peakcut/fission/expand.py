@@ -2,7 +2,7 @@
 
 `expand(g, order, tree, dgraph)` returns an ordinary IR graph (Expanded.graph) and a
 topological order of it (Expanded.order) that do exactly what the generated fission loops do,
-so that memory (Graph.simulate) and latency (peakcut.simulate.simulate_timeline) of a
+so that memory (peakcut.memory.simulate) and latency (peakcut.simulate.simulate_timeline) of a
 fissioned step are those of an ordinary graph, with part shapes, slices, copies and
 accumulations all visible. For a region S split along the D-Graph label L into n parts
 (MAGIS §4.2: inputs sliced or shared, outputs concatenated or reduced):
@@ -67,7 +67,7 @@ expansion by op, arguments and input layouts (parts and repeated layers make the
 and the final Graph.check runs its shape check once per distinct call; check=False skips it.
 
     ex = expand(g, order, tree, dgraph)
-    ex.graph.simulate(ex.order).peak_bytes                      # memory of the fissioned step
+    peakcut.memory.simulate(ex.graph, ex.order).peak_bytes       # memory of the fissioned step
     simulate_timeline(ex.graph, ex.order, cost).latency_seconds  # its latency
     Step(ex.graph, ex.order)                                    # its program, with loops
 """
@@ -846,7 +846,7 @@ class _Expander:
                     del g.tensors[t]
             del g.nodes[v]
             g.control.pop(v, None)
-            g.workspace_cache.pop(v, None)
+            g.forget_workspace(v)
             self.rules.pop(v, None)
         used = {m.storage for m in g.tensors.values()}
         for s in [s for s in g.storages if s not in used]:

@@ -6,16 +6,13 @@ metas are immutable), so deriving a variant costs one dict copy per field.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from peakcut.ir.node import Node
 from peakcut.ir.registry import is_opaque
 from peakcut.ir.tensor import Role, TensorMeta
-
-if TYPE_CHECKING:
-    from peakcut.analysis.memory import MemoryProfile
 
 
 class GraphError(ValueError):
@@ -56,7 +53,8 @@ class Graph:
     control: dict[int, tuple[int, ...]]     # node id -> nodes it must run after (mutation hazards)
     device: str = "cpu"
     signature: StepSignature = field(default_factory=StepSignature)
-    workspace_cache: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+    # workspace bytes by model key (the machine), then node id; peakcut.memory.workspace fills it
+    workspace_cache: dict[Hashable, dict[int, int]] = field(default_factory=dict, repr=False, compare=False)
     _producer: dict[int, int] | None = field(default=None, repr=False, compare=False)
     _users: dict[int, list[int]] | None = field(default=None, repr=False, compare=False)
     _successors: dict[int, set[int]] | None = field(default=None, repr=False, compare=False)
@@ -73,7 +71,8 @@ class Graph:
             input_names=list(self.input_names), outputs=list(self.outputs),
             output_names=list(self.output_names), storages=dict(self.storages),
             order=list(self.order), control=dict(self.control), device=self.device,
-            signature=self.signature, workspace_cache=dict(self.workspace_cache),
+            signature=self.signature,
+            workspace_cache={key: dict(values) for key, values in self.workspace_cache.items()},
         )
 
     def _invalidate(self) -> None:
@@ -262,7 +261,7 @@ class Graph:
         for t in tensors:
             self.tensors[t.id] = t
         self.nodes[node.id] = node
-        self.workspace_cache.pop(node.id, None)
+        self.forget_workspace(node.id)
         self._invalidate()
 
     def remove_node(self, node: int) -> None:
@@ -274,7 +273,7 @@ class Graph:
         for t in n.output_ids():
             del self.tensors[t]
         del self.nodes[node]
-        self.workspace_cache.pop(node, None)
+        self.forget_workspace(node)
         self.order = [x for x in self.order if x != node]
         self.control.pop(node, None)
         self._invalidate()
@@ -284,8 +283,13 @@ class Graph:
         if node.id not in self.nodes:
             raise GraphError(f"cannot replace node {node.id}: no such node")
         self.nodes[node.id] = node
-        self.workspace_cache.pop(node.id, None)
+        self.forget_workspace(node.id)
         self._invalidate()
+
+    def forget_workspace(self, node: int) -> None:
+        """Drop the cached workspace of node id `node` (its node was replaced or removed)."""
+        for values in self.workspace_cache.values():
+            values.pop(node, None)
 
     def set_tensor(self, meta: TensorMeta) -> None:
         """Add or replace a tensor's metadata (e.g. a view that moves to another storage)."""
@@ -315,13 +319,7 @@ class Graph:
         """A fresh id, unused by any node, tensor or storage (they share one numbering)."""
         return max(max(self.nodes, default=0), max(self.tensors, default=0), max(self.storages, default=0)) + 1
 
-    # ---------------------------------------------------------------- analysis
-    def simulate(self, order: list[int] | None = None, workspace: str | None = "cpu") -> MemoryProfile:
-        """Memory timeline of running the step in `order` (default: capture order)."""
-        from peakcut.analysis.memory import simulate
-
-        return simulate(self, order, workspace=workspace)
-
+    # ---------------------------------------------------------------- checks and (de)serialization
     def check(self) -> None:
         """Validate the graph; raises GraphError naming the first problem found."""
         from peakcut.ir.check import check_graph

@@ -10,7 +10,7 @@ Facts kept here:
 - bytes moved: inputs read + outputs written;
 - random: the op draws from the RNG (never duplicated or split, DESIGN inv. 4);
 - mutated arguments: read from the op's schema (alias_info.is_write);
-- workspace: transient bytes beyond outputs (see workspace.py);
+- workspace: not here (peakcut.memory.workspace, per machine);
 - dimension rules: added by the fission work (issue 4).
 """
 

@@ -50,6 +50,7 @@ from peakcut.fission.ftree import FTree
 from peakcut.fission.reuse import ExpansionCache
 from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.node import Node, TensorRef, map_refs
+from peakcut.memory import simulate
 from peakcut.optimizer.compact import RepeatedCost
 from peakcut.optimizer.state import PendingRebase, Recipe, State, computation_hash
 from peakcut.schedule import Problem, Reachability, incremental_schedule, place
@@ -344,7 +345,7 @@ class Deriver:
         h = rw.graph.copy()
         h.order = list(rw.order)
         result = incremental_schedule(parent.order, nw, h, touched, rw.added, time_limit=RESCHEDULE_SECONDS)
-        if result.peak_bytes < rw.graph.simulate(rw.order, self.workspace).peak_bytes:
+        if result.peak_bytes < simulate(rw.graph, rw.order, self.workspace).peak_bytes:
             return list(result.order)
         return rw.order
 

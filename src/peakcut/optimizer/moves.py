@@ -19,9 +19,9 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from peakcut.analysis.memory import MemoryProfile
 from peakcut.fission.ftree import FTree, divisors
 from peakcut.ir.graph import Graph
+from peakcut.memory import MemoryProfile, simulate
 from peakcut.optimizer.derive import Deriver, region_nodes
 from peakcut.optimizer.state import Recipe, State
 from peakcut.transform import Candidate, hotspot_candidates
@@ -116,7 +116,7 @@ def _recipe_moves(state: State, deriver: Deriver, settings: MoveSettings, kinds:
     program, order = state.program, state.order
     regions = region_nodes(state.tree)
     base = state.base
-    profile = program.simulate(order, deriver.workspace)
+    profile = simulate(program, order, deriver.workspace)
     if settings.hotspots_only:
         found = hotspot_candidates(program, order, profile, limit=4 * settings.per_kind, kinds=kinds)
     else:
@@ -145,7 +145,7 @@ def _anywhere(program: Graph, order: list[int], settings: MoveSettings, kinds: l
               rng: random.Random) -> list[Candidate]:
     """Without H2: candidates at a few random steps of the order instead of at the peak."""
     picks = []
-    full = program.simulate(order)
+    full = simulate(program, order)
     for _ in range(3):
         k = rng.randrange(len(order))
         shifted = _profile_at(full, k)

@@ -9,8 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from peakcut.analysis.memory import MemoryProfile  # noqa: E402
 from peakcut.ir.graph import Graph  # noqa: E402
+from peakcut.memory import MemoryProfile  # noqa: E402
 from peakcut.simulate.timeline import Timeline  # noqa: E402
 
 _PHASE_COLORS = {"forward": "#dbe9f6", "loss": "#fde2c8", "backward": "#e3f1dc", "optimizer": "#efe1f3"}

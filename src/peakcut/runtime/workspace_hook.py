@@ -7,12 +7,13 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from peakcut.memory.workspace import cpu_workspace_bytes, workspace_ops
+
 
 def workspace_for_call(func: torch._ops.OpOverload, args: tuple, kwargs: dict, outputs: list) -> int:
-    """Transient bytes of one call under the CPU workspace model (0 for ops without a rule)."""
-    from peakcut.ir.workspace import WORKSPACE_OPS, cpu_workspace_bytes
-
-    if str(func) not in WORKSPACE_OPS:
+    """Transient bytes of one call under the CPU workspace model for this process's machine
+    (0 for ops without a rule)."""
+    if str(func) not in workspace_ops():
         return 0
 
     def to_meta(x: Any) -> Any:

@@ -16,7 +16,7 @@ _OUTPUTS = attrgetter("output_tuple")
 
 
 @dataclass(frozen=True, eq=False)
-class Schedule:
+class IssueOrder:
     """A valid topological order of a graph, with per-position facts the simulator reads.
 
     Lists are aligned with `order`: inputs[i] / outputs[i] are the tensor ids node
@@ -48,7 +48,7 @@ def _name(g: Graph, nid: int) -> str:
     return f"{node.name or nid} ({node.op})"
 
 
-def make_schedule(g: Graph, order: Sequence[int] | None) -> Schedule:
+def issue_order(g: Graph, order: Sequence[int] | None) -> IssueOrder:
     """Check that `order` (default: capture order) runs every node once, after what it depends on.
 
     Raises GraphError naming the first problem: a node missing, unknown or repeated,
@@ -88,7 +88,7 @@ def make_schedule(g: Graph, order: Sequence[int] | None) -> Schedule:
     if len(waited) and ((waited[len(flat):] == -2).any() or (waited > waiter).any()):
         _raise_dependency_problem(g, order_t, position)
     keep = (waited >= 0) & (waited != waiter)   # program inputs have no producer; no self-waits
-    return Schedule(order_t, position, inputs, outputs, waiter[keep], waited[keep])
+    return IssueOrder(order_t, position, inputs, outputs, waiter[keep], waited[keep])
 
 
 def _raise_order_problem(g: Graph, order: tuple[int, ...]) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from peakcut.cost.protocol import CostModel
 from peakcut.ir.graph import Graph
 from peakcut.ir.ops import LOAD_OP, STORE_OP
-from peakcut.simulate.order import Schedule
+from peakcut.simulate.order import IssueOrder
 
 COMPUTE = "compute"
 D2H = "d2h"
@@ -26,7 +26,7 @@ STREAMS = (COMPUTE, D2H, H2D)
 
 @dataclass(frozen=True)
 class StreamTiming:
-    """Start/end seconds and stream of each node, aligned with the schedule's order.
+    """Start/end seconds and stream of each node, aligned with the issue order.
 
     exposed_copy_seconds: time copies cost the compute stream. With overlapped
     copies, the total time compute nodes waited for a copy (a load, or a store they
@@ -70,13 +70,13 @@ def node_seconds(g: Graph, order: tuple[int, ...], cost: CostModel) -> np.ndarra
     return seconds
 
 
-def time_streams(g: Graph, schedule: Schedule, cost: CostModel) -> StreamTiming:
-    """Start and end of every node when issued in `schedule.order`."""
+def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
+    """Start and end of every node when issued in `issued.order`."""
     overlap = bool(cost.overlap_copies)
-    n = len(schedule.order)
-    times = node_seconds(g, schedule.order, cost)
+    n = len(issued.order)
+    times = node_seconds(g, issued.order, cost)
     swap_ops = (STORE_OP, LOAD_OP)
-    ops = [g.nodes[nid].op for nid in schedule.order]
+    ops = [g.nodes[nid].op for nid in issued.order]
     copies = np.fromiter((op in swap_ops for op in ops), dtype=bool, count=n)
     if not (overlap and copies.any()):
         # one stream: each node starts when the one before ends (cumsum adds in order, as the
@@ -97,7 +97,7 @@ def time_streams(g: Graph, schedule: Schedule, cost: CostModel) -> StreamTiming:
     exposed = 0.0
     # only waits on a copy stream, and the waits of copies, can delay a node: the others are
     # for nodes that ran earlier on the same stream
-    waits = schedule.waits_of(copies)
+    waits = issued.waits_of(copies)
     no_waits: list[int] = []
     for i, op in enumerate(ops):
         preds = waits.get(i, no_waits)

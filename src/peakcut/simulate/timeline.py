@@ -1,7 +1,7 @@
 """The Timeline of one training step: latency, per-node times, memory over time, peak.
 
 Entry point: simulate_timeline(g, order, cost). Timing rules live in
-peakcut.simulate.streams, memory rules in peakcut.simulate.memory.
+peakcut.simulate.streams, the memory curve in peakcut.simulate.memory.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from peakcut.analysis.memory import Hotspot
 from peakcut.cost.protocol import CostModel
 from peakcut.ir.graph import Graph
-from peakcut.simulate.memory import hotspots, memory_curve
-from peakcut.simulate.order import make_schedule
+from peakcut.memory import Hotspot
+from peakcut.memory.workspace import WorkspaceSpec
+from peakcut.simulate.memory import curve_hotspots, memory_curve
+from peakcut.simulate.order import issue_order
 from peakcut.simulate.streams import COMPUTE, time_streams
 
 
@@ -73,10 +74,6 @@ class Timeline:
         """Device bytes right before the node starts (before its allocations)."""
         return int(self.bytes[self.start_index[self._pos(node_id)] - 1])
 
-    def memory_after(self, node_id: int) -> int:
-        """Device bytes right after the node ends (its workspace and the storages it frees gone)."""
-        return int(self.bytes[self.end_index[self._pos(node_id)]])
-
     def node_times(self) -> dict[int, tuple[float, float, str]]:
         """Node id -> (start, end, stream)."""
         return {
@@ -86,23 +83,23 @@ class Timeline:
 
 
 def simulate_timeline(
-    g: Graph, order: Sequence[int] | None, cost: CostModel, workspace: str | None = "cpu"
+    g: Graph, order: Sequence[int] | None, cost: CostModel, workspace: WorkspaceSpec = "cpu"
 ) -> Timeline:
     """Simulate the step issued in `order` (None: capture order) under `cost`.
 
-    workspace: the transient-workspace model of peakcut.analysis.workspace ("cpu"),
-    or None to ignore workspace. Raises peakcut.ir.graph.GraphError when `order` is
+    workspace: the transient-workspace model (peakcut.memory.workspace: "cpu" or a
+    CpuWorkspace), or None to ignore workspace. Raises peakcut.ir.graph.GraphError when `order` is
     not a topological order of g's nodes.
     """
-    schedule = make_schedule(g, order)
-    timing = time_streams(g, schedule, cost)
-    curve = memory_curve(g, schedule, timing, workspace)
+    issued = issue_order(g, order)
+    timing = time_streams(g, issued, cost)
+    curve = memory_curve(g, issued, timing, workspace)
     k = int(np.argmax(curve.bytes))
     on_compute = np.fromiter((st == COMPUTE for st in timing.stream), dtype=bool,
                              count=len(timing.stream))
     running = np.flatnonzero(on_compute & (curve.start_index <= k) & (k < curve.end_index))
     return Timeline(
-        order=schedule.order,
+        order=issued.order,
         cost_name=cost.name,
         latency_seconds=timing.latency_seconds,
         start=timing.start,
@@ -112,11 +109,11 @@ def simulate_timeline(
         bytes=curve.bytes,
         peak_bytes=int(curve.bytes[k]),
         peak_time=float(curve.times[k]),
-        peak_node=schedule.order[int(running[0])] if len(running) else None,
+        peak_node=issued.order[int(running[0])] if len(running) else None,
         baseline_bytes=curve.baseline_bytes,
-        hotspots=hotspots(g, schedule, curve, k),
+        hotspots=curve_hotspots(g, issued, curve, k),
         exposed_copy_seconds=timing.exposed_copy_seconds,
-        position=schedule.position,
+        position=issued.position,
         start_index=curve.start_index,
         end_index=curve.end_index,
     )

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from peakcut.analysis.memory import MemoryProfile
 from peakcut.ir.graph import Graph
+from peakcut.memory import MemoryProfile, simulate
 from peakcut.transform.remat import remat, why_not_remat
 from peakcut.transform.rewrite import Rewrite, check_candidate_query, program_output_storages
 from peakcut.transform.swap import swap, why_not_swap
@@ -109,14 +109,14 @@ def hotspot_candidates(
 ) -> list[Candidate]:
     """Applicable swap and remat candidates at the peak of `order`, best score first.
 
-    profile: g.simulate(order) (computed when None; it must be of this order). At most
+    profile: simulate(g, order) (computed when None; it must be of this order). At most
     `limit` candidates of each kind; only candidates whose rule applies are returned.
     """
     check_candidate_query(g, order, kinds, KINDS, limit, "candidate")
     if profile is None:
-        profile = g.simulate(list(order))
+        profile = simulate(g, list(order))
     elif tuple(profile.order) != tuple(order):
-        raise ValueError("profile was simulated for another order; pass g.simulate(order)")
+        raise ValueError("profile was simulated for another order; pass simulate(g, order)")
     counts = dict.fromkeys(kinds, 0)
     out: list[Candidate] = []
     for idle in _idle_storages(g, order, profile):

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import peakcut
-from peakcut.analysis.memory import tensor_lifetimes
+from peakcut.memory import simulate, tensor_lifetimes
 
 
 def _brute_force_peak(g, order) -> int:
@@ -54,7 +54,7 @@ def test_simulation_matches_brute_force(widths, batch, optimizer):
     model = Chain(widths)
     data = (torch.randn(batch, widths[0]),)
     g = peakcut.capture(model, data, lambda m, b: m(b[0]).square().mean(), optimizer)
-    prof = g.simulate(workspace=None)
+    prof = simulate(g, workspace=None)
     assert prof.peak_bytes == _brute_force_peak(g, g.order)
     assert prof.peak_bytes == int(prof.timeline.max())
 
@@ -62,7 +62,7 @@ def test_simulation_matches_brute_force(widths, batch, optimizer):
 def test_caller_held_and_views(small_cnn):
     model, batch = small_cnn
     g = peakcut.capture(model, batch, lambda m, b: m(b[0]).sum(), "sgd")
-    prof = g.simulate(workspace=None)
+    prof = simulate(g, workspace=None)
     params = sum(p.numel() * 4 for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     state = params  # one momentum buffer per parameter
@@ -94,6 +94,6 @@ def test_lifetimes_and_hotspots(small_cnn):
     life = tensor_lifetimes(g, g.order)
     for t in g.outputs:
         assert life[t][1] == len(g.order)
-    prof = g.simulate()
+    prof = simulate(g)
     assert prof.hotspots and sum(h.bytes for h in prof.hotspots) <= prof.peak_bytes
     assert prof.hotspots_by_module()[0][1] >= prof.hotspots_by_module()[-1][1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from peakcut.ir.workspace import WORKSPACE_OPS, cpu_workspace_bytes
+from peakcut.memory.workspace import CpuMachine, cpu_workspace_bytes, workspace_ops
 from peakcut.runtime.measure import allocator_events, profiler_peak
 
 aten = torch.ops.aten
@@ -182,14 +183,18 @@ def test_convolution_matches_allocator(label: str, op: torch._ops.OpOverload, ma
 def test_bias_reducer_follows_threads() -> None:
     """1x1 weight gradient with bias, one 16-channel block: the bias reducer splits the minibatch
     over all threads (2 threads: 64 B of partials + 12288 B of page-aligned space and barriers)."""
-    from peakcut.ir.workspace import _bias_reducer, _Conv
+    from peakcut.memory.workspace.conv_geometry import ConvGeometry
+    from peakcut.memory.workspace.onednn_wgrad import _bias_reducer
 
-    g = _Conv(n=2, ic=16, oc=16, ins=(32, 32), outs=(32, 32), ks=(1, 1), stride=(1, 1), padding=(0, 0),
-              dilation=(1, 1), groups=1, isz=4)
-    assert _bias_reducer(g, 1) == 0
-    assert _bias_reducer(g, 2) == 64 + 12288
-    assert _bias_reducer(g, 3) == 64 + 12288  # nthr_per_group = min(3, mb=2)
-    assert _bias_reducer(_Conv(**{**g.__dict__, "oc": 32}), 2) == 0  # two jobs: one per thread
+    def threads(n: int) -> CpuMachine:
+        return dataclasses.replace(CpuMachine.current(), threads=n)
+
+    g = ConvGeometry(n=2, ic=16, oc=16, ins=(32, 32), outs=(32, 32), ks=(1, 1), stride=(1, 1),
+                     padding=(0, 0), dilation=(1, 1), groups=1, isz=4)
+    assert _bias_reducer(g, threads(1)) == 0
+    assert _bias_reducer(g, threads(2)) == 64 + 12288
+    assert _bias_reducer(g, threads(3)) == 64 + 12288  # nthr_per_group = min(3, mb=2)
+    assert _bias_reducer(dataclasses.replace(g, oc=32), threads(2)) == 0  # two jobs: one per thread
 
 
 def test_thnn_conv_columns() -> None:
@@ -237,12 +242,14 @@ def test_unrequested_grad_weight_is_transient() -> None:
 
 
 def test_rule_table_names() -> None:
-    assert "aten.convolution.default" in WORKSPACE_OPS
-    assert "aten.convolution_backward.default" in WORKSPACE_OPS
-    assert "aten.add.Tensor" in WORKSPACE_OPS
-    assert "aten.expand.default" not in WORKSPACE_OPS
-    assert "aten.add.out" not in WORKSPACE_OPS
-    assert all(name.startswith("aten.") and name.count(".") == 2 for name in WORKSPACE_OPS)
+    ops = workspace_ops()
+    assert "aten.convolution.default" in ops
+    assert "aten.convolution_backward.default" in ops
+    assert "aten.add.Tensor" in ops
+    assert "aten.expand.default" not in ops
+    assert "aten.add.out" not in ops
+    assert all(name.startswith("aten.") and name.count(".") == 2 for name in ops)
+    assert workspace_ops() is ops   # enumerated once
 
 
 def test_unknown_op_is_zero() -> None:
