@@ -201,7 +201,7 @@ def test_checker_finds_module_and_function_level_cycles(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ the source tree
-# Cycles in modules other parts of issue 15 are restructuring right now (ir/, analysis/,
+# Cycles in modules other parts of issue 15 are restructuring right now (ir/,
 # codegen/source.py, whose fix is to read peakcut.version). Once they are gone,
 # test_no_import_cycle_in_peakcut passes, its strict xfail fails, and the mark and this list go.
 KNOWN_CYCLES = (
@@ -216,10 +216,7 @@ KNOWN_CYCLES = (
     "peakcut.codegen.source -> peakcut",
     "peakcut -> peakcut.runtime -> peakcut.runtime.equivalence -> peakcut.codegen.program -> "
     "peakcut.codegen.source -> peakcut",
-    # Graph.simulate, Graph.check, Graph.to_json / from_json (ir/graph.py)
-    "peakcut.analysis.memory -> peakcut.analysis.workspace -> peakcut.ir.graph -> "
-    "peakcut.analysis.memory",
-    "peakcut.analysis.memory -> peakcut.ir.graph -> peakcut.analysis.memory",
+    # Graph.check, Graph.to_json / from_json (ir/graph.py)
     "peakcut.ir.check -> peakcut.ir.graph -> peakcut.ir.check",
     "peakcut.ir.graph -> peakcut.ir.serialize -> peakcut.ir.graph",
     # the registry's resolve_op lives in ir/node.py, which reads the registry
