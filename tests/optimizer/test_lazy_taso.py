@@ -50,13 +50,12 @@ def cost():
 
 
 def children(root: State, deriver: Deriver) -> dict[str, State]:
-    """The root, its fission child with the largest enabled region, and a swap child (with the
-    base digest the search gives children)."""
+    """The root, its fission child with the largest enabled region, and a swap child (both on
+    the root's base)."""
     splits = [m.build() for m in moves(root, deriver, FISSION_ONLY, random.Random(0)) if m.kind == "fission"]
     split = max(splits, key=lambda s: sum(len(f.nodes) for f in s.tree.enabled()))
     swap = next(m for m in moves(root, deriver, SWAP_ONLY, random.Random(0)) if m.kind == "swap").build()
-    for s in (split, swap):
-        s.extra.setdefault("base_digest", root.extra["base_digest"])
+    assert split.base_digest == swap.base_digest == root.base_digest != ""
     assert split.fission() and split.compact and swap.recipes
     return {"root": root, "fission": split, "swap": swap}
 
@@ -111,7 +110,7 @@ def test_view_only_sites_are_pending_with_the_eager_figures(case) -> None:
             assert lazy.latency_s == eager.latency_s, (label, site.description)
             resolved = deriver.resolve(lazy)
             assert resolved.pending is None
-            assert resolved.extra["base_digest"] == eager.extra["base_digest"], (label, site.description)
+            assert resolved.base_digest == eager.base_digest, (label, site.description)
             assert resolved.fission() == eager.fission() == state.fission()
             assert resolved.recipes == eager.recipes
             assert (resolved.peak_bytes, resolved.latency_s) == (eager.peak_bytes, eager.latency_s)
@@ -160,7 +159,7 @@ def test_merge_matmuls_is_never_pending(case) -> None:
     site = next(s for s in deriver.sites(root, 16) if s.kind == "merge_matmuls")
     state = deriver.with_taso(root, site)
     assert state.pending is None
-    assert state.extra["base_digest"] != root.extra["base_digest"]
+    assert state.base_digest != root.base_digest
     assert deriver.resolve(state) is state
 
 
@@ -196,7 +195,7 @@ def test_rebased_keeps_the_tree_after_a_view_only_rewrite(case) -> None:
     deriver = Deriver(cost())
     split = children(root, deriver)["fission"]
     members: set[int] = set().union(*(f.nodes for f in split.tree.nodes))
-    digest = split.extra["base_digest"]
+    digest = split.base_digest
     sites = deriver.sites(split, 64)
     outside = [s for s in sites if s.kind in VIEW_ONLY and not members.intersection(s.nodes)]
     assert outside

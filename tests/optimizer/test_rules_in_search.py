@@ -44,7 +44,7 @@ def test_a_qkv_merge_then_fission_then_swap_keeps_the_numbers(case) -> None:
     inst, root, deriver = case
     site = next(s for s in deriver.sites(root, 16) if s.kind == "merge_matmuls")
     merged = deriver.resolve(deriver.with_taso(root, site))
-    assert merged.extra["base_digest"] != root.extra["base_digest"]
+    assert merged.base_digest != root.base_digest
     assert any(n.op == "aten.cat.default" for n in merged.program.nodes.values())
     exact(inst, merged)
     fission = next(m for m in moves(merged, deriver, MoveSettings(swap=False, remat=False, taso=False),
@@ -90,12 +90,11 @@ def test_a_site_rewrites_a_base_once_for_every_state_on_it(case) -> None:
     site = next(s for s in deriver.sites(root, 16) if s.kind == "merge_matmuls")
     swap = next(m for m in moves(root, deriver, MoveSettings(fission=False, remat=False, taso=False),
                                  random.Random(0)) if m.kind == "swap").build()
-    swap.extra.setdefault("base_digest", root.extra["base_digest"])
     a, b = (deriver.resolve(deriver.with_taso(parent, site)) for parent in (root, swap))
     assert a.base is b.base and a.tree is b.tree
     assert len(deriver.rewritten) == 1
     fresh = Deriver(get_cost_model("rtx3090"))
     fresh = fresh.resolve(fresh.with_taso(swap, site))
     assert (fresh.digest, fresh.peak_bytes, fresh.latency_s) == (b.digest, b.peak_bytes, b.latency_s)
-    assert fresh.extra["base_digest"] == b.extra["base_digest"]
+    assert fresh.base_digest == b.base_digest
     exact(inst, b)

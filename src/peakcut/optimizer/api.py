@@ -72,7 +72,7 @@ def _cost(device: str | CostModel, deadline: float) -> CostModel:
 
 def _estimate(best: State) -> dict[str, float] | None:
     """The search's compact-expansion figures of the best, when it was re-derived in full."""
-    found = best.extra.get("compact_estimate")
+    found = best.compact_estimate
     return None if found is None else {"peak_bytes": found[0], "latency_s": found[1]}
 
 
@@ -135,15 +135,15 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         tree, dgraph = random_ftree(base, order, naive_fission_seed, batch_only=fission_dims == "batch")
     deriver = Deriver(cost, workspace, levels=levels, batch_only=fission_dims == "batch")
     base_digest = computation_hash(base)
-    root = deriver.finish(base, order, tree, dgraph, (), base, order, (), 0)
+    root = deriver.finish(base, order, tree, dgraph, (), base, order, (), 0, base_digest=base_digest)
     if order != list(base.order):
-        captured = deriver.finish(base, list(base.order), tree, dgraph, (), base, list(base.order), (), 0)
+        captured = deriver.finish(base, list(base.order), tree, dgraph, (), base, list(base.order), (), 0,
+                                  base_digest=base_digest)
         if objective.better(objective.key(captured.peak_bytes, captured.latency_s),
                             objective.key(root.peak_bytes, root.latency_s)):
             root = captured
         else:
             root.applied = ("re-order (memory-aware schedule)",)
-    root.extra["base_digest"] = base_digest
     left = max(0.0, time_budget - (time.perf_counter() - t0))
     result = parallel_search(root, deriver, objective, jobs=jobs, time_budget=left, seed=seed,
                              max_states=max_states, settings=settings, progress=progress, exact_front=pareto)

@@ -106,15 +106,16 @@ class Deriver:
     # ------------------------------------------------------------ building blocks
     def finish(self, base: Graph, base_order: list[int], tree: FTree, dgraph: DGraph,
                recipes: tuple[Recipe, ...], program: Graph, order: list[int], applied: tuple[str, ...],
-               depth: int, compact: bool | None = None) -> State:
-        """Place swaps and recomputes, simulate, hash (a compact program priced per part)."""
+               depth: int, compact: bool | None = None, *, base_digest: str) -> State:
+        """Place swaps and recomputes, simulate, hash (a compact program priced per part).
+        base_digest: computation hash of `base` ("" when not known)."""
         compact = self.compact if compact is None else compact
         cost = RepeatedCost(self.cost, tree) if compact and tree.enabled() else self.cost
         if recipes:
             order = place(program, order, cost)
         tl = simulate_timeline(program, order, cost, self.workspace)
         state = State(base, base_order, tree, dgraph, recipes, program, order, tl.peak_bytes,
-                      tl.latency_seconds, applied, computation_hash(program, order), depth)
+                      tl.latency_seconds, applied, computation_hash(program, order), depth, base_digest)
         state.compact = cost is not self.cost
         return state
 
@@ -141,9 +142,9 @@ class Deriver:
         program, order = self.expanded(state.base, state.base_order, state.tree, state.dgraph, compact=False)
         program, order, kept, dropped = self.replay(program, order, state.recipes, region_nodes(state.tree))
         exact = self.finish(state.base, state.base_order, state.tree, state.dgraph, kept, program, order,
-                            (*state.applied, *dropped), state.depth, compact=False)
-        exact.extra = {"base_digest": state.extra.get("base_digest", ""),
-                       "compact_estimate": (state.peak_bytes, state.latency_s)}
+                            (*state.applied, *dropped), state.depth, compact=False,
+                            base_digest=state.base_digest)
+        exact.compact_estimate = (state.peak_bytes, state.latency_s)
         self.record("exact", t0)
         return exact
 
@@ -169,7 +170,8 @@ class Deriver:
         regions = region_nodes(tree)
         program, order, kept, dropped = self.replay(program, order, parent.recipes, regions)
         state = self.finish(parent.base, parent.base_order, tree, parent.dgraph, kept, program, order,
-                            (*parent.applied, what, *dropped), parent.depth + 1)
+                            (*parent.applied, what, *dropped), parent.depth + 1,
+                            base_digest=parent.base_digest)
         self.record("fission", t0)
         return state
 
@@ -182,7 +184,8 @@ class Deriver:
         order = self.rescheduled(parent, rw)
         state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph,
                             (*parent.recipes, recipe),
-                            rw.graph, order, (*parent.applied, recipe.description), parent.depth + 1)
+                            rw.graph, order, (*parent.applied, recipe.description), parent.depth + 1,
+                            base_digest=parent.base_digest)
         self.record(recipe.kind, t0)
         return state
 
@@ -196,7 +199,7 @@ class Deriver:
         state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph,
                             (*parent.recipes, *kept),
                             program, order, (*parent.applied, *(r.description for r in kept)),
-                            parent.depth + 1)
+                            parent.depth + 1, base_digest=parent.base_digest)
         self.record(recipes[0].kind, t0)
         return state
 
@@ -207,7 +210,8 @@ class Deriver:
         program, order, kept, dropped = self.replay(program, order, rest, region_nodes(parent.tree))
         undo = f"undo: {recipe.description}"
         state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph, kept, program, order,
-                            (*parent.applied, undo, *dropped), parent.depth + 1)
+                            (*parent.applied, undo, *dropped), parent.depth + 1,
+                            base_digest=parent.base_digest)
         self.record("undo", t0)
         return state
 
@@ -221,7 +225,7 @@ class Deriver:
             raise DeriveError(f"{site.description}: inside an enabled fission region")
         state = self._taso_on_program(parent, site) if self.lazy_taso else None
         if state is None:
-            new = self.rebased(parent.extra.get("base_digest", ""), parent.base, parent.base_order, site,
+            new = self.rebased(parent.base_digest, parent.base, parent.base_order, site,
                                parent.tree, parent.dgraph)
             state = self._on_rebased(new, parent.tree, parent.recipes,
                                      (*parent.applied, f"taso: {site.description}"), parent.depth + 1)
@@ -239,9 +243,8 @@ class Deriver:
             return None
         state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph, parent.recipes,
                             rw.graph, list(rw.order), (*parent.applied, f"taso: {site.description}"),
-                            parent.depth + 1)
-        state.pending = PendingRebase(parent.base, tuple(parent.base_order),
-                                      parent.extra.get("base_digest", ""), site)
+                            parent.depth + 1, base_digest=parent.base_digest)
+        state.pending = PendingRebase(parent.base, tuple(parent.base_order), parent.base_digest, site)
         return state
 
     def _on_rebased(self, new: Rebased, tree: FTree, recipes: tuple[Recipe, ...],
@@ -253,10 +256,8 @@ class Deriver:
         program, order = self.expanded(base, base_order, carried, new.dgraph)
         program, order, kept, dropped = self.replay(program, order, recipes, region_nodes(carried))
         notes = [f"fission of F-Tree node {k} lost: no node of the new F-Tree covers its ops" for k in lost]
-        state = self.finish(base, base_order, carried, new.dgraph, kept, program, order,
-                            (*applied, *notes, *dropped), depth)
-        state.extra["base_digest"] = new.digest
-        return state
+        return self.finish(base, base_order, carried, new.dgraph, kept, program, order,
+                           (*applied, *notes, *dropped), depth, base_digest=new.digest)
 
     def resolve(self, state: State) -> State:
         """A pending state with its base rewritten and its F-Tree updated (see module doc):
@@ -274,7 +275,7 @@ class Deriver:
                 self._carry_expansions(pending, new)
             state.base, state.base_order, state.tree, state.dgraph = (new.base, list(new.order), carried,
                                                                       new.dgraph)
-            state.extra["base_digest"] = new.digest
+            state.base_digest = new.digest
             state.pending = None
             self.record("resolve", t0)
             return state
@@ -326,7 +327,7 @@ class Deriver:
 
     def sites(self, state: State, limit: int) -> list[TasoCandidate]:
         """TASO-style sites of the state's base (found once per base graph)."""
-        digest = state.extra.get("base_digest", "")
+        digest = state.base_digest
         if digest not in self.taso_sites:
             self.taso_sites[digest] = taso_candidates(state.base, state.base_order, limit=limit)
         return self.taso_sites[digest]
@@ -335,10 +336,9 @@ class Deriver:
         """Algorithm 2 on the interval around the change, when it lowers the peak."""
         if not self.reschedule:
             return rw.order
-        nw = parent.extra.get("narrow_waist")
+        nw = parent.narrow_waist
         if nw is None:
-            nw = narrow_waist(parent.program, parent.order)
-            parent.extra["narrow_waist"] = nw
+            nw = parent.narrow_waist = narrow_waist(parent.program, parent.order)
         touched = set(rw.changed) | set(rw.removed)
         if reschedule_interval(parent.order, nw, touched) is None:
             return rw.order    # no narrow interval: Algorithm 2 would fall back to a full schedule

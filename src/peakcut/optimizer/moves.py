@@ -77,7 +77,7 @@ def make_key(state: State, tree_n: tuple[tuple[int, int], ...] | None = None,
              recipes: tuple[Recipe, ...] | None = None) -> tuple:
     tree_n = state.fission() if tree_n is None else tree_n
     recipes = state.recipes if recipes is None else recipes
-    return (state.extra.get("base_digest", ""), tuple(sorted(tree_n)),
+    return (state.base_digest, tuple(sorted(tree_n)),
             tuple(sorted((r.kind, r.tensor, r.node, r.users) for r in recipes)))
 
 

@@ -266,7 +266,6 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
             except DeriveError:
                 failed += 1
                 continue
-            child.extra.setdefault("base_digest", state.extra.get("base_digest", ""))
             if child.digest in seen_hashes:
                 duplicates += 1
                 continue

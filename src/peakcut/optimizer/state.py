@@ -66,9 +66,13 @@ class State:
     applied: tuple[str, ...]                  # what was done, oldest first (for the report)
     digest: str                               # computation hash of the program
     depth: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    base_digest: str = ""                     # computation hash of the base ("": not known)
     compact: bool = False                     # program is a compact expansion (Deriver.exact)
     pending: PendingRebase | None = None      # base not rewritten yet (Deriver.resolve)
+    compact_estimate: tuple[int, float] | None = None   # re-derived by Deriver.exact from a compact
+    # state: that state's (peak, latency); None otherwise
+    narrow_waist: dict[int, int] | None = field(default=None, repr=False, compare=False)   # the
+    # program's narrow-waist values, computed once (Deriver.rescheduled)
 
     def fission(self) -> tuple[tuple[int, int], ...]:
         """(F-Tree node, n) of every enabled node."""
