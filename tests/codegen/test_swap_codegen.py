@@ -14,8 +14,9 @@ from peakcut.codegen.program import Step
 from peakcut.codegen.source import generate_source
 from peakcut.codegen.swap import HostPool, simulated_host_peak
 from peakcut.memory import simulate
+from peakcut.rules import RULES
 from peakcut.runtime.measure import allocator_events
-from peakcut.transform import hotspot_candidates, remat, swap
+from peakcut.transform import remat, swap
 from tests.conftest import cnn_loss
 
 
@@ -25,7 +26,7 @@ def rewritten(small_cnn):
     model, batch = small_cnn
     g = peakcut.capture(model, batch, cnn_loss, "adamw")
     order = g.order
-    (c,) = hotspot_candidates(g, order, limit=1, kinds=("remat",))
+    (c,) = RULES.hotspot_candidates(g, order, limit=1, kinds=("remat",))
     r = c.apply(g, order)
     conv = next(n for n in r.order if r.graph.nodes[n].op == "aten.convolution.default")
     bnb = next(n for n in r.order
@@ -113,7 +114,7 @@ def test_every_waited_event_is_recorded_first(small_cnn):
     g = peakcut.capture(model, batch, cnn_loss, "adamw")
     order = g.order
     for _ in range(4):
-        (c,) = hotspot_candidates(g, order, limit=1, kinds=("swap",))
+        (c,) = RULES.hotspot_candidates(g, order, limit=1, kinds=("swap",))
         r = c.apply(g, order)
         g, order = r.graph, r.order
     lines = _lines(cuda_source(g, order))

@@ -18,7 +18,7 @@ from peakcut.fission.loss import detach_loss
 from peakcut.ir.dims import dim_rule, label_sizes
 from peakcut.ir.dims.split import label_lengths
 from peakcut.ir.graph import Graph
-from peakcut.transform.taso import taso_candidates
+from peakcut.rules import RULES
 from peakcut.workloads import get_workload
 
 
@@ -67,10 +67,10 @@ def test_analyze_after_rewrites_matches_a_fresh_analysis(name: str,
         return build_rule(g, nid)
 
     monkeypatch.setattr(table, "build_rule", counting)
-    sites = taso_candidates(base, order, limit=8)
+    sites = RULES.rewrite_candidates(base, order, limit=8)
     assert sites, f"{name}: no TASO site to rewrite"
     for site in sites[:4]:
-        rw = site.apply(base, order)
+        rw = RULES.apply_rewrite(base, order, site)
         built[0] = 0
         got = analyze(rw.graph, list(rw.order), 4, batch_only=True)
         rebuilt = built[0]

@@ -34,8 +34,9 @@ from peakcut.memory import simulate
 from peakcut.optimizer.compact import RepeatedCost
 from peakcut.optimizer.derive import _alike
 from peakcut.optimizer.state import computation_hash
+from peakcut.rules import RULES
 from peakcut.simulate import simulate_timeline
-from peakcut.transform.taso import TasoCandidate, taso_candidates
+from peakcut.transform.taso import TasoCandidate
 from peakcut.workloads import get_workload
 
 VIEW_ONLY = ("drop_identity", "cancel_transposes", "fold_views")
@@ -136,7 +137,7 @@ def test_the_cache_keeps_at_most_limit_entries() -> None:
 
 def _outside_sites(base: Graph, tree: FTree) -> list[TasoCandidate]:
     members: set[int] = set().union(*(f.nodes for f in tree.nodes))
-    return [s for s in taso_candidates(base, list(base.order), limit=64)
+    return [s for s in RULES.rewrite_candidates(base, list(base.order), limit=64)
             if s.kind in VIEW_ONLY and not members.intersection(s.nodes)]
 
 
@@ -149,11 +150,11 @@ def _carried(name: str, t: FTree,
     order = list(base.order)
     cache = ExpansionCache()
     expand(base, order, t, dgraph, compact=True, reuse=cache)
-    rw = site.apply(base, order)
+    rw = RULES.apply_rewrite(base, order, site)
 
     def edit(graph: Graph, snap_order: list[int]) -> tuple[Graph, list[int], tuple[int, ...]] | None:
         try:
-            w = site.apply(graph, snap_order)
+            w = RULES.apply_rewrite(graph, snap_order, site)
         except ValueError:
             return None
         return (w.graph, list(w.order), tuple(w.removed)) if _alike(graph, base, w, set(), set()) else None

@@ -6,7 +6,7 @@ Covered:
   the peak and latency of the eager derivation (lazy_taso=False); resolving it gives the
   eager base digest and enabled F-Tree nodes, and carries the expansion snapshots over;
 - merge_matmuls (adds nodes) is never pending;
-- moves() refuses a pending state and works once it is resolved;
+- children() refuses a pending state and works once it is resolved;
 - the exact program of a resolved pending state keeps eager PyTorch's numbers;
 - Deriver.rebased keeps the F-Tree and D-Graph after a view-only rewrite outside every
   F-Tree node (all nodes disabled), and analyzes again after merge_matmuls;
@@ -24,8 +24,8 @@ import peakcut
 from peakcut.codegen.program import Step
 from peakcut.cost import get_cost_model
 from peakcut.optimizer import optimize_graph
+from peakcut.optimizer.children import MoveSettings, children
 from peakcut.optimizer.derive import Deriver, region_nodes
-from peakcut.optimizer.moves import MoveSettings, moves
 from peakcut.optimizer.state import State
 from peakcut.transform.taso import TasoCandidate
 from peakcut.workloads import get_workload
@@ -33,8 +33,8 @@ from tests.helpers import in_float64
 
 SPEC = peakcut.SGD(lr=1e-2, momentum=0.9)
 VIEW_ONLY = ("drop_identity", "cancel_transposes", "fold_views")
-FISSION_ONLY = MoveSettings(swap=False, remat=False, taso=False)
-SWAP_ONLY = MoveSettings(fission=False, remat=False, taso=False)
+FISSION_ONLY = MoveSettings.only("fission")
+SWAP_ONLY = MoveSettings.only("swap")
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +49,12 @@ def cost():
     return get_cost_model("rtx3090")
 
 
-def children(root: State, deriver: Deriver) -> dict[str, State]:
+def three_states(root: State, deriver: Deriver) -> dict[str, State]:
     """The root, its fission child with the largest enabled region, and a swap child (both on
     the root's base)."""
-    splits = [m.build() for m in moves(root, deriver, FISSION_ONLY, random.Random(0)) if m.kind == "fission"]
+    splits = [m.build() for m in children(root, deriver, FISSION_ONLY, random.Random(0)) if m.kind == "fission"]
     split = max(splits, key=lambda s: sum(len(f.nodes) for f in s.tree.enabled()))
-    swap = next(m for m in moves(root, deriver, SWAP_ONLY, random.Random(0)) if m.kind == "swap").build()
+    swap = next(m for m in children(root, deriver, SWAP_ONLY, random.Random(0)) if m.kind == "swap").build()
     assert split.base_digest == swap.base_digest == root.base_digest != ""
     assert split.fission() and split.compact and swap.recipes
     return {"root": root, "fission": split, "swap": swap}
@@ -97,7 +97,7 @@ def test_view_only_sites_are_pending_with_the_eager_figures(case) -> None:
     _, _, root = case
     deriver = Deriver(cost())
     pending = 0
-    for label, state in children(root, deriver).items():
+    for label, state in three_states(root, deriver).items():
         for site in view_sites(deriver, state):
             lazy = deriver.with_taso(state, site)
             eager = Deriver(cost(), lazy_taso=False).with_taso(state, site)
@@ -125,7 +125,7 @@ def test_a_rewrite_reading_a_region_output_directly_is_not_pending(case) -> None
     it takes the eager way, and every view-only child has the eager program hash."""
     _, _, root = case
     deriver = Deriver(cost())
-    split = children(root, deriver)["fission"]
+    split = three_states(root, deriver)["fission"]
     eager_only = []
     for site in view_sites(deriver, split):
         state = deriver.with_taso(split, site)
@@ -141,7 +141,7 @@ def test_resolving_a_compact_state_carries_its_expansion_snapshots(case) -> None
     """After resolve, expanding the new base along the state's tree starts from a snapshot."""
     _, _, root = case
     deriver = Deriver(cost())
-    split = children(root, deriver)["fission"]
+    split = three_states(root, deriver)["fission"]
     site = view_sites(deriver, split)[0]
     resolved = deriver.resolve(deriver.with_taso(split, site))
     assert resolved.pending is None and resolved.base is not split.base
@@ -169,17 +169,17 @@ def test_moves_refuse_a_pending_state_until_resolved(case) -> None:
     state = deriver.with_taso(root, view_sites(deriver, root)[0])
     assert state.pending is not None
     with pytest.raises(ValueError, match="pending"):
-        next(moves(state, deriver, MoveSettings(), random.Random(0)))
+        next(children(state, deriver, MoveSettings(), random.Random(0)))
     resolved = deriver.resolve(state)
     assert resolved.pending is None
-    assert any(m.kind == "fission" for m in moves(resolved, deriver, MoveSettings(), random.Random(0)))
+    assert any(m.kind == "fission" for m in children(resolved, deriver, MoveSettings(), random.Random(0)))
 
 
 def test_a_resolved_pending_state_keeps_the_numbers(case) -> None:
     """The exact program of a resolved pending state (root and fission parents), SGD float64."""
     inst, _, root = case
     deriver = Deriver(cost())
-    states = children(root, deriver)
+    states = three_states(root, deriver)
     for label in ("root", "fission"):
         parent = states[label]
         site = next(s for s in view_sites(deriver, parent) if s.kind == "cancel_transposes")
@@ -193,7 +193,7 @@ def test_rebased_keeps_the_tree_after_a_view_only_rewrite(case) -> None:
     the F-Tree's node sets (all disabled); merge_matmuls builds a new D-Graph."""
     _, _, root = case
     deriver = Deriver(cost())
-    split = children(root, deriver)["fission"]
+    split = three_states(root, deriver)["fission"]
     members: set[int] = set().union(*(f.nodes for f in split.tree.nodes))
     digest = split.base_digest
     sites = deriver.sites(split, 64)
@@ -215,7 +215,7 @@ def test_rebased_keeps_the_tree_after_a_view_only_rewrite(case) -> None:
     assert not new.tree.enabled()
 
 
-@pytest.mark.parametrize("settings", [None, MoveSettings(fission=False, remat=False, swap=False,
+@pytest.mark.parametrize("settings", [None, MoveSettings(kinds=frozenset({"taso"}),
                                                            taso_per_state=4)],
                          ids=["all-rules", "taso-only"])
 def test_a_search_returns_a_resolved_best_and_is_reproducible(case, settings: MoveSettings | None) -> None:

@@ -13,7 +13,7 @@ import peakcut
 from peakcut.codegen.program import Step
 from peakcut.optimizer import LimitNotMet, optimize_graph
 from peakcut.optimizer.state import computation_hash
-from peakcut.transform import hotspot_candidates
+from peakcut.rules import RULES
 from tests.helpers import cross_entropy_loss as mlp_loss
 
 
@@ -126,6 +126,6 @@ def test_the_computation_hash_ignores_ids_and_order_but_sees_rewrites(mlp) -> No
     assert computation_hash(g) == computation_hash(again)
     # the AdamW step peaks inside the update (no activation alive); the gradient step does not
     g = peakcut.capture(model, batch, mlp_loss, None)
-    c = hotspot_candidates(g, g.order, kinds=("remat",))[0]
+    c = RULES.hotspot_candidates(g, g.order, kinds=("remat",))[0]
     rw = c.apply(g, g.order)
     assert computation_hash(rw.graph, rw.order) != computation_hash(g)

@@ -11,8 +11,8 @@ import peakcut
 from peakcut.codegen.program import Step
 from peakcut.cost import get_cost_model
 from peakcut.optimizer import optimize_graph
+from peakcut.optimizer.children import MoveSettings, children
 from peakcut.optimizer.derive import DeriveError, Deriver
-from peakcut.optimizer.moves import MoveSettings, moves
 from peakcut.workloads import get_workload
 from tests.helpers import in_float64
 
@@ -47,12 +47,12 @@ def test_a_qkv_merge_then_fission_then_swap_keeps_the_numbers(case) -> None:
     assert merged.base_digest != root.base_digest
     assert any(n.op == "aten.cat.default" for n in merged.program.nodes.values())
     exact(inst, merged)
-    fission = next(m for m in moves(merged, deriver, MoveSettings(swap=False, remat=False, taso=False),
+    fission = next(m for m in children(merged, deriver, MoveSettings.only("fission"),
                                     random.Random(0)) if m.kind == "fission")
     split = fission.build()
     assert split.fission()
     exact(inst, split)
-    swaps = [m for m in moves(split, deriver, MoveSettings(fission=False, remat=False, taso=False),
+    swaps = [m for m in children(split, deriver, MoveSettings.only("swap"),
                               random.Random(0)) if m.kind == "swap"]
     for move in swaps[:2]:
         try:
@@ -66,7 +66,7 @@ def test_taso_inside_an_enabled_region_is_refused_and_fission_survives_outside_r
     inst, root, _ = case
     deriver = Deriver(get_cost_model("rtx3090"))
     sites = deriver.sites(root, 64)
-    splits = [m.build() for m in moves(root, deriver, MoveSettings(swap=False, remat=False, taso=False),
+    splits = [m.build() for m in children(root, deriver, MoveSettings.only("fission"),
                                        random.Random(0)) if m.kind == "fission"]
     split = max(splits, key=lambda s: sum(len(f.nodes) for f in s.tree.enabled()))
     region = set().union(*(f.nodes for f in split.tree.enabled()))
@@ -88,7 +88,7 @@ def test_a_site_rewrites_a_base_once_for_every_state_on_it(case) -> None:
     inst, root, _ = case
     deriver = Deriver(get_cost_model("rtx3090"))
     site = next(s for s in deriver.sites(root, 16) if s.kind == "merge_matmuls")
-    swap = next(m for m in moves(root, deriver, MoveSettings(fission=False, remat=False, taso=False),
+    swap = next(m for m in children(root, deriver, MoveSettings.only("swap"),
                                  random.Random(0)) if m.kind == "swap").build()
     a, b = (deriver.resolve(deriver.with_taso(parent, site)) for parent in (root, swap))
     assert a.base is b.base and a.tree is b.tree

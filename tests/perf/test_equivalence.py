@@ -29,13 +29,13 @@ from peakcut.ir.ops import LOAD_OP, STORE_OP
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.memory import MemoryProfile, simulate
 from peakcut.optimizer.state import computation_hash
+from peakcut.rules import RULES
 from peakcut.schedule import place
 from peakcut.simulate import simulate_timeline
 from peakcut.simulate.timeline import Timeline
 from peakcut.transform import (
     deremat,
     deswap,
-    hotspot_candidates,
     why_not_deremat,
     why_not_deswap,
     why_not_swap,
@@ -63,13 +63,13 @@ def _derived(name: str, g: Graph, order: list[int], steps: int) -> list[Case]:
     cost = get_cost_model("h200")
     for step in range(steps):
         kind = ("swap", "remat")[step % 2]
-        found = hotspot_candidates(g, order, limit=2, kinds=(kind,))
+        found = RULES.hotspot_candidates(g, order, limit=2, kinds=(kind,))
         if not found:
             continue
         rw = found[0].apply(g, order)
         g, order = rw.graph, rw.order
         cases.append((f"{name}+{kind}{step}", g, list(order)))
-        cases.append((f"{name}+{kind}{step} placed", g, place(g, order, cost)))
+        cases.append((f"{name}+{kind}{step} placed", g, place(g, order, cost, placements=RULES.placements(g))))
     loads = [n for n in order if g.nodes[n].op == LOAD_OP and why_not_deswap(g, order, n) is None]
     if loads:
         rw = deswap(g, order, loads[-1])
@@ -343,7 +343,7 @@ def test_timelines_with_ties_and_copy_waits(seed: int) -> None:
             cost = FakeCost(random_seconds(seed * 100 + k), overlap_copies=overlap, copy=1.0)
             what = f"seed {seed} order {k} overlap {overlap}"
             _same_timeline(simulate_timeline(g, order, cost), ref.simulate_timeline(g, order, cost), what)
-            assert place(g, order, cost) == ref.place(g, order, cost), what
+            assert place(g, order, cost, placements=RULES.placements(g)) == ref.place(g, order, cost), what
             _same_profile(simulate(g, order), ref.simulate(g, order), what)
 
 
@@ -353,7 +353,7 @@ def test_placement(corpus: list[Case]) -> None:
     placed = 0
     for name, g, order in corpus:
         for cost in costs:
-            new = place(g, order, cost)
+            new = place(g, order, cost, placements=RULES.placements(g))
             assert new == ref.place(g, order, cost), (name, getattr(cost, "name", None))
             placed += new != order
     assert placed, "some orders were changed by placement"
@@ -362,7 +362,7 @@ def test_placement(corpus: list[Case]) -> None:
 def test_placement_rejects_repeated_nodes(corpus: list[Case]) -> None:
     name, g, order = next(c for c in corpus if any(n.op == STORE_OP for n in c[1].nodes.values()))
     with pytest.raises(GraphError, match="twice"):
-        place(g, [*order, order[0]])
+        place(g, [*order, order[0]], placements=RULES.placements(g))
 
 
 # ------------------------------------------------------------------ hashing and rules
@@ -452,7 +452,7 @@ def test_paper_size_vit() -> None:
         _same_timeline(simulate_timeline(h, order, cost), ref.simulate_timeline(h, order, slow),
                        name)
         assert computation_hash(h, order) == ref.computation_hash(h, order), name
-        assert place(h, order, cost) == ref.place(h, order, cost), name
+        assert place(h, order, cost, placements=RULES.placements(h)) == ref.place(h, order, cost), name
         assert h.storage_owner() == ref.storage_owner(h), name
         writers = ref.writers_map(h)
         assert all(h.storage_writers(s) == writers.get(s, []) for s in h.storages), name

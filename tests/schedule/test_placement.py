@@ -6,9 +6,9 @@ import torch
 
 import peakcut
 from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.rules import RULES
 from peakcut.schedule import place
 from peakcut.simulate import simulate_timeline
-from peakcut.transform import hotspot_candidates
 from tests.conftest import SmallCNN, cnn_loss
 
 
@@ -31,7 +31,7 @@ class _Cost:
 def _swapped():
     torch.manual_seed(0)
     g = peakcut.capture(SmallCNN(), (torch.randn(2, 3, 8, 8), torch.randint(0, 5, (2,))), cnn_loss, "sgd")
-    cands = [c for c in hotspot_candidates(g, g.order) if c.kind == "swap"]
+    cands = [c for c in RULES.hotspot_candidates(g, g.order) if c.kind == "swap"]
     assert cands, "the small CNN has a swap candidate at its peak"
     rw = cands[0].apply(g, g.order)
     return rw.graph, rw.order
@@ -40,7 +40,7 @@ def _swapped():
 def test_store_right_after_producer_and_load_hidden_when_copies_overlap():
     g, order = _swapped()
     cost = _Cost(overlap=True, copy=3.5e-3)
-    placed = place(g, order, cost)
+    placed = place(g, order, cost, placements=RULES.placements(g))
     assert sorted(placed) == sorted(order)
     store = next(n for n in placed if g.nodes[n].op == STORE_OP)
     load = next(n for n in placed if g.nodes[n].op == LOAD_OP)
@@ -57,7 +57,7 @@ def test_store_right_after_producer_and_load_hidden_when_copies_overlap():
 
 def test_load_runs_right_before_its_user_when_copies_do_not_overlap():
     g, order = _swapped()
-    placed = place(g, order, _Cost(overlap=False, copy=3.5e-3))
+    placed = place(g, order, _Cost(overlap=False, copy=3.5e-3), placements=RULES.placements(g))
     load = next(n for n in placed if g.nodes[n].op == LOAD_OP)
     nxt = placed[placed.index(load) + 1]
     assert set(g.nodes[load].output_ids()) & set(g.nodes[nxt].input_ids())

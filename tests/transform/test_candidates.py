@@ -8,7 +8,8 @@ import pytest
 import peakcut
 from peakcut.ir.registry import lookup
 from peakcut.memory import simulate
-from peakcut.transform import hotspot_candidates, why_not_remat
+from peakcut.rules import RULES
+from peakcut.transform import why_not_remat
 from peakcut.workloads import get_workload
 from tests.transform.conftest import random_topological_order
 
@@ -24,7 +25,7 @@ def test_candidates_sit_across_the_peak_and_apply(cnn_train_graph):
     profile = simulate(g, g.order)
     peak = profile.peak_index
     pos = {n: i for i, n in enumerate(g.order)}
-    cands = hotspot_candidates(g, g.order, profile, limit=50)
+    cands = RULES.hotspot_candidates(g, g.order, profile, limit=50)
     assert {c.kind for c in cands} == {"swap", "remat"}
     assert [c.score for c in cands] == sorted((c.score for c in cands), reverse=True)
     for c in cands:
@@ -48,7 +49,7 @@ def test_never_swaps_parameters_or_optimizer_state(graphs):
                                                     "adamw")}
     for name, g in graphs.items():
         for order in (g.order, random_topological_order(g, seed=1)):
-            for c in hotspot_candidates(g, order, limit=100):
+            for c in RULES.hotspot_candidates(g, order, limit=100):
                 meta = g.tensors[c.tensor]
                 assert not meta.role.caller_held, (name, c)
                 assert meta.storage not in g.caller_held_storages(), (name, c)
@@ -63,7 +64,7 @@ def test_random_ops_are_never_remat_candidates(dropout_graph):
     for n in random_nodes:
         users = [u for t in g.nodes[n].output_ids() for u in g.users(t)]
         assert why_not_remat(g, g.order, n, users or [g.order[-1]]) is not None
-    cands = hotspot_candidates(g, g.order, limit=100, kinds=("remat",))
+    cands = RULES.hotspot_candidates(g, g.order, limit=100, kinds=("remat",))
     assert not [c for c in cands if c.node in random_nodes]
     assert all(lookup(g.nodes[c.node].op) is not None for c in cands)
 
@@ -71,30 +72,30 @@ def test_random_ops_are_never_remat_candidates(dropout_graph):
 def test_no_candidates_when_only_gradients_are_live(cnn_graph):
     """With gradients kept as outputs the small CNN peaks at its last backward op, where
     everything live is a gradient (a program output) or caller-held: nothing to try."""
-    assert hotspot_candidates(cnn_graph, cnn_graph.order) == []
+    assert RULES.hotspot_candidates(cnn_graph, cnn_graph.order) == []
 
 
 def test_limit_and_kinds(cnn_train_graph):
     g = cnn_train_graph
-    assert hotspot_candidates(g, g.order, limit=0) == []
-    one = hotspot_candidates(g, g.order, limit=1)
+    assert RULES.hotspot_candidates(g, g.order, limit=0) == []
+    one = RULES.hotspot_candidates(g, g.order, limit=1)
     assert sorted(c.kind for c in one) == ["remat", "swap"]
-    assert {c.kind for c in hotspot_candidates(g, g.order, kinds=("swap",))} == {"swap"}
+    assert {c.kind for c in RULES.hotspot_candidates(g, g.order, kinds=("swap",))} == {"swap"}
     with pytest.raises(ValueError, match="unknown candidate kinds"):
-        hotspot_candidates(g, g.order, kinds=("fission",))
+        RULES.hotspot_candidates(g, g.order, kinds=("fission",))
     with pytest.raises(ValueError, match="limit"):
-        hotspot_candidates(g, g.order, limit=-1)
+        RULES.hotspot_candidates(g, g.order, limit=-1)
     with pytest.raises(ValueError, match="another order"):
-        hotspot_candidates(g, g.order, simulate(g, list(reversed(g.order))))
+        RULES.hotspot_candidates(g, g.order, simulate(g, list(reversed(g.order))))
     with pytest.raises(ValueError, match="stale order"):
-        hotspot_candidates(g, g.order[1:])
+        RULES.hotspot_candidates(g, g.order[1:])
 
 
 def test_candidates_compose(cnn_train_graph):
     """Rules applied one after another, candidates recomputed on each new graph and order."""
     g, order = cnn_train_graph, cnn_train_graph.order
     for kind in ("remat", "swap", "remat", "swap"):
-        (c,) = hotspot_candidates(g, order, limit=1, kinds=(kind,))
+        (c,) = RULES.hotspot_candidates(g, order, limit=1, kinds=(kind,))
         r = c.apply(g, order)
         r.graph.check()
         g, order = r.graph, r.order

@@ -22,7 +22,8 @@ from peakcut.ir.graph import Graph
 from peakcut.ir.node import Phase
 from peakcut.ir.ops import STORE_OP
 from peakcut.memory import simulate
-from peakcut.transform import Rewrite, hotspot_candidates
+from peakcut.rules import RULES
+from peakcut.transform import Rewrite
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
 SPEC = peakcut.AdamW(lr=1e-3, weight_decay=1e-2)
@@ -37,7 +38,7 @@ def apply_plan(g: Graph, name: str) -> tuple[Graph, list[int], list[tuple[str, R
     left = list(PLAN)
     while left:
         for i, kind in enumerate(left):
-            found = hotspot_candidates(g, order, limit=2, kinds=(kind,))
+            found = RULES.hotspot_candidates(g, order, limit=2, kinds=(kind,))
             if found:
                 left.pop(i)
                 break
@@ -58,7 +59,7 @@ def apply_plan(g: Graph, name: str) -> tuple[Graph, list[int], list[tuple[str, R
 def test_remat_and_swap_keep_numbers_and_memory_agreement(name: str) -> None:
     inst = get_workload(name).build("tiny")
     captured = peakcut.capture(inst.model, inst.batch, inst.loss_fn, SPEC, keep_grads=True)
-    initial = {kind: len(hotspot_candidates(captured, captured.order, limit=10**6, kinds=(kind,)))
+    initial = {kind: len(RULES.hotspot_candidates(captured, captured.order, limit=10**6, kinds=(kind,)))
                for kind in ("remat", "swap")}
     g, order, rewrites = apply_plan(captured, name)
     kinds = [k for k, _ in rewrites]

@@ -20,16 +20,15 @@ import peakcut
 from peakcut.codegen.program import Step
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.memory import simulate
+from peakcut.rules import RULES
 from peakcut.transform.rewrite import RuleError, ancestors
 from peakcut.transform.taso import (
-    KINDS,
     cancel_transposes,
     drop_identity,
     fold_views,
     merge_groups,
     merge_matmuls,
     split_matmul,
-    taso_candidates,
     why_not_cancel_transposes,
     why_not_drop_identity,
     why_not_fold_views,
@@ -350,25 +349,25 @@ def test_shape_check_catches_a_wrong_meta(bert):
 # ---------------------------------------------------------------- candidates
 def test_candidates_are_deterministic_bounded_and_apply(bert):
     _, g = bert
-    everything = taso_candidates(g, g.order, limit=10**6)
-    assert everything == taso_candidates(g.copy(), list(g.order), limit=10**6)
+    everything = RULES.rewrite_candidates(g, g.order, limit=10**6)
+    assert everything == RULES.rewrite_candidates(g.copy(), list(g.order), limit=10**6)
     count = collections.Counter(c.kind for c in everything)
     assert count["merge_matmuls"] == 6
     assert count["drop_identity"] > 0 and count["cancel_transposes"] > 0
     assert count["fold_views"] > 0 and count["split_matmul"] > 0
-    first = taso_candidates(g, g.order, limit=5)
-    assert [c.kind for c in first] == [k for k in KINDS if count[k]][:5]
-    assert taso_candidates(g, g.order, limit=3, kinds=("merge_matmuls",)) == [
+    first = RULES.rewrite_candidates(g, g.order, limit=5)
+    assert [c.kind for c in first] == [k for k in RULES.rewrite_kinds if count[k]][:5]
+    assert RULES.rewrite_candidates(g, g.order, limit=3, kinds=("merge_matmuls",)) == [
         c for c in everything if c.kind == "merge_matmuls"][:3]
     assert all(c.description for c in everything)
     for c in first:
-        checked(g, g.order, c.apply(g, g.order))
+        checked(g, g.order, RULES.apply_rewrite(g, g.order, c))
     with pytest.raises(ValueError, match="unknown TASO candidate kinds"):
-        taso_candidates(g, g.order, kinds=("fuse",))
+        RULES.rewrite_candidates(g, g.order, kinds=("fuse",))
     with pytest.raises(ValueError, match="limit"):
-        taso_candidates(g, g.order, limit=-1)
+        RULES.rewrite_candidates(g, g.order, limit=-1)
     with pytest.raises(ValueError, match="stale order"):
-        taso_candidates(g, g.order[1:])
+        RULES.rewrite_candidates(g, g.order[1:])
 
 
 # ---------------------------------------------------------------- numbers on the workloads
@@ -381,8 +380,8 @@ def compose(g, order, kinds):
     """Apply every candidate of `kinds` (found once per kind), checking each rewrite."""
     done = collections.Counter()
     for kind in kinds:
-        for c in taso_candidates(g, order, limit=10**6, kinds=(kind,)):
-            rw = checked(g, order, c.apply(g, order))
+        for c in RULES.rewrite_candidates(g, order, limit=10**6, kinds=(kind,)):
+            rw = checked(g, order, RULES.apply_rewrite(g, order, c))
             g, order = rw.graph, rw.order
             done[kind] += 1
     return g, order, done

@@ -1,4 +1,4 @@
-"""taso_candidates finds each kind's sites lazily (validating only as many as the limit needs):
+"""RULES.rewrite_candidates finds each kind's sites lazily (validating only as many as the limit needs):
 it must return exactly the list of the straightforward eager algorithm kept here (every site
 of every kind validated, then interleaved), for every limit and kind subset, on the tiny
 workloads, on graphs with merged matmuls (un-merge sites) and on detach_loss graphs."""
@@ -12,22 +12,16 @@ import pytest
 import peakcut
 from peakcut.ir.graph import Graph
 from peakcut.optimizer.api import detach_loss
+from peakcut.rules import RULES
 from peakcut.transform.rewrite import describe_node
-from peakcut.transform.taso import (
-    KINDS,
-    algebra,
-    matmul,
-    matmul_merge,
-    matmul_split,
-    merge_groups,
-    taso_candidates,
-)
+from peakcut.transform.taso import algebra, matmul, matmul_merge, matmul_split, merge_groups
 from peakcut.transform.taso.edit import is_view_op
 from peakcut.transform.taso.find import TasoCandidate
 from peakcut.workloads import get_workload
 
 SGD = peakcut.SGD(lr=1e-2, momentum=0.9)
 LIMITS = (0, 1, 2, 5, 16, 32, 1000)
+KINDS = RULES.rewrite_kinds
 SUBSETS = (KINDS, ("merge_matmuls",), ("split_matmul", "drop_identity"),
            ("fold_views", "merge_matmuls", "cancel_transposes"),
            ("drop_identity", "split_matmul", "drop_identity"))
@@ -96,7 +90,7 @@ def _same_for_all_queries(g: Graph, order: Sequence[int]) -> None:
     for kinds in SUBSETS:
         everything = eager_candidates(g, order, 10**9, kinds)
         for limit in LIMITS:
-            assert taso_candidates(g, order, limit, kinds) == everything[:limit], (kinds, limit)
+            assert RULES.rewrite_candidates(g, order, limit, kinds) == everything[:limit], (kinds, limit)
 
 
 @pytest.fixture(scope="module", params=["bert-base", "vit-base", "gpt-neo-1.3b", "btlm-3b",
@@ -118,12 +112,12 @@ def test_lazy_matches_eager_on_a_detached_loss_graph(tiny):
 def test_lazy_matches_eager_with_merged_matmuls(tiny):
     """After some merges the un-merge sites come first among split_matmul's."""
     g, order = tiny, list(tiny.order)
-    for c in taso_candidates(g, order, limit=3, kinds=("merge_matmuls",)):
+    for c in RULES.rewrite_candidates(g, order, limit=3, kinds=("merge_matmuls",)):
         if matmul_merge.why_not_merge_matmuls(g, order, c.nodes) is None:
-            rw = c.apply(g, order)
+            rw = RULES.apply_rewrite(g, order, c)
             g, order = rw.graph, rw.order
     _same_for_all_queries(g, order)
-    everything = taso_candidates(g, order, 10**9, ("split_matmul",))
+    everything = RULES.rewrite_candidates(g, order, 10**9, ("split_matmul",))
     merged = [c for c in everything if not c.parts]
     assert everything[:len(merged)] == merged
     if g is not tiny:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -14,7 +15,7 @@ from torch.utils import _pytree as pytree
 
 from peakcut.capture.optimizers import OptimizerSpec
 from peakcut.codegen.source import generate_source, hyper_names, hyper_values
-from peakcut.codegen.swap import HostPool, has_swaps
+from peakcut.codegen.swap import HostPool
 from peakcut.codegen.update_inputs import Prepared, StepBindingError, UpdateInputs
 from peakcut.ir.graph import Graph
 from peakcut.ir.tensor import TensorMeta
@@ -74,7 +75,7 @@ class Step:
         spec = self.update.spec
         self._updated = {n for g in spec.groups for n in g.params} if spec is not None else set()
         self.host = HostPool()
-        self._swaps = has_swaps(graph)
+        self._takes_host = "host" in inspect.signature(self._fn).parameters   # rule code with host copies
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
@@ -189,7 +190,7 @@ class Step:
         kwargs: dict[str, Any] = {"device": device}
         if self._hypers:
             kwargs["hp"] = self._prepared.hp if hp is None else hp
-        if self._swaps:
+        if self._takes_host:
             self.host.reset_peak()
             kwargs["host"] = self.host
         with torch.no_grad():

@@ -6,14 +6,15 @@ ops in the given order, frees every tensor right after its last use, and
 updates parameters, buffers and optimizer state in place through the in-place
 ops of the graph. It returns the program outputs as a tuple.
 
-Recomputed nodes (extra 'remat_of') are ordinary ATen calls under a `# recompute of <name>`
-comment. A graph with swaps (peakcut.store / peakcut.load) gets a keyword `host` (a
-codegen.swap.HostPool) for its host copies; codegen.swap emits those copies (side-stream
-copies with explicit events on CUDA).
+The nodes rules added are written by the rules' code hooks (peakcut.rules: RULES.node_codes):
+a recompute is an ordinary ATen call under a `# recompute of <name>` comment; a graph with
+swaps (peakcut.store / peakcut.load) gets a keyword `host` (a codegen.swap.HostPool) for its
+host copies, which peakcut.rules.swap_code writes (side-stream copies with explicit events on
+CUDA).
 
 A fissioned graph (from peakcut.fission.expand) gets its regions back as loops
-(`for part in range(n):`, see codegen.fission); a region that cannot be a loop, or that holds
-swap code, is emitted unrolled under a comment saying why.
+(`for part in range(n):`, see codegen.fission); a region that cannot be a loop, or that a rule
+refuses (swap code), is emitted unrolled under a comment saying why.
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ from __future__ import annotations
 import keyword
 import math
 import re
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from peakcut.codegen.fission import Item, Loop, LoopPlan, Unrolled, has_fission, plan_loops
-from peakcut.codegen.swap import SwapCode, has_swaps
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Hyper, Node, TensorRef
-from peakcut.ir.ops import GATE_OP, LOAD_OP, STORE_OP
+from peakcut.ir.ops import GATE_OP
+from peakcut.rules import RULES, Registry
+from peakcut.rules.protocol import NodeCode
 
 HEADER = '''"""{title}
 
@@ -55,10 +56,10 @@ def _ident(text: str) -> str:
 class _Names:
     """Unique, readable Python names for every tensor of the graph."""
 
-    def __init__(self, g: Graph, display: dict[int, str] | None = None) -> None:
+    def __init__(self, g: Graph, reserved: frozenset[str], display: dict[int, str] | None = None) -> None:
         self.by_tensor: dict[int, str] = {}
-        self._used: set[str] = {"aten", "torch", "device", "step", "_", "host", "hp", "compute", "d2h",
-                                "h2d", "part", *(f"part{d}" for d in range(2, 10))}
+        self._used: set[str] = {"aten", "torch", "device", "step", "_", "hp", "part",
+                                *(f"part{d}" for d in range(2, 10)), *reserved}
         for tid, name in zip(g.inputs, g.input_names, strict=True):
             kind, _, rest = name.partition(":")
             self.by_tensor[tid] = self._fresh(f"{_PREFIX.get(kind, kind)}_{rest}")
@@ -137,28 +138,30 @@ def last_uses(g: Graph, order: list[int]) -> dict[int, list[int]]:
     return frees
 
 
-def generate_source(g: Graph, order: list[int] | None = None, title: str = "", peak: str = "n/a") -> str:
-    """The program's Python source for `order` (default: capture order)."""
+def generate_source(g: Graph, order: list[int] | None = None, title: str = "", peak: str = "n/a",
+                    rules: Registry = RULES) -> str:
+    """The program's Python source for `order` (default: capture order); the nodes rules added
+    are written by the code hooks of `rules`."""
     from peakcut import __version__
 
     order = list(g.order if order is None else order)
     frees = last_uses(g, order)
-    plan = plan_loops(g, order, frees, refuse=_swap_refusal(g)) if has_fission(g) else None
-    names = _Names(g, plan.display if plan else None)
+    plan = plan_loops(g, order, frees, refuse=rules.loop_refusal(g)) if has_fission(g) else None
+    names = _Names(g, rules.reserved_names, plan.display if plan else None)
     lines = [HEADER.format(
         title=title or "One training step captured by peakcut.", version=__version__,
         order_kind="capture (eager)" if order == g.order else "rescheduled",
         n_nodes=len(order), peak=peak,
     )]
-    swaps = SwapCode(g, order, names) if has_swaps(g) else None
+    codes = rules.node_codes(g, order, names)
     args = ", ".join(names.by_tensor[t] for t in g.inputs)
-    extra = (", hp" if hyper_names(g) else "") + (swaps.signature_extra() if swaps else "")
+    extra = (", hp" if hyper_names(g) else "") + "".join(c.signature_extra() for c in codes)
     lines.append(f"\ndef step({args}, *, device={g.device!r}{extra}):" if g.inputs
                  else f"\ndef step(*, device={g.device!r}{extra}):")
     lines.append('    """Run the step; updates parameters, buffers and optimizer state in place."""')
-    if swaps:
-        lines.extend(swaps.prologue())
-    emitter = _Emitter(g, names, frees, swaps, plan)
+    for code in codes:
+        lines.extend(code.prologue())
+    emitter = _Emitter(g, names, frees, codes, plan)
     lines.extend(emitter.items(plan.items if plan else order, 1))
     outs = ", ".join(names.by_tensor[t] for t in g.outputs)
     lines.append(f"    return ({outs}{',' if len(g.outputs) == 1 else ''})")
@@ -187,32 +190,15 @@ def hyper_values(g: Graph) -> dict[str, float]:
     return found
 
 
-def _swap_refusal(g: Graph) -> Callable[[list[int]], str | None] | None:
-    """Regions holding swap code (or reading a swapped-in tensor) are not emitted as loops:
-    codegen.swap writes top-level lines only."""
-    if not has_swaps(g):
-        return None
-    loaded = {t for n in g.nodes.values() if n.op == LOAD_OP for t in n.output_ids()}
-
-    def refuse(nodes: list[int]) -> str | None:
-        for nid in nodes:
-            node = g.nodes[nid]
-            if node.op in (STORE_OP, LOAD_OP) or loaded.intersection(node.input_ids()):
-                return "it holds swap code, which is emitted at the top level only"
-        return None
-
-    return refuse
-
-
 class _Emitter:
     """Lines of the step's body: nodes, loops of fission regions, dels."""
 
     def __init__(self, g: Graph, names: _Names, frees: dict[int, list[int]],
-                 swaps: SwapCode | None, plan: LoopPlan | None) -> None:
+                 codes: list[NodeCode], plan: LoopPlan | None) -> None:
         self.g = g
         self.names = names
         self.frees = frees
-        self.swaps = swaps
+        self.codes = codes
         self.plan = plan
         self.section: tuple[str, str] | None = None
 
@@ -241,10 +227,10 @@ class _Emitter:
             groups = self.plan.dels.get(nid, [])
         else:
             groups = [("", self.frees.get(nid, []))]
-        keeps = self.swaps.keeps if self.swaps else (lambda t: False)
+        codes = self.codes
         out = []
         for cond, tensors in groups:
-            kept = [t for t in tensors if not keeps(t)]
+            kept = [t for t in tensors if not any(c.keeps(t) for c in codes)] if codes else tensors
             if kept:
                 out.append((cond, kept))
         return out
@@ -261,7 +247,7 @@ class _Emitter:
         return lines
 
     def node(self, nid: int, depth: int) -> list[str]:
-        g, names, swaps = self.g, self.names, self.swaps
+        g, names = self.g, self.names
         pad = "    " * depth
         node = g.nodes[nid]
         lines: list[str] = []
@@ -269,22 +255,18 @@ class _Emitter:
         if where != self.section:
             self.section = where
             lines.append(f"{pad}# -- {node.phase.value}{': ' + node.module if node.module else ''}")
-        if swaps:
-            lines.extend(swaps.before(nid))
-        if swaps and node.op in (STORE_OP, LOAD_OP):
-            lines.extend(swaps.emit(node))
-            return lines + self._del_lines(nid, pad)
+        for code in self.codes:
+            lines.extend(code.before(nid, pad))
+        for code in self.codes:
+            own = code.emit(node)
+            if own is not None:
+                return lines + own + self._del_lines(nid, pad)
         if node.op == GATE_OP:
             found_inf = _literal(node.args[0], names, g.device)
-            outs = ", ".join(names.by_tensor[t] for t in g.outputs)
+            returned = ", ".join(names.by_tensor[t] for t in g.outputs)
             lines.append(f"{pad}if {found_inf}.item():  # GradScaler: a gradient is inf or nan, the update is skipped")
-            lines.append(f"{pad}    return ({outs}{',' if len(g.outputs) == 1 else ''})")
+            lines.append(f"{pad}    return ({returned}{',' if len(g.outputs) == 1 else ''})")
             return lines + self._del_lines(nid, pad)
-        original = node.extra.get("remat_of")
-        if original in g.nodes:
-            lines.append(f"{pad}# recompute of {g.nodes[original].name or original}")
-        elif original is not None:
-            lines.append(f"{pad}# recompute of node {original}")
         outs = [names.by_tensor[t] if t is not None else "_" for t in node.outputs]
         override = None
         if self.plan is not None and nid in self.plan.slices:

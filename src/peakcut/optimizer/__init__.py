@@ -4,14 +4,14 @@ swapping and re-ordering, under a memory or a latency limit.
 - objective.py: the two modes, limits, BetterThan and the relaxation δ;
 - state.py: the search state and the computation hash that skips duplicates;
 - derive.py: building a child state (expand fission, replay recipes, reschedule, simulate);
-- moves.py: the rules applied to a state (F-Tree mutations, hot-spot remat/swap, undo);
+- children.py: a state's children, the registered rules (peakcut.rules) applied to it;
 - search.py: Algorithm 3;
 - plan.py: the runnable result (step, report, source, save/load);
 - api.py: peakcut.optimize() and optimize_graph().
 """
 
 from peakcut.optimizer.api import Optimized, optimize, optimize_graph
-from peakcut.optimizer.moves import MoveSettings
+from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.objective import LimitError, Objective
 from peakcut.optimizer.plan import LimitNotMet, Plan, load_plan
 from peakcut.optimizer.search import Progress, SearchResult

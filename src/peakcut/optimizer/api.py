@@ -29,8 +29,8 @@ from peakcut.fission.build import analyze, random_ftree
 from peakcut.fission.loss import detach_loss
 from peakcut.ir.graph import Graph
 from peakcut.optimizer.budget import BudgetedCost
+from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.derive import Deriver
-from peakcut.optimizer.moves import MoveSettings
 from peakcut.optimizer.objective import Objective, parse_latency_limit, parse_memory_limit
 from peakcut.optimizer.parallel import parallel_search
 from peakcut.optimizer.plan import LimitNotMet, Plan, Program

@@ -1,10 +1,12 @@
-"""Deriving a child State from its parent: fission, remat/swap recipes, scheduling, simulation.
+"""Deriving a child State from its parent: fission, program-rule recipes, scheduling, simulation.
 
+The rules come from a registry (peakcut.rules: Deriver.rules, RULES by default).
 - fission changes (a new F-Tree) re-expand the base and replay the recipes that still
   apply outside the enabled regions;
-- a new remat/swap recipe is applied to the parent's program directly (its nodes are
-  outside every enabled region, where the program keeps the base's ids), then the
-  affected interval is rescheduled (Algorithm 2) and swaps/recomputes are placed;
+- a new recipe (a program rule at a site: remat, swap, ...) is applied to the parent's
+  program directly (its nodes are outside every enabled region, where the program keeps the
+  base's ids), then the affected interval is rescheduled (Algorithm 2) and the nodes the
+  rules added are placed (schedule.place, RULES.placements);
 - removing a recipe (de-remat, de-swap) replays the others from the expanded base;
 - a TASO-style rewrite changes the base. Where it adds nothing (drops an identity,
   cancels transposes, folds views), touches no recipe, and touches a region's nodes only
@@ -53,11 +55,12 @@ from peakcut.ir.node import Node, TensorRef, map_refs
 from peakcut.memory import simulate
 from peakcut.optimizer.compact import RepeatedCost
 from peakcut.optimizer.state import PendingRebase, Recipe, State, computation_hash
+from peakcut.rules import RULES, Registry
 from peakcut.schedule import Problem, Reachability, incremental_schedule, place
 from peakcut.schedule.incremental import reschedule_interval
 from peakcut.simulate import simulate_timeline
-from peakcut.transform import Rewrite, RuleError, remat, swap, why_not_remat, why_not_swap
-from peakcut.transform.taso import TasoCandidate, taso_candidates
+from peakcut.transform import Rewrite, RuleError
+from peakcut.transform.taso import TasoCandidate
 
 RESCHEDULE_SECONDS = 0.3   # cap on one incremental reschedule (a fallback to a full one included)
 REBASED_KEPT = 16          # rewritten bases kept for reuse (each holds a graph, F-Tree and D-Graph)
@@ -80,7 +83,7 @@ class Rebased:
 
 @dataclass
 class Deriver:
-    """What every derivation needs: the cost model, how F-Trees are built, timing stats."""
+    """What every derivation needs: the cost model, the rules, how F-Trees are built, timing stats."""
 
     cost: CostModel
     workspace: str | None = "cpu"
@@ -94,6 +97,7 @@ class Deriver:
     rewritten: dict[tuple[str, TasoCandidate], Rebased] = field(default_factory=dict)   # see rebased
     expansions: ExpansionCache = field(default_factory=ExpansionCache)    # see expanded
     lazy_taso: bool = True     # TASO-style rewrites on the program where they can (see module doc)
+    rules: Registry = RULES
 
     def record(self, kind: str, t0: float) -> None:
         """Note how long a step of this kind took since t0 (expected_seconds reads it)."""
@@ -107,12 +111,12 @@ class Deriver:
     def finish(self, base: Graph, base_order: list[int], tree: FTree, dgraph: DGraph,
                recipes: tuple[Recipe, ...], program: Graph, order: list[int], applied: tuple[str, ...],
                depth: int, compact: bool | None = None, *, base_digest: str) -> State:
-        """Place swaps and recomputes, simulate, hash (a compact program priced per part).
+        """Place the nodes the recipes added, simulate, hash (a compact program priced per part).
         base_digest: computation hash of `base` ("" when not known)."""
         compact = self.compact if compact is None else compact
         cost = RepeatedCost(self.cost, tree) if compact and tree.enabled() else self.cost
         if recipes:
-            order = place(program, order, cost)
+            order = place(program, order, cost, placements=self.rules.placements(program))
         tl = simulate_timeline(program, order, cost, self.workspace)
         state = State(base, base_order, tree, dgraph, recipes, program, order, tl.peak_bytes,
                       tl.latency_seconds, applied, computation_hash(program, order), depth, base_digest)
@@ -154,14 +158,33 @@ class Deriver:
         kept: list[Recipe] = []
         dropped: list[str] = []
         for r in recipes:
-            reason = why_not_recipe(program, order, r, regions)
+            reason = self.why_not_recipe(program, order, r, regions)
             if reason is not None:
                 dropped.append(f"{r.description} no longer applies: {reason}")
                 continue
-            rw = apply_recipe(program, order, r)
+            rw = self.apply_recipe(program, order, r)
             program, order = rw.graph, rw.order
             kept.append(r)
         return program, order, tuple(kept), dropped
+
+    def why_not_recipe(self, program: Graph, order: list[int], r: Recipe,
+                       regions: frozenset[int]) -> str | None:
+        """Why recipe r does not apply to (program, order) with these region nodes (None: it does)."""
+        touched = (r.node, *r.users)
+        inside = [v for v in touched if v in regions]
+        if inside:
+            return f"it would cross the boundary of an enabled fission region (node {inside[0]})"
+        missing = [v for v in touched if v not in program.nodes]
+        if missing or r.tensor not in program.tensors:
+            return "a node or tensor it names is gone"
+        return self.rules.program_rule(r.kind).why_not(program, order, r)
+
+    def apply_recipe(self, program: Graph, order: list[int], r: Recipe) -> Rewrite:
+        """Recipe r applied to (program, order); DeriveError where its rule refuses."""
+        try:
+            return self.rules.program_rule(r.kind).apply(program, order, r)
+        except RuleError as e:
+            raise DeriveError(f"{r.description}: {e}") from None
 
     # ------------------------------------------------------------ the child kinds
     def with_tree(self, parent: State, tree: FTree, what: str) -> State:
@@ -177,10 +200,10 @@ class Deriver:
 
     def with_recipe(self, parent: State, recipe: Recipe) -> State:
         t0 = time.perf_counter()
-        reason = why_not_recipe(parent.program, parent.order, recipe, region_nodes(parent.tree))
+        reason = self.why_not_recipe(parent.program, parent.order, recipe, region_nodes(parent.tree))
         if reason is not None:
             raise DeriveError(f"{recipe.description}: {reason}")
-        rw = apply_recipe(parent.program, parent.order, recipe)
+        rw = self.apply_recipe(parent.program, parent.order, recipe)
         order = self.rescheduled(parent, rw)
         state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph,
                             (*parent.recipes, recipe),
@@ -228,7 +251,8 @@ class Deriver:
             new = self.rebased(parent.base_digest, parent.base, parent.base_order, site,
                                parent.tree, parent.dgraph)
             state = self._on_rebased(new, parent.tree, parent.recipes,
-                                     (*parent.applied, f"taso: {site.description}"), parent.depth + 1)
+                                     (*parent.applied, self.rules.rewrite_rule(site.kind).describe(site)),
+                                     parent.depth + 1)
         self.record("taso", t0)
         return state
 
@@ -236,13 +260,14 @@ class Deriver:
         """The rewrite applied to the parent's program, when everything it touches is a base
         node outside every region and recipe (a pending state); None where it is not."""
         try:
-            rw = site.apply(parent.program, parent.order)
+            rw = self.rules.apply_rewrite(parent.program, parent.order, site)
         except (RuleError, ValueError):
             return None
         if not _outside(parent, rw):
             return None
+        what = self.rules.rewrite_rule(site.kind).describe(site)
         state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph, parent.recipes,
-                            rw.graph, list(rw.order), (*parent.applied, f"taso: {site.description}"),
+                            rw.graph, list(rw.order), (*parent.applied, what),
                             parent.depth + 1, base_digest=parent.base_digest)
         state.pending = PendingRebase(parent.base, tuple(parent.base_order), parent.base_digest, site)
         return state
@@ -288,10 +313,11 @@ class Deriver:
         start from the old base's snapshots edited alike (peakcut.fission.reuse, _alike)."""
         old = pending.base
         site = pending.site
+        rules = self.rules
 
         def edit(graph: Graph, order: list[int]) -> tuple[Graph, list[int], tuple[int, ...]] | None:
             try:
-                rw = site.apply(graph, order)
+                rw = rules.apply_rewrite(graph, order, site)
             except (RuleError, ValueError):
                 return None
             return (rw.graph, list(rw.order), rw.removed) if _alike(graph, old, rw, set(), set()) else None
@@ -311,7 +337,7 @@ class Deriver:
         if found is not None:
             return found
         try:
-            rw = site.apply(base, list(base_order))
+            rw = self.rules.apply_rewrite(base, list(base_order), site)
         except (RuleError, ValueError) as e:
             raise DeriveError(f"{site.description}: {e}") from None
         order = list(rw.order)
@@ -329,7 +355,7 @@ class Deriver:
         """TASO-style sites of the state's base (found once per base graph)."""
         digest = state.base_digest
         if digest not in self.taso_sites:
-            self.taso_sites[digest] = taso_candidates(state.base, state.base_order, limit=limit)
+            self.taso_sites[digest] = self.rules.rewrite_candidates(state.base, state.base_order, limit=limit)
         return self.taso_sites[digest]
 
     def rescheduled(self, parent: State, rw: Rewrite) -> list[int]:
@@ -468,25 +494,3 @@ def region_nodes(tree: FTree) -> frozenset[int]:
     for f in tree.enabled():
         out |= f.nodes
     return frozenset(out)
-
-
-def why_not_recipe(program: Graph, order: list[int], r: Recipe, regions: frozenset[int]) -> str | None:
-    touched = (r.node, *r.users)
-    inside = [v for v in touched if v in regions]
-    if inside:
-        return f"it would cross the boundary of an enabled fission region (node {inside[0]})"
-    missing = [v for v in touched if v not in program.nodes]
-    if missing or r.tensor not in program.tensors:
-        return "a node or tensor it names is gone"
-    if r.kind == "swap":
-        return why_not_swap(program, order, r.tensor, r.users)
-    return why_not_remat(program, order, r.node, r.users)
-
-
-def apply_recipe(program: Graph, order: list[int], r: Recipe) -> Rewrite:
-    try:
-        if r.kind == "swap":
-            return swap(program, order, r.tensor, r.users)
-        return remat(program, order, r.node, r.users)
-    except RuleError as e:
-        raise DeriveError(f"{r.description}: {e}") from None

@@ -27,8 +27,8 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 
+from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.derive import Deriver
-from peakcut.optimizer.moves import MoveSettings
 from peakcut.optimizer.objective import Objective
 from peakcut.optimizer.search import FrontPoint, Progress, SearchResult, search
 from peakcut.optimizer.state import State

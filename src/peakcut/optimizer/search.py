@@ -52,11 +52,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from peakcut.optimizer.children import MoveSettings, children, make_key
 from peakcut.optimizer.collector import relaxed_collection
 from peakcut.optimizer.derive import DeriveError, Deriver
-from peakcut.optimizer.moves import MoveSettings, make_key, moves
 from peakcut.optimizer.objective import Objective
 from peakcut.optimizer.state import State
+from peakcut.rules import UNDO_MOVES
 
 QUEUE_LIMIT = 48    # states kept in the queue (each holds a program graph)
 STALL_STATES = 200  # the search stops when its best has not improved over this many states, ...
@@ -153,6 +154,8 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
             progress: Callable[[Progress], None] | None, exact_front: bool,
             share: tuple[int, int]) -> SearchResult:
     settings = settings or MoveSettings()
+    settings.check(deriver.rules)
+    rank = {kind: i for i, kind in enumerate((*deriver.rules.move_kinds, UNDO_MOVES))}   # the order moves are tried in
     rng = random.Random(seed)
     t0 = time.perf_counter()
     deadline = t0 + time_budget
@@ -236,14 +239,14 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
                 continue
         expanded += 1
         t_moves = time.perf_counter()
-        children = list(moves(state, deriver, settings, rng))
+        moves = list(children(state, deriver, settings, rng))
         deriver.record("moves", t_moves)
         late = False      # a child was skipped: its kind takes longer than the time left
-        rng.shuffle(children)
-        children.sort(key=lambda m: ("fission", "swap", "remat", "taso", "undo").index(m.kind))
+        rng.shuffle(moves)
+        moves.sort(key=lambda m: rank[m.kind])
         if state is root and share[1] > 1:
-            children = children[share[0]::share[1]]
-        for move in children:
+            moves = moves[share[0]::share[1]]
+        for move in moves:
             left = deadline - reserve_s() - time.perf_counter()
             if left <= 0:
                 stopped = "time budget"

@@ -3,9 +3,9 @@
 A State keeps
 - base: the step graph fission regions refer to (loss-detached capture, after any
   TASO-style rewrites), with its order, F-Tree and D-Graph;
-- recipes: the remat/swap applications made on top of the fissioned program, in the
-  ids of nodes outside every enabled region (rules never cross a region's boundary),
-  so that they can be replayed when the F-Tree changes;
+- recipes: the program-rule applications (remat, swap, ...: peakcut.rules) made on top
+  of the fissioned program, in the ids of nodes outside every enabled region (rules never
+  cross a region's boundary), so that they can be replayed when the F-Tree changes;
 - program/order: what runs (the base with its enabled regions expanded into their
   parts, then the recipes applied), and its simulated peak and latency; in a compact
   state (`compact`), part 0 of each region only, priced per part (optimizer.compact),
@@ -32,9 +32,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Recipe:
-    """One remat or swap application: the tensor (swap) or node (remat) and its users."""
+    """One application of a program rule (peakcut.rules.ProgramRule) at a site: the tensor,
+    the node that makes it and the users the rule redirects, and what it does in words."""
 
-    kind: str                  # "remat" | "swap"
+    kind: str                  # the rule's kind: "swap", "remat", ...
     tensor: int
     node: int
     users: tuple[int, ...]

@@ -1,11 +1,13 @@
-"""Placement of swap and recompute nodes in an order (MAGIS §5.2; the reference code never did loads).
+"""Placement of the nodes rules add (MAGIS §5.2; the reference code never did loads).
 
-- a Store runs as early as possible: right after the node that produces its tensor;
-- a Load runs as late as its transfer can still be hidden: it is issued early
-  enough that the compute nodes between it and its first consumer take at
-  least the transfer time (when copies overlap compute; on CPU they do not,
-  so it runs right before the consumer);
-- a recompute runs right before its first consumer.
+The rules say where each of their nodes goes (peakcut.rules: Registry.placements), one of
+- EARLY: as early as possible, right after its last predecessor (a swap's store);
+- LATE: right before its first successor (a recompute);
+- HIDDEN: as late as its transfer can still be hidden: issued early enough that the compute
+  nodes between it and its first successor take at least its time (when copies overlap
+  compute; on CPU they do not, so it runs right before the successor) (a swap's load).
+All EARLY nodes are placed first, then the LATE ones, then the HIDDEN ones, each group in
+the order's sequence.
 
 Every move keeps the order topological: a node never passes one of its
 predecessors or successors.
@@ -13,22 +15,35 @@ predecessors or successors.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from enum import Enum
+
 from peakcut.cost.protocol import CostModel
 from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.ops import LOAD_OP, STORE_OP
 
 
-def place(g: Graph, order: list[int], cost: CostModel | None = None) -> list[int]:
-    """`order` with stores early, loads just early enough, recomputes late (see module doc).
+class Placement(Enum):
+    """Where a node a rule added goes in the order (see module doc)."""
+
+    EARLY = "early"
+    LATE = "late"
+    HIDDEN = "hidden"
+
+
+def place(g: Graph, order: list[int], cost: CostModel | None = None, *,
+          placements: Mapping[int, Placement]) -> list[int]:
+    """`order` with the nodes of `placements` moved early, late or late-but-hidden (see module
+    doc); placements: node -> where it goes (peakcut.rules.RULES.placements(g)).
 
     Raises GraphError when `order` lists a node twice.
     """
-    placing = _Placing(g, list(order))
-    for nid in [n for n in placing.order if g.nodes[n].op == STORE_OP]:
+    placing = _Placing(g, list(order), placements)
+    for nid in placing.in_order(Placement.EARLY):
         placing.move_early(nid)
-    for nid in [n for n in placing.order if "remat_of" in g.nodes[n].extra]:
+    for nid in placing.in_order(Placement.LATE):
         placing.move_late(nid, 0.0, cost)
-    for nid in [n for n in placing.order if g.nodes[n].op == LOAD_OP]:
+    for nid in placing.in_order(Placement.HIDDEN):
         seconds = cost.node_seconds(g, nid) if cost is not None and cost.overlap_copies else 0.0
         placing.move_late(nid, seconds, cost)
     return placing.order
@@ -42,9 +57,10 @@ class _Placing:
     distance it moves the node, not the length of the order.
     """
 
-    def __init__(self, g: Graph, order: list[int]) -> None:
+    def __init__(self, g: Graph, order: list[int], placements: Mapping[int, Placement]) -> None:
         self.g = g
         self.order = order
+        self.placements = placements
         self._pos: dict[int, int] | None = None
         self._late: dict[int, set[int]] | None = None
 
@@ -59,6 +75,14 @@ class _Placing:
                 raise GraphError(f"order runs node {twice} twice")
         return self._pos
 
+    def in_order(self, where: Placement) -> list[int]:
+        """The nodes placed `where` that the order runs, in the order's current sequence."""
+        nodes = [n for n, p in self.placements.items() if p is where]
+        if not nodes:
+            return nodes
+        pos = self.pos
+        return sorted((n for n in nodes if n in pos), key=pos.__getitem__)
+
     def _rest_index(self, node: int, at: int) -> int | None:
         """Index of `node` in the order without the node at position `at` (None: not there)."""
         j = self.pos.get(node)
@@ -69,9 +93,9 @@ class _Placing:
     def _successors(self, nid: int) -> set[int]:
         """Readers of nid's outputs and nodes with a control edge to it, without nid."""
         if self._late is None:
-            # every node moved late is a recompute or a load: find their readers in one pass
+            # every node moved late is LATE or HIDDEN: find their readers in one pass
             g = self.g
-            late = [n for n in g.nodes.values() if n.op == LOAD_OP or "remat_of" in n.extra]
+            late = [g.nodes[n] for n, where in self.placements.items() if where is not Placement.EARLY]
             readers = g.users_of(t for n in late for t in n.output_tuple)
             self._late = {n.id: {u for t in n.output_tuple for u in readers[t]} for n in late}
             for n, deps in g.control.items():
@@ -79,7 +103,7 @@ class _Placing:
                     if d in self._late:
                         self._late[d].add(n)
         out = self._late.get(nid)
-        if out is None:   # not a recompute or a load
+        if out is None:   # not a LATE or HIDDEN node
             g = self.g
             out = {u for t in g.nodes[nid].output_tuple for u in g.users(t)}
             out |= {n for n, deps in g.control.items() if nid in deps}

@@ -1,5 +1,6 @@
-"""Where the TASO-style rules apply: taso_candidates lists applicable sites of every rule, in a
-deterministic order, for the optimizer search (which judges them with the cost model).
+"""Where the TASO-style rules apply: the applicable sites of each rule, lazily, in a
+deterministic order (the rules' `sites` hooks, peakcut.rules.taso_rules; the registry
+interleaves them for the optimizer search, which judges them with the cost model).
 
 Sites:
 - merge_matmuls: mm / addmm nodes sharing their left operand (same storage, shape, stride,
@@ -9,12 +10,9 @@ Sites:
   least two output features (two near-equal parts), largest output first;
 - drop_identity (identities that run a kernel first), cancel_transposes, fold_views: every
   node where the rule applies, in order.
-Only sites whose why_not_* says None are returned. Candidates of the different kinds are
-interleaved (the first of each kind, then the second of each, ...) so that a limit keeps some
-of every kind. Each kind's sites are found lazily (cheap ordering keys first, the costly
-why_not_* only on the sites pulled), so a small limit validates each kind's sites only up to
-the last one it keeps (all of them for a kind with fewer applicable sites), with the same
-result as validating every site.
+Only sites whose why_not_* says None are yielded. Each kind's sites are found lazily (cheap
+ordering keys first, the costly why_not_* only on the sites pulled), so a caller that stops
+early validates only the sites it pulled, with the same result as validating every site.
 """
 
 from __future__ import annotations
@@ -23,45 +21,25 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from peakcut.ir.graph import Graph
-from peakcut.transform.rewrite import Rewrite, check_candidate_query, describe_node, positions
-from peakcut.transform.taso import algebra, matmul, matmul_merge, matmul_split
+from peakcut.transform.rewrite import describe_node, positions
+from peakcut.transform.taso import matmul, matmul_merge, matmul_split
 from peakcut.transform.taso.edit import is_view_op
-
-KINDS = ("merge_matmuls", "split_matmul", "drop_identity", "cancel_transposes", "fold_views")
-
-_SINGLE: dict[str, tuple[Callable, Callable, tuple[str, ...]]] = {
-    "drop_identity": (algebra.why_not_drop_identity, algebra.drop_identity,
-                      algebra.IDENTITY_OPS),
-    "cancel_transposes": (algebra.why_not_cancel_transposes, algebra.cancel_transposes,
-                          algebra.TRANSPOSES),
-    "fold_views": (algebra.why_not_fold_views, algebra.fold_views, algebra.VIEWS),
-}
 
 
 @dataclass(frozen=True)
 class TasoCandidate:
     """One applicable TASO-style rewrite.
 
-    kind: one of KINDS; nodes: the nodes the rule is applied to (the matmuls to merge, the
-    matmul to split, or the one node of an algebraic rule); parts: split_matmul's parts (empty:
-    un-merge a merged node); description: what the rewrite would do, in words.
+    kind: its rule's kind (a peakcut.rules RewriteRule); nodes: the nodes the rule is applied
+    to (the matmuls to merge, the matmul to split, or the one node of an algebraic rule);
+    parts: split_matmul's parts (empty: un-merge a merged node); description: what the
+    rewrite would do, in words.
     """
 
     kind: str
     nodes: tuple[int, ...]
     description: str
     parts: tuple[int, ...] = ()
-
-    def apply(self, g: Graph, order: Sequence[int]) -> Rewrite:
-        """Apply this candidate's rule to (g, order), the graph and order it was found on (or
-        one where its nodes still apply)."""
-        if self.kind == "merge_matmuls":
-            return matmul_merge.merge_matmuls(g, order, self.nodes)
-        if self.kind == "split_matmul":
-            return matmul_split.split_matmul(g, order, self.nodes[0], list(self.parts) or None)
-        if self.kind in _SINGLE:
-            return _SINGLE[self.kind][1](g, order, self.nodes[0])
-        raise ValueError(f"unknown TASO candidate kind {self.kind!r}; known: {KINDS}")
 
 
 def _key(g: Graph, t: int) -> tuple:
@@ -111,9 +89,10 @@ def merge_groups(g: Graph) -> list[tuple[int, ...]]:
     return sorted(found, key=lambda v: (pos[v[0]], v))
 
 
-# The site generators run the why_not_* with checked=True: taso_candidates has verified that
-# `order` is an order of g (check_candidate_query) and consumes them before returning.
-def _merge_sites(g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+# The site generators run the why_not_* with checked=True: their caller (the registry's
+# rewrite_candidates) has verified that `order` is an order of g and consumes them before
+# returning.
+def merge_sites(g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
     """Maximal merge groups (merge_groups) whose plan_merge succeeds, validated as pulled."""
     for nodes in merge_groups(g):
         plan = matmul_merge.plan_merge(g, order, nodes, checked=True)
@@ -121,7 +100,7 @@ def _merge_sites(g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
             yield TasoCandidate("merge_matmuls", nodes, matmul_merge.merge_summary(g, plan))
 
 
-def _split_sites(g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+def split_sites(g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
     """Merged nodes (un-merge) in capture order, then the other matmuls, largest output first
     (stable): sorted on the cheap key first, validated one by one as they are pulled."""
     kind = "split_matmul"
@@ -153,45 +132,16 @@ def _split_sites(g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
                 f"the {g.tensors[m.out].nbytes:,}-byte result", parts)
 
 
-def _single_sites(g: Graph, order: Sequence[int], kind: str) -> Iterator[TasoCandidate]:
-    """Nodes where the one-node rule `kind` applies, in order; for drop_identity the
-    identities that run a kernel first, then the views (each group in order)."""
-    why_not, _apply, ops = _SINGLE[kind]
+def single_sites(g: Graph, order: Sequence[int], kind: str, why_not: Callable[..., str | None],
+                 ops: Sequence[str], views_last: bool = False) -> Iterator[TasoCandidate]:
+    """Nodes of `ops` where the one-node rule `kind` applies (why_not(g, order, nid,
+    checked=True) is None), in order; with views_last the nodes that run a kernel first, then
+    the views (each group in order)."""
     sites = [nid for nid in g.order if g.nodes[nid].op in ops]
-    if kind == "drop_identity":   # stable: kernel identities first, then views
+    if views_last:   # stable: kernel nodes first, then views
         sites.sort(key=lambda nid: is_view_op(g.nodes[nid].op))
     for nid in sites:
         if why_not(g, order, nid, checked=True) is None:
             effect = ("no kernel changes (views only)" if is_view_op(g.nodes[nid].op)
                       else "one elementwise kernel fewer")
             yield TasoCandidate(kind, (nid,), f"{kind} at {describe_node(g, nid)}: {effect}")
-
-
-def _sites(g: Graph, order: Sequence[int], kind: str) -> Iterator[TasoCandidate]:
-    """The applicable sites of `kind`, lazily, in the order the module docstring gives."""
-    if kind == "merge_matmuls":
-        return _merge_sites(g, order)
-    if kind == "split_matmul":
-        return _split_sites(g, order)
-    return _single_sites(g, order, kind)
-
-
-def taso_candidates(g: Graph, order: Sequence[int], limit: int = 32,
-                    kinds: Sequence[str] = KINDS) -> list[TasoCandidate]:
-    """Applicable TASO-style rewrites of (g, order): at most `limit`, the kinds interleaved in
-    the order of `kinds` (first of each kind, then second of each, ...), each kind's sites in
-    the order the module docstring gives. Deterministic for a given graph."""
-    check_candidate_query(g, order, kinds, KINDS, limit, "TASO candidate")
-    live = [_sites(g, order, k) for k in dict.fromkeys(kinds)]
-    out: list[TasoCandidate] = []
-    while live and len(out) < limit:   # one round: the next site of each kind left
-        still: list[Iterator[TasoCandidate]] = []
-        for sites in live:
-            if len(out) >= limit:
-                break
-            found = next(sites, None)
-            if found is not None:
-                out.append(found)
-                still.append(sites)
-        live = still
-    return out

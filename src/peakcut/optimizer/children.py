@@ -1,0 +1,154 @@
+"""A state's children: the registered rules (peakcut.rules.RULES) applied to it, as lazily
+built moves (MAGIS §5).
+
+Each Move names the child cheaply (`key`: what the child would be made of, to skip
+duplicates before paying for it) and builds it on demand (`build`). In the registry's order:
+
+- region rules (fission): the F-Tree mutations that apply;
+- program rules (swap, remat): applicable candidates at the memory hot-spot of the state's
+  program (heuristic H2: only tensors live across the peak), outside every enabled region,
+  one by one and all of a kind at once (a step the size of the hot-spot: many small
+  activations are saved for backward in a CNN);
+- rewrite rules (TASO-style rewrites of the base graph: merge matmuls sharing an operand and
+  its inverse, algebraic simplifications), outside enabled regions, all of move kind "taso";
+- undo: dropping a recipe the state holds (de-remat, de-swap).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from functools import partial
+
+from peakcut.ir.graph import Graph
+from peakcut.memory import MemoryProfile, simulate
+from peakcut.optimizer.derive import Deriver, region_nodes
+from peakcut.optimizer.state import Recipe, State
+from peakcut.rules import REWRITE_MOVES, UNDO_MOVES, Candidate, Registry
+
+CANDIDATES_PER_KIND = 4     # program-rule candidates tried per kind per expanded state
+TASO_SITES = 16             # TASO-style sites listed per base graph (the kinds interleaved)
+
+
+@dataclass(frozen=True)
+class Move:
+    kind: str                       # a rule's kind, REWRITE_MOVES ("taso") or UNDO_MOVES ("undo")
+    key: tuple[object, ...]         # identifies the child's make-up
+    description: str
+    build: Callable[[], State]
+
+
+@dataclass(frozen=True)
+class MoveSettings:
+    """Which rules the search may use (ablations switch some off), and how many of each.
+
+    kinds: the move kinds used (Registry.move_kinds: "fission", "swap", "remat", "taso"); None
+    for all. Undos of the recipes a state holds are always tried.
+    """
+
+    kinds: frozenset[str] | None = None
+    hotspots_only: bool = True      # H2; False: candidates at every step's live set
+    direct_enable: bool = True      # enable a root without enabled descendants directly
+    together: bool = True           # also apply each kind's candidates all at once (a faster descent)
+    taso_per_state: int = 2         # TASO sites tried per expanded state
+    per_kind: int = CANDIDATES_PER_KIND
+
+    @classmethod
+    def only(cls, *kinds: str) -> MoveSettings:
+        """Settings using these move kinds only (the other fields at their defaults)."""
+        return cls(kinds=frozenset(kinds))
+
+    def uses(self, kind: str) -> bool:
+        return self.kinds is None or kind in self.kinds
+
+    def check(self, rules: Registry) -> None:
+        """ValueError when `kinds` names a move kind the registry does not have."""
+        unknown = sorted(set(self.kinds or ()) - set(rules.move_kinds))
+        if unknown:
+            raise ValueError(f"MoveSettings kinds {unknown} are not move kinds of the registry; "
+                             f"known: {rules.move_kinds}")
+
+
+def make_key(state: State, tree_n: tuple[tuple[int, int], ...] | None = None,
+             recipes: tuple[Recipe, ...] | None = None) -> tuple[object, ...]:
+    tree_n = state.fission() if tree_n is None else tree_n
+    recipes = state.recipes if recipes is None else recipes
+    return (state.base_digest, tuple(sorted(tree_n)),
+            tuple(sorted((r.kind, r.tensor, r.node, r.users) for r in recipes)))
+
+
+def children(state: State, deriver: Deriver, settings: MoveSettings, rng: random.Random) -> Iterator[Move]:
+    """The state's children, in the registry's order (see module doc). A pending state (a
+    TASO-style rewrite not yet made on its base) must be resolved first (Deriver.resolve)."""
+    if state.pending is not None:
+        raise ValueError(f"state {state.applied[-1:]} is pending: Deriver.resolve it before its moves")
+    rules = deriver.rules
+    for region_rule in rules.regions:
+        if not settings.uses(region_rule.kind):
+            continue
+        for mutation in region_rule.mutations(state.tree, settings.direct_enable):
+            tree = region_rule.apply(state.tree, mutation)
+            what = region_rule.describe(state.tree, mutation, tree)
+            yield Move(region_rule.kind, make_key(state, tuple((g.id, g.n) for g in tree.enabled())), what,
+                       partial(deriver.with_tree, state, tree, what))
+    kinds = [k for k in rules.program_kinds if settings.uses(k)]
+    if kinds:
+        yield from _program_moves(state, deriver, settings, kinds, rng)
+    if rules.rewrites and settings.uses(REWRITE_MOVES):
+        regions = region_nodes(state.tree)
+        outside = [s for s in deriver.sites(state, TASO_SITES) if not regions.intersection(s.nodes)]
+        for site in outside[:settings.taso_per_state]:
+            key = (REWRITE_MOVES, *make_key(state), site.kind, site.nodes, site.parts)
+            yield Move(REWRITE_MOVES, key, rules.rewrite_rule(site.kind).describe(site),
+                       partial(deriver.with_taso, state, site))
+    for r in state.recipes:
+        rest = tuple(x for x in state.recipes if x != r)
+        yield Move(UNDO_MOVES, make_key(state, recipes=rest), f"undo: {r.description}",
+                   partial(deriver.without_recipe, state, r))
+
+
+def _program_moves(state: State, deriver: Deriver, settings: MoveSettings, kinds: list[str],
+                   rng: random.Random) -> Iterator[Move]:
+    program, order = state.program, state.order
+    regions = region_nodes(state.tree)
+    base = state.base
+    profile = simulate(program, order, deriver.workspace)
+    if settings.hotspots_only:
+        found = deriver.rules.hotspot_candidates(program, order, profile, limit=4 * settings.per_kind,
+                                                 kinds=kinds)
+    else:
+        found = _anywhere(program, order, deriver.rules, settings, kinds, rng)
+    picked: dict[str, list[Recipe]] = {k: [] for k in kinds}
+    for c in found:
+        touched = (c.node, *c.users)
+        if any(v in regions or v not in base.nodes for v in touched) or c.tensor not in base.tensors:
+            continue   # part copies or region nodes: the rule would cross a region boundary
+        what = c.rule.describe(program, c)
+        picked[c.kind].append(Recipe(c.kind, c.tensor, c.node, tuple(c.users), what))
+    for kind, group in picked.items():
+        for recipe in group[:settings.per_kind]:
+            yield Move(kind, make_key(state, recipes=(*state.recipes, recipe)), recipe.description,
+                       partial(deriver.with_recipe, state, recipe))
+        if len(group) > 1 and settings.together:
+            what = f"{kind} {len(group)} hot-spot tensors at once"
+            yield Move(kind, make_key(state, recipes=(*state.recipes, *group)), what,
+                       partial(deriver.with_recipes, state, tuple(group)))
+
+
+def _anywhere(program: Graph, order: list[int], rules: Registry, settings: MoveSettings, kinds: list[str],
+              rng: random.Random) -> list[Candidate]:
+    """Without H2: candidates at a few random steps of the order instead of at the peak."""
+    picks = []
+    full = simulate(program, order)
+    for _ in range(3):
+        k = rng.randrange(len(order))
+        shifted = _profile_at(full, k)
+        picks.extend(rules.hotspot_candidates(program, order, shifted, limit=settings.per_kind, kinds=kinds))
+    rng.shuffle(picks)
+    return picks
+
+
+def _profile_at(profile: MemoryProfile, k: int) -> MemoryProfile:
+    """The same profile with its 'peak' moved to step k (hot-spot candidates are found there)."""
+    return replace(profile, peak_index=k)

@@ -1,0 +1,45 @@
+"""The fission rule in the registry: F-Tree mutations (MAGIS §5.1) that change which regions of
+the base run in parts (the expansion itself: peakcut.fission.expand; the loops in generated
+code: peakcut.codegen.fission)."""
+
+from __future__ import annotations
+
+from peakcut.fission.ftree import FTree, divisors
+from peakcut.rules.protocol import RegionRule
+
+ENABLE_ANY = "enable-any"   # the mutation that enables a root directly (FissionRule.mutations)
+
+
+class FissionRule(RegionRule):
+    """Enable, lift, disable and mutate F-Tree nodes (FTree.mutations), plus enabling a root
+    without enabled descendants directly (`direct_enable`)."""
+
+    kind = "fission"
+
+    def mutations(self, tree: FTree, direct_enable: bool) -> list[tuple[str, int]]:
+        """The F-Tree mutations of §5.1, plus (beyond the paper) enabling a root whose
+        descendants are all disabled: the root at n = 2 in one step instead of a leaf lifted
+        level by level through states that each must look good enough to be expanded."""
+        rules = tree.mutations()
+        if direct_enable:
+            plain = {k for rule, k in rules if rule == "enable"}
+            for k in tree.roots():
+                f = tree.nodes[k]
+                if (not f.enabled and k not in plain and divisors(f.length)
+                        and not any(tree.nodes[d].enabled for d in tree.descendants(k))):
+                    rules.append((ENABLE_ANY, k))
+        return rules
+
+    def apply(self, tree: FTree, mutation: tuple[str, int]) -> FTree:
+        rule, k = mutation
+        if rule == ENABLE_ANY:
+            return tree.with_n(k, divisors(tree.nodes[k].length)[0])
+        return tree.apply(rule, k)
+
+    def describe(self, tree: FTree, mutation: tuple[str, int], new: FTree) -> str:
+        rule, k = mutation
+        f = new.nodes[k]
+        what = f"fission: {rule} F-Tree node {k} ({len(f.nodes)} ops) -> n = {f.n}"
+        if rule == "lift" and f.parent is not None:
+            what += f", parent {f.parent} at n = {new.nodes[f.parent].n}"
+        return what

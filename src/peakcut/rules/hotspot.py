@@ -1,0 +1,98 @@
+"""The memory hot-spot of a program: where remat and swap are tried (MAGIS §5.2 heuristic H2).
+
+At the simulated peak step t* (MemoryProfile.peak_index) a storage is idle across the peak
+when it is live at t* but untouched by the node at t*, allocated before t*, read again after
+t*, and all its reads after t* go through one tensor x produced before t* (or through views
+the readers make of x, which follow x into the copy). The readers of x after t* are the
+rule's users: once they read a swapped-in or recomputed copy, the storage is free from its
+last access before t* to its next access after t*.
+
+Score (the reference code's, notes §4, weighted by size): storage bytes × min(t* - last access
+before t*, next access after t* - t*): long idle gaps on both sides of the peak leave room to
+hide a swap's copies or to recompute far from the original.
+
+A Hotspot is what a program rule's `sites` hook reads (peakcut.rules.protocol): the program,
+its order and memory profile, and the idle storages, found once however many rules ask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from peakcut.ir.graph import Graph
+from peakcut.memory import MemoryProfile
+from peakcut.transform.rewrite import program_output_storages
+
+
+@dataclass(frozen=True)
+class HotspotSite:
+    """Where a program rule may apply at the hot-spot: `tensor` (for an idle storage, its one
+    root read after the peak), `node` (the tensor's producer), `users` (its readers after the
+    peak, in order), `bytes` of its storage and a `score` (higher: tried first; see the module
+    docstring)."""
+
+    tensor: int
+    node: int
+    users: tuple[int, ...]
+    bytes: int
+    score: int
+
+
+class Hotspot:
+    """A program, its order and memory profile (the peak may be moved: MemoryProfile.peak_index),
+    with the storages idle across the peak computed at the first `idle()`."""
+
+    def __init__(self, g: Graph, order: Sequence[int], profile: MemoryProfile) -> None:
+        self.g = g
+        self.order = order
+        self.profile = profile
+        self._idle: list[HotspotSite] | None = None
+
+    def idle(self) -> list[HotspotSite]:
+        """Storages idle across the peak whose later reads all go through one tensor, best first."""
+        if self._idle is None:
+            self._idle = idle_storages(self.g, self.order, self.profile)
+        return self._idle
+
+
+def idle_storages(g: Graph, order: Sequence[int], profile: MemoryProfile) -> list[HotspotSite]:
+    """Storages idle across the peak whose later reads all go through one tensor, best first."""
+    peak = profile.peak_index
+    skip = g.caller_held_storages() | g.host_storages() | program_output_storages(g)
+    accesses: dict[int, list[int]] = {}
+    reads_after: dict[int, dict[int, list[int]]] = {}
+    made_after: set[int] = set()
+    nodes = g.nodes
+    tensors = g.tensors
+    for i, nid in enumerate(order):
+        node = nodes[nid]
+        for t in (*node.input_tuple, *node.output_tuple):
+            s = tensors[t].storage
+            seen = accesses.setdefault(s, [])
+            if not seen or seen[-1] != i:
+                seen.append(i)
+        if i > peak:
+            made_after.update(node.output_tuple)
+            for t in node.input_tuple:
+                readers = reads_after.setdefault(tensors[t].storage, {}).setdefault(t, [])
+                if not readers or readers[-1] != nid:
+                    readers.append(nid)
+    found: list[HotspotSite] = []
+    for s, (alloc, free) in profile.storage_lifetime.items():
+        if s in skip or not alloc < peak < free or peak in accesses.get(s, ()):
+            continue
+        roots = [t for t in reads_after.get(s, {}) if t not in made_after]
+        if len(roots) != 1:
+            continue  # not read after the peak, or read through several tensors
+        x = roots[0]
+        producer = g.producer(x)
+        if producer is None:
+            continue
+        before = max(p for p in accesses[s] if p < peak)
+        after = min(p for p in accesses[s] if p > peak)
+        size = g.storages[s]
+        found.append(HotspotSite(x, producer, tuple(reads_after[s][x]), size,
+                                 size * min(peak - before, after - peak)))
+    found.sort(key=lambda c: (-c.score, c.tensor))
+    return found

@@ -1,0 +1,175 @@
+"""What a rule is: the protocols every registered rule implements (docs/rules.md: how to add one).
+
+Three families, by what a rule edits:
+- RegionRule: the F-Tree, i.e. which regions run in parts (fission). The search expands the
+  base with the new tree and replays the recipes.
+- ProgramRule: the state's program at a site (a tensor, the node that makes it, the readers
+  to redirect) outside every fission region (remat, swap). An application is kept as a
+  recipe, replayed when the regions change and undone by replaying the others. Its hooks
+  say where the nodes it adds go (schedule.placement) and what code they become
+  (codegen.source).
+- RewriteRule: the base graph (TASO-style rewrites); the F-Tree is updated after it. All
+  rewrite rules share one move kind, REWRITE_MOVES, and one list of sites per base.
+
+Every hook is a pure function of its arguments: rules hold no state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol
+
+from peakcut.fission.ftree import FTree
+from peakcut.ir.graph import Graph
+from peakcut.ir.node import Node
+from peakcut.rules.hotspot import Hotspot, HotspotSite
+from peakcut.schedule.placement import Placement
+from peakcut.transform.rewrite import Rewrite
+from peakcut.transform.taso.find import TasoCandidate
+
+REWRITE_MOVES = "taso"   # the search's move kind of every RewriteRule (MoveSettings, Deriver timing)
+
+LoopRefusal = Callable[[Sequence[int]], str | None]
+"""Why a fission region with these nodes cannot be emitted as a loop (None: it can)."""
+
+
+class Site(Protocol):
+    """Where a program rule applies: a tensor, the node that makes it, the readers it redirects
+    (a HotspotSite, a registry Candidate and an optimizer Recipe all are sites)."""
+
+    @property
+    def tensor(self) -> int: ...
+
+    @property
+    def node(self) -> int: ...
+
+    @property
+    def users(self) -> tuple[int, ...]: ...
+
+
+class Names(Protocol):
+    """What rule code needs from the source generator's naming (codegen.source)."""
+
+    by_tensor: dict[int, str]
+
+    def fresh(self, text: str) -> str: ...
+
+
+class NodeCode(Protocol):
+    """What a program rule writes into the generated step for the nodes it added, for one
+    program (made by ProgramRule.code)."""
+
+    def signature_extra(self) -> str:
+        """Keyword parameters the step takes for this rule's code (e.g. ', host'), or ''."""
+        ...
+
+    def prologue(self) -> list[str]:
+        """Lines at the top of the step's body."""
+        ...
+
+    def keeps(self, tensor: int) -> bool:
+        """True when the step must not `del` this tensor at its last use (this code does)."""
+        ...
+
+    def before(self, nid: int, pad: str) -> list[str]:
+        """Lines right before node nid's own lines (pad: the indentation at that point)."""
+        ...
+
+    def emit(self, node: Node) -> list[str] | None:
+        """The node's own lines when this rule writes them, else None (an ordinary ATen call)."""
+        ...
+
+
+class ProgramRule(Protocol):
+    """A rule applied to the state's program at a site, kept as a recipe (see module doc).
+
+    Subclass it to inherit the defaults of the placement and code hooks (none)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    @property
+    def kind(self) -> str:
+        """Unique name: a recipe's kind, a move's kind and its MoveSettings switch."""
+        ...
+
+    @property
+    def reserved_names(self) -> tuple[str, ...]:
+        """Identifiers this rule's generated code uses: never given to a tensor of any program."""
+        return ()
+
+    def sites(self, spot: Hotspot) -> Iterable[HotspotSite]:
+        """Where to try the rule on spot's program, best first (why_not filters them)."""
+        ...
+
+    def why_not(self, g: Graph, order: Sequence[int], site: Site) -> str | None:
+        """Why the rule does not apply at `site` of (g, order); None when it does."""
+        ...
+
+    def apply(self, g: Graph, order: Sequence[int], site: Site) -> Rewrite:
+        """The rule applied at `site`; raises transform.RuleError where it does not apply."""
+        ...
+
+    def describe(self, g: Graph, site: Site) -> str:
+        """One line for the search's report: what applying at `site` of g does."""
+        ...
+
+    def placements(self, g: Graph) -> Iterable[tuple[int, Placement]]:
+        """(node, where it goes in the order) for every node of g this rule added."""
+        return ()
+
+    def loop_refusal(self, g: Graph) -> LoopRefusal | None:
+        """Why fission regions holding this rule's code in g cannot be loops (None: no refusal)."""
+        return None
+
+    def code(self, g: Graph, order: Sequence[int], names: Names) -> NodeCode | None:
+        """The code of this rule's nodes in program (g, order); None when g has none."""
+        return None
+
+
+class RewriteRule(Protocol):
+    """A rewrite of the base graph (see module doc)."""
+
+    @property
+    def kind(self) -> str:
+        """Unique name (TasoCandidate.kind of its sites)."""
+        ...
+
+    def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+        """The sites where the rule applies, lazily, in a deterministic order. The caller has
+        checked that `order` is an order of g (Registry.rewrite_candidates)."""
+        ...
+
+    def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
+        """Why the rule does not apply at `site` of (g, order); None when it does."""
+        ...
+
+    def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
+        """The rule applied at `site`; raises transform.RuleError (or ValueError) where it
+        does not apply."""
+        ...
+
+    def describe(self, site: TasoCandidate) -> str:
+        """One line for the search's report."""
+        ...
+
+
+class RegionRule(Protocol):
+    """A change of the F-Tree: which regions run in parts (see module doc)."""
+
+    @property
+    def kind(self) -> str:
+        """Unique name: a move's kind and its MoveSettings switch."""
+        ...
+
+    def mutations(self, tree: FTree, direct_enable: bool) -> list[tuple[str, int]]:
+        """The changes that apply to `tree`, as (what, F-Tree node id)."""
+        ...
+
+    def apply(self, tree: FTree, mutation: tuple[str, int]) -> FTree:
+        """`tree` after `mutation` (one of mutations(tree, ...))."""
+        ...
+
+    def describe(self, tree: FTree, mutation: tuple[str, int], new: FTree) -> str:
+        """One line for the search's report: `mutation` turned `tree` into `new`."""
+        ...

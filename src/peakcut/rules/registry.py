@@ -1,0 +1,233 @@
+"""The rule registry: every rule the search uses, listed once (RULES, at the bottom), and the
+loops over it that the search, the scheduler's placement and codegen share.
+
+- hotspot_candidates: where each program rule applies at the memory hot-spot;
+- rewrite_candidates: the rewrite rules' sites, interleaved;
+- placements: where the nodes program rules added go (schedule.place);
+- loop_refusal, node_codes, reserved_names: what codegen.source needs from them;
+- move_kinds: the search's move kinds, in the order it tries them.
+
+A new rule is its own file (implementing a protocol of peakcut.rules.protocol) plus one line
+in RULES (docs/rules.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from peakcut.ir.graph import Graph
+from peakcut.memory import MemoryProfile, simulate
+from peakcut.rules.fission_rule import FissionRule
+from peakcut.rules.hotspot import Hotspot
+from peakcut.rules.protocol import (
+    REWRITE_MOVES,
+    LoopRefusal,
+    Names,
+    NodeCode,
+    ProgramRule,
+    RegionRule,
+    RewriteRule,
+)
+from peakcut.rules.remat_rule import RematRule
+from peakcut.rules.swap_rule import SwapRule
+from peakcut.rules.taso_rules import (
+    CancelTransposesRule,
+    DropIdentityRule,
+    FoldViewsRule,
+    MergeMatmulsRule,
+    SplitMatmulRule,
+)
+from peakcut.schedule.placement import Placement
+from peakcut.transform.rewrite import Rewrite, check_candidate_query
+from peakcut.transform.taso.find import TasoCandidate
+
+UNDO_MOVES = "undo"   # the search's move kind of dropping a recipe (de-remat, de-swap, ...)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A site at the hot-spot where a program rule applies.
+
+    rule: the rule (kind: its kind); tensor, node, users: the site (a ProgramRule's Site);
+    bytes: bytes of the tensor's storage; score: the site's score (hotspot module doc).
+    """
+
+    rule: ProgramRule
+    tensor: int
+    node: int
+    users: tuple[int, ...]
+    bytes: int
+    score: int
+
+    @property
+    def kind(self) -> str:
+        return self.rule.kind
+
+    def apply(self, g: Graph, order: Sequence[int]) -> Rewrite:
+        """Apply this candidate's rule to (g, order), the graph and order it was found on."""
+        return self.rule.apply(g, order, self)
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The rules, by family (peakcut.rules.protocol), each family in the order the search
+    tries its moves: regions, then program rules, then rewrites (then undos). Kinds are
+    unique across families."""
+
+    regions: tuple[RegionRule, ...]
+    programs: tuple[ProgramRule, ...]
+    rewrites: tuple[RewriteRule, ...]
+    _program: Mapping[str, ProgramRule] = field(init=False, repr=False, compare=False)
+    _rewrite: Mapping[str, RewriteRule] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        kinds = [*(r.kind for r in self.regions), *(r.kind for r in self.programs),
+                 *(r.kind for r in self.rewrites)]
+        twice = sorted({k for k in kinds if kinds.count(k) > 1})
+        if twice:
+            raise ValueError(f"rule kinds must be unique; {twice} registered twice")
+        reserved = sorted({REWRITE_MOVES, UNDO_MOVES}.intersection(kinds))
+        if reserved:
+            raise ValueError(f"rule kinds {reserved} are the search's own move kinds")
+        object.__setattr__(self, "_program", MappingProxyType({r.kind: r for r in self.programs}))
+        object.__setattr__(self, "_rewrite", MappingProxyType({r.kind: r for r in self.rewrites}))
+
+    # ------------------------------------------------------------------ lookup
+    @property
+    def program_kinds(self) -> tuple[str, ...]:
+        return tuple(self._program)
+
+    @property
+    def rewrite_kinds(self) -> tuple[str, ...]:
+        return tuple(self._rewrite)
+
+    @property
+    def move_kinds(self) -> tuple[str, ...]:
+        """The kinds of the search's moves a MoveSettings can switch, in the order the search
+        tries them: each region rule, each program rule, then REWRITE_MOVES (every rewrite)."""
+        rewrites = (REWRITE_MOVES,) if self.rewrites else ()
+        return (*(r.kind for r in self.regions), *self.program_kinds, *rewrites)
+
+    def program_rule(self, kind: str) -> ProgramRule:
+        """The program rule of this kind (KeyError names the known ones)."""
+        found = self._program.get(kind)
+        if found is None:
+            raise KeyError(f"no program rule {kind!r}; known: {self.program_kinds}")
+        return found
+
+    def rewrite_rule(self, kind: str) -> RewriteRule:
+        """The rewrite rule of this kind (KeyError names the known ones)."""
+        found = self._rewrite.get(kind)
+        if found is None:
+            raise KeyError(f"no rewrite rule {kind!r}; known: {self.rewrite_kinds}")
+        return found
+
+    def apply_rewrite(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
+        """The rewrite rule of site.kind applied at `site` of (g, order) (RuleError or ValueError
+        where it does not apply)."""
+        return self.rewrite_rule(site.kind).apply(g, order, site)
+
+    # ------------------------------------------------------------------ finding candidates
+    def hotspot_candidates(self, g: Graph, order: Sequence[int], profile: MemoryProfile | None = None,
+                           limit: int = 16, kinds: Sequence[str] | None = None) -> list[Candidate]:
+        """Where the program rules of `kinds` (default all) apply at the peak of `order`, best
+        score first (then kind, then tensor).
+
+        profile: simulate(g, order) (computed when None; it must be of this order; its peak may
+        be moved to look elsewhere). At most `limit` candidates of each kind: each rule's sites
+        are tried in order until `limit` of them apply.
+        """
+        kinds = self.program_kinds if kinds is None else kinds
+        check_candidate_query(g, order, kinds, self.program_kinds, limit, "candidate")
+        if profile is None:
+            profile = simulate(g, list(order))
+        elif tuple(profile.order) != tuple(order):
+            raise ValueError("profile was simulated for another order; pass simulate(g, order)")
+        spot = Hotspot(g, order, profile)
+        out: list[Candidate] = []
+        for kind in dict.fromkeys(kinds):
+            rule = self._program[kind]
+            found = 0
+            for site in rule.sites(spot) if limit else ():
+                if rule.why_not(g, order, site) is None:
+                    out.append(Candidate(rule, site.tensor, site.node, site.users, site.bytes, site.score))
+                    found += 1
+                    if found >= limit:
+                        break
+        out.sort(key=lambda c: (-c.score, c.kind, c.tensor))
+        return out
+
+    def rewrite_candidates(self, g: Graph, order: Sequence[int], limit: int = 32,
+                           kinds: Sequence[str] | None = None) -> list[TasoCandidate]:
+        """Sites of the rewrite rules of `kinds` (default all) on (g, order): at most `limit`,
+        the kinds interleaved in the order of `kinds` (the first site of each kind, then the
+        second of each, ...) so that a limit keeps some of every kind; each kind's sites in its
+        rule's order. Sites are validated lazily: only as many as the limit keeps (the same
+        list as validating all). Deterministic for a given graph."""
+        kinds = self.rewrite_kinds if kinds is None else kinds
+        check_candidate_query(g, order, kinds, self.rewrite_kinds, limit, "TASO candidate")
+        live = [self._rewrite[k].sites(g, order) for k in dict.fromkeys(kinds)]
+        out: list[TasoCandidate] = []
+        while live and len(out) < limit:   # one round: the next site of each kind left
+            still: list[Iterator[TasoCandidate]] = []
+            for sites in live:
+                if len(out) >= limit:
+                    break
+                found = next(sites, None)
+                if found is not None:
+                    out.append(found)
+                    still.append(sites)
+            live = still
+        return out
+
+    # ------------------------------------------------------------------ placement and codegen
+    def placements(self, g: Graph) -> dict[int, Placement]:
+        """Node -> where it goes (schedule.place), for every node a program rule added to g."""
+        out: dict[int, Placement] = {}
+        for rule in self.programs:
+            out.update(rule.placements(g))
+        return out
+
+    def loop_refusal(self, g: Graph) -> LoopRefusal | None:
+        """Why a fission region of g cannot be a loop, from every program rule (None: no rule
+        refuses any)."""
+        refusals = [r for rule in self.programs if (r := rule.loop_refusal(g)) is not None]
+        if not refusals:
+            return None
+        if len(refusals) == 1:
+            return refusals[0]
+
+        def refuse(nodes: Sequence[int]) -> str | None:
+            return next((why for r in refusals if (why := r(nodes)) is not None), None)
+
+        return refuse
+
+    def node_codes(self, g: Graph, order: Sequence[int], names: Names) -> list[NodeCode]:
+        """The code hooks of the program rules whose nodes program (g, order) holds."""
+        return [c for rule in self.programs if (c := rule.code(g, order, names)) is not None]
+
+    @property
+    def reserved_names(self) -> frozenset[str]:
+        """Identifiers the rules' generated code uses (never given to a tensor)."""
+        return frozenset(name for rule in self.programs for name in rule.reserved_names)
+
+
+RULES = Registry(
+    regions=(
+        FissionRule(),
+    ),
+    programs=(
+        SwapRule(),
+        RematRule(),
+    ),
+    rewrites=(
+        MergeMatmulsRule(),
+        SplitMatmulRule(),
+        DropIdentityRule(),
+        CancelTransposesRule(),
+        FoldViewsRule(),
+    ),
+)
+"""Every rule the search uses, in the order it tries them (see Registry)."""

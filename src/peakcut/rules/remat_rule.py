@@ -1,0 +1,70 @@
+"""The remat rule in the registry: later readers of a tensor read a recomputed copy of the
+node that made it (the rule itself: peakcut.transform.remat). Tried at the storages idle
+across the memory peak; a recompute is placed right before its first reader, and the
+generated code marks it with a `# recompute of <node>` comment."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from peakcut.ir.graph import Graph
+from peakcut.ir.node import Node
+from peakcut.rules.hotspot import Hotspot, HotspotSite
+from peakcut.rules.protocol import Names, NodeCode, ProgramRule, Site
+from peakcut.schedule.placement import Placement
+from peakcut.transform.remat import REMAT_OF, remat, why_not_remat
+from peakcut.transform.rewrite import Rewrite, describe_node
+
+
+class RematRule(ProgramRule):
+    """Re-materialization (MAGIS §5.2, Fig. 8a-d) as a program rule."""
+
+    kind = "remat"
+
+    def sites(self, spot: Hotspot) -> Iterable[HotspotSite]:
+        return spot.idle()
+
+    def why_not(self, g: Graph, order: Sequence[int], site: Site) -> str | None:
+        return why_not_remat(g, order, site.node, site.users)
+
+    def apply(self, g: Graph, order: Sequence[int], site: Site) -> Rewrite:
+        return remat(g, order, site.node, site.users)
+
+    def describe(self, g: Graph, site: Site) -> str:
+        return f"remat {describe_node(g, site.node)} for {len(site.users)} reader(s)"
+
+    def placements(self, g: Graph) -> Iterable[tuple[int, Placement]]:
+        late = Placement.LATE
+        return [(nid, late) for nid, node in g.nodes.items() if REMAT_OF in node.extra]
+
+    def code(self, g: Graph, order: Sequence[int], names: Names) -> NodeCode | None:
+        if not any(REMAT_OF in n.extra for n in g.nodes.values()):
+            return None
+        return RecomputeComments(g)
+
+
+class RecomputeComments:
+    """A `# recompute of <name>` line before every recompute (the call itself is ordinary)."""
+
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+
+    def signature_extra(self) -> str:
+        return ""
+
+    def prologue(self) -> list[str]:
+        return []
+
+    def keeps(self, tensor: int) -> bool:
+        return False
+
+    def before(self, nid: int, pad: str) -> list[str]:
+        original = self.g.nodes[nid].extra.get(REMAT_OF)
+        if original is None:
+            return []
+        if original in self.g.nodes:
+            return [f"{pad}# recompute of {self.g.nodes[original].name or original}"]
+        return [f"{pad}# recompute of node {original}"]
+
+    def emit(self, node: Node) -> list[str] | None:
+        return None

@@ -1,0 +1,66 @@
+"""The swap rule in the registry: a tensor is copied to host memory right after it is made and
+copied back before some later readers (the rule itself: peakcut.transform.swap). Tried at the
+storages idle across the memory peak; the store runs right after the producer, the load as
+late as its transfer can still be hidden; the code is peakcut.rules.swap_code's, and a fission
+region holding swap code is not emitted as a loop."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from peakcut.ir.graph import Graph
+from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.rules.hotspot import Hotspot, HotspotSite
+from peakcut.rules.protocol import LoopRefusal, Names, NodeCode, ProgramRule, Site
+from peakcut.rules.swap_code import SwapCode
+from peakcut.schedule.placement import Placement
+from peakcut.transform.rewrite import Rewrite, describe_tensor
+from peakcut.transform.swap import swap, why_not_swap
+
+
+def has_swaps(g: Graph) -> bool:
+    """True when g holds a store or a load."""
+    return any(n.op in (STORE_OP, LOAD_OP) for n in g.nodes.values())
+
+
+class SwapRule(ProgramRule):
+    """Swapping (MAGIS §5.2, Fig. 8e-f) as a program rule."""
+
+    kind = "swap"
+    reserved_names = ("host", "compute", "d2h", "h2d")
+
+    def sites(self, spot: Hotspot) -> Iterable[HotspotSite]:
+        return spot.idle()
+
+    def why_not(self, g: Graph, order: Sequence[int], site: Site) -> str | None:
+        return why_not_swap(g, order, site.tensor, site.users)
+
+    def apply(self, g: Graph, order: Sequence[int], site: Site) -> Rewrite:
+        return swap(g, order, site.tensor, site.users)
+
+    def describe(self, g: Graph, site: Site) -> str:
+        return f"swap {describe_tensor(g, site.tensor)} out, back in for {len(site.users)} reader(s)"
+
+    def placements(self, g: Graph) -> Iterable[tuple[int, Placement]]:
+        early, hidden = Placement.EARLY, Placement.HIDDEN
+        return [(nid, early if node.op == STORE_OP else hidden) for nid, node in g.nodes.items()
+                if node.op == STORE_OP or node.op == LOAD_OP]
+
+    def loop_refusal(self, g: Graph) -> LoopRefusal | None:
+        """Regions holding swap code (or reading a swapped-in tensor) are not loops: swap code
+        is written at the top level only."""
+        if not has_swaps(g):
+            return None
+        loaded = {t for n in g.nodes.values() if n.op == LOAD_OP for t in n.output_ids()}
+
+        def refuse(nodes: Sequence[int]) -> str | None:
+            for nid in nodes:
+                node = g.nodes[nid]
+                if node.op in (STORE_OP, LOAD_OP) or loaded.intersection(node.input_ids()):
+                    return "it holds swap code, which is emitted at the top level only"
+            return None
+
+        return refuse
+
+    def code(self, g: Graph, order: Sequence[int], names: Names) -> NodeCode | None:
+        return SwapCode(g, order, names) if has_swaps(g) else None

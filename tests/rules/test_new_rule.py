@@ -1,0 +1,94 @@
+"""A new program rule is one class and one registration: this test writes one (a remat whose
+recomputes the generated code marks, kind "marked-remat"), registers it in a Registry next to
+the registered rules, and the search, derivation (replay, undo), placement and codegen use it
+with no other change."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import torch
+
+import peakcut
+from peakcut.codegen.source import generate_source
+from peakcut.cost import get_cost_model
+from peakcut.ir.graph import Graph
+from peakcut.ir.node import Node
+from peakcut.optimizer import Objective, optimize_graph
+from peakcut.optimizer.children import MoveSettings, children
+from peakcut.optimizer.derive import Deriver
+from peakcut.optimizer.search import search
+from peakcut.rules import RULES, Registry
+from peakcut.rules.protocol import Names, NodeCode
+from peakcut.rules.remat_rule import RematRule
+from peakcut.schedule.placement import Placement
+from peakcut.transform.remat import REMAT_OF
+from tests.conftest import SmallCNN, cnn_loss
+
+
+class MarkedRemat(RematRule):
+    """Remat under another kind, whose code hook writes a `# marked` line before a recompute."""
+
+    kind = "marked-remat"
+
+    def code(self, g: Graph, order: Sequence[int], names: Names) -> NodeCode | None:
+        return _Marks(g) if any(REMAT_OF in n.extra for n in g.nodes.values()) else None
+
+
+class _Marks:
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+
+    def signature_extra(self) -> str:
+        return ""
+
+    def prologue(self) -> list[str]:
+        return ["    # this step has marked recomputes"]
+
+    def keeps(self, tensor: int) -> bool:
+        return False
+
+    def before(self, nid: int, pad: str) -> list[str]:
+        return [f"{pad}# marked"] if REMAT_OF in self.g.nodes[nid].extra else []
+
+    def emit(self, node: Node) -> list[str] | None:
+        return None
+
+
+WITH_MARKED = Registry(regions=RULES.regions, programs=(*RULES.programs, MarkedRemat()),
+                       rewrites=RULES.rewrites)
+
+
+def _root() -> tuple[Graph, peakcut.optimizer.state.State]:
+    torch.manual_seed(0)
+    g = peakcut.capture(SmallCNN(), (torch.randn(2, 3, 8, 8), torch.randint(0, 5, (2,))), cnn_loss, "sgd")
+    return g, optimize_graph(g, time_budget=0, device="rtx3090").result.root
+
+
+def test_a_registered_rule_takes_part_in_moves_derivation_placement_and_codegen() -> None:
+    _, root = _root()
+    deriver = Deriver(get_cost_model("rtx3090"), rules=WITH_MARKED)
+    assert WITH_MARKED.move_kinds == ("fission", "swap", "remat", "marked-remat", "taso")
+    moves = list(children(root, deriver, MoveSettings.only("marked-remat"), random.Random(0)))
+    assert moves and {m.kind for m in moves} == {"marked-remat"}
+    state = moves[0].build()
+    assert [r.kind for r in state.recipes] == ["marked-remat"]
+    recompute = next(n for n in state.program.nodes.values() if REMAT_OF in n.extra)
+    assert WITH_MARKED.placements(state.program) == {recompute.id: Placement.LATE}
+    source = generate_source(state.program, state.order, rules=WITH_MARKED)
+    assert "# this step has marked recomputes" in source
+    assert source.count("# marked\n") == 1 and source.count("# recompute of") == 1
+    undo = next(m for m in children(state, deriver, MoveSettings.only(), random.Random(0)))
+    assert undo.kind == "undo" and undo.build().recipes == ()
+    again = deriver.replay(root.program, root.order, state.recipes, frozenset())
+    assert again[2] == state.recipes
+
+
+def test_a_search_on_a_registry_with_the_new_rule_builds_its_children() -> None:
+    _, root = _root()
+    deriver = Deriver(get_cost_model("rtx3090"), rules=WITH_MARKED)
+    result = search(root, deriver, Objective("memory", 0), time_budget=60, max_states=30,
+                    settings=MoveSettings.only("marked-remat"))
+    assert result.states > 1 and result.failed == 0
+    assert set(deriver.seconds) == {"moves", "marked-remat", "undo"}   # what it built, by kind

@@ -1,0 +1,126 @@
+"""The rule registry: what RULES lists, the checks a Registry makes, and the loops over it that
+placement and codegen use (where the program rules' nodes go, which code hooks a program
+gets, which names they keep free)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import peakcut
+from peakcut.codegen.source import generate_source
+from peakcut.cost import get_cost_model
+from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.optimizer import optimize_graph
+from peakcut.optimizer.children import MoveSettings, children
+from peakcut.optimizer.derive import Deriver
+from peakcut.rules import RULES, Registry
+from peakcut.rules.fission_rule import FissionRule
+from peakcut.rules.remat_rule import RematRule
+from peakcut.rules.swap_rule import SwapRule
+from peakcut.schedule.placement import Placement
+from peakcut.transform.remat import REMAT_OF
+from tests.conftest import SmallCNN, cnn_loss
+
+
+def _graph() -> peakcut.Graph:
+    torch.manual_seed(0)
+    return peakcut.capture(SmallCNN(), (torch.randn(2, 3, 8, 8), torch.randint(0, 5, (2,))), cnn_loss, "sgd")
+
+
+def _with_swap_and_remat() -> tuple[peakcut.Graph, list[int]]:
+    g = _graph()
+    (s,) = RULES.hotspot_candidates(g, g.order, limit=1, kinds=("swap",))
+    rw = s.apply(g, g.order)
+    (r,) = RULES.hotspot_candidates(rw.graph, rw.order, limit=1, kinds=("remat",))
+    rw = r.apply(rw.graph, rw.order)
+    return rw.graph, rw.order
+
+
+def test_rules_lists_every_rule_once_in_the_search_order() -> None:
+    assert [r.kind for r in RULES.regions] == ["fission"]
+    assert RULES.program_kinds == ("swap", "remat")
+    assert RULES.rewrite_kinds == ("merge_matmuls", "split_matmul", "drop_identity", "cancel_transposes",
+                                   "fold_views")
+    assert RULES.move_kinds == ("fission", "swap", "remat", "taso")
+    assert RULES.program_rule("remat").kind == "remat"
+    assert RULES.rewrite_rule("fold_views").kind == "fold_views"
+    with pytest.raises(KeyError, match="known"):
+        RULES.program_rule("offload")
+    with pytest.raises(KeyError, match="known"):
+        RULES.rewrite_rule("remat")
+
+
+def test_a_registry_refuses_a_kind_twice_and_the_search_s_own_kinds() -> None:
+    with pytest.raises(ValueError, match="registered twice"):
+        Registry(regions=(), programs=(SwapRule(), SwapRule()), rewrites=())
+    with pytest.raises(ValueError, match="registered twice"):
+        Registry(regions=(FissionRule(),), programs=(), rewrites=RULES.rewrites + RULES.rewrites[:1])
+
+    class Undo(RematRule):
+        kind = "undo"
+
+    with pytest.raises(ValueError, match="the search's own move kinds"):
+        Registry(regions=(), programs=(Undo(),), rewrites=())
+    empty = Registry(regions=(), programs=(), rewrites=())
+    assert empty.move_kinds == () and empty.reserved_names == frozenset()
+
+
+def test_placements_come_from_the_program_rules() -> None:
+    g, _ = _with_swap_and_remat()
+    where = RULES.placements(g)
+    expected = {}
+    for nid, node in g.nodes.items():
+        if node.op == STORE_OP:
+            expected[nid] = Placement.EARLY
+        elif node.op == LOAD_OP:
+            expected[nid] = Placement.HIDDEN
+        elif REMAT_OF in node.extra:
+            expected[nid] = Placement.LATE
+    assert where == expected and set(where.values()) == set(Placement)
+    assert RULES.placements(_graph()) == {}
+
+
+def test_codegen_uses_the_code_hooks_of_the_rules_a_program_holds() -> None:
+    g, order = _with_swap_and_remat()
+    plain = _graph()
+    assert RULES.node_codes(plain, plain.order, _FakeNames()) == []
+    assert len(RULES.node_codes(g, order, _FakeNames())) == 2
+    assert RULES.reserved_names == frozenset({"host", "compute", "d2h", "h2d"})
+    source = generate_source(g, order)
+    assert "# recompute of " in source and "host.empty_strided(" in source and ", host):" in source
+    without_swap = Registry(regions=RULES.regions, programs=(RematRule(),), rewrites=RULES.rewrites)
+    plain_calls = generate_source(g, order, rules=without_swap)   # nobody writes the copies: op calls
+    assert "torch.ops.peakcut.store." in plain_calls and ", host" not in plain_calls
+    assert "# recompute of " in plain_calls
+
+
+class _FakeNames:
+    by_tensor: dict[int, str] = {}
+
+    def fresh(self, text: str) -> str:
+        return text
+
+
+def test_move_settings_name_move_kinds_of_the_registry() -> None:
+    assert MoveSettings.only("swap").uses("swap") and not MoveSettings.only("swap").uses("remat")
+    assert MoveSettings().uses("anything")
+    MoveSettings(kinds=frozenset(RULES.move_kinds)).check(RULES)
+    with pytest.raises(ValueError, match="not move kinds"):
+        MoveSettings.only("offload").check(RULES)
+    g = _graph()
+    with pytest.raises(ValueError, match="not move kinds"):
+        optimize_graph(g, time_budget=1, max_states=2, device="rtx3090", settings=MoveSettings.only("remap"))
+
+
+def test_children_follow_the_registry_order_and_settings() -> None:
+    g = _graph()
+    root = optimize_graph(g, time_budget=0, device="rtx3090").result.root
+    deriver = Deriver(get_cost_model("rtx3090"))
+    kinds = [m.kind for m in children(root, deriver, MoveSettings(), random.Random(0))]
+    assert kinds == sorted(kinds, key=(*RULES.move_kinds, "undo").index)
+    assert {"swap", "remat"} <= set(kinds)
+    only = [m.kind for m in children(root, deriver, MoveSettings.only("remat"), random.Random(0))]
+    assert only and set(only) == {"remat"}
