@@ -201,21 +201,10 @@ def test_checker_finds_module_and_function_level_cycles(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ the source tree
-# Cycles in modules other parts of issue 15 are restructuring right now (ir/,
-# codegen/source.py, whose fix is to read peakcut.version). Once they are gone,
-# test_no_import_cycle_in_peakcut passes, its strict xfail fails, and the mark and this list go.
+# Cycles in modules other parts of issue 15 are restructuring right now (ir/). Once they are
+# gone, test_no_import_cycle_in_peakcut passes, its strict xfail fails, and the mark and this
+# list go.
 KNOWN_CYCLES = (
-    # codegen/source.py: `from peakcut import __version__` (the root imports everything)
-    "peakcut -> peakcut.api -> peakcut.codegen.program -> peakcut.codegen.source -> peakcut",
-    "peakcut -> peakcut.api -> peakcut.runtime.measure -> peakcut.codegen.program -> "
-    "peakcut.codegen.source -> peakcut",
-    "peakcut -> peakcut.codegen -> peakcut.codegen.source -> peakcut",
-    "peakcut -> peakcut.optimizer -> peakcut.optimizer.api -> peakcut.optimizer.plan -> "
-    "peakcut.codegen.program -> peakcut.codegen.source -> peakcut",
-    "peakcut -> peakcut.optimizer -> peakcut.optimizer.plan -> peakcut.codegen.program -> "
-    "peakcut.codegen.source -> peakcut",
-    "peakcut -> peakcut.runtime -> peakcut.runtime.equivalence -> peakcut.codegen.program -> "
-    "peakcut.codegen.source -> peakcut",
     # Graph.check, Graph.to_json / from_json (ir/graph.py)
     "peakcut.ir.check -> peakcut.ir.graph -> peakcut.ir.check",
     "peakcut.ir.graph -> peakcut.ir.serialize -> peakcut.ir.graph",

@@ -32,6 +32,7 @@ from peakcut.ir.node import Hyper, Node, TensorRef
 from peakcut.ir.ops import GATE_OP
 from peakcut.rules import RULES, Registry
 from peakcut.rules.protocol import NodeCode
+from peakcut.version import __version__
 
 HEADER = '''"""{title}
 
@@ -142,8 +143,6 @@ def generate_source(g: Graph, order: list[int] | None = None, title: str = "", p
                     rules: Registry = RULES) -> str:
     """The program's Python source for `order` (default: capture order); the nodes rules added
     are written by the code hooks of `rules`."""
-    from peakcut import __version__
-
     order = list(g.order if order is None else order)
     frees = last_uses(g, order)
     plan = plan_loops(g, order, frees, refuse=rules.loop_refusal(g)) if has_fission(g) else None
