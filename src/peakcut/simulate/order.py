@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
 from operator import attrgetter
+from typing import cast
 
 import numpy as np
 
@@ -72,7 +73,9 @@ def issue_order(g: Graph, order: Sequence[int] | None) -> IssueOrder:
     # an edge per input with a producer, and per control dependency
     producer = g.producer_map()
     flat = list(chain.from_iterable(inputs))
-    waited = np.fromiter(map(position.get, map(producer.get, flat), repeat(-1)), dtype=np.int64,
+    # a program input has no producer (None), which has no position (-1)
+    position_of = cast("Callable[[int | None, int], int]", position.get)
+    waited = np.fromiter(map(position_of, map(producer.get, flat), repeat(-1)), dtype=np.int64,
                          count=len(flat))
     waiter = np.repeat(np.arange(n, dtype=np.int64), np.fromiter(map(len, inputs), dtype=np.int64,
                                                                   count=n))
