@@ -28,6 +28,7 @@ class Hyper(float):
     """
 
     __slots__ = ("name",)
+    name: str
 
     def __new__(cls, name: str, value: float) -> Hyper:
         obj = super().__new__(cls, value)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import overload
 
 RELAXATION = 1.1
 
@@ -25,6 +26,10 @@ class LimitError(ValueError):
     """A memory or latency limit that cannot be understood (the message names the argument)."""
 
 
+@overload
+def parse_memory_limit(value: None, eager_peak: int) -> None: ...
+@overload
+def parse_memory_limit(value: float | int | str, eager_peak: int) -> int: ...
 def parse_memory_limit(value: float | int | str | None, eager_peak: int) -> int | None:
     """Bytes from 0.4 (fraction of the eager peak), "40%", "12GB", "12GiB" or an int of bytes."""
     if value is None:
@@ -55,6 +60,10 @@ def parse_memory_limit(value: float | int | str | None, eager_peak: int) -> int 
     return parse_memory_limit(int(size), eager_peak)
 
 
+@overload
+def parse_latency_limit(value: None, eager_latency: float) -> None: ...
+@overload
+def parse_latency_limit(value: float | str, eager_latency: float) -> float: ...
 def parse_latency_limit(value: float | str | None, eager_latency: float) -> float | None:
     """Seconds from a ratio to the eager latency (1.1, "1.1", "110%", "+10%")."""
     if value is None:

@@ -26,6 +26,7 @@ import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
+from typing import cast
 
 from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.derive import Deriver
@@ -77,7 +78,8 @@ def parallel_search(root: State, deriver: Deriver, objective: Objective, *, jobs
     pending = list(conns)
     try:
         while pending:
-            for conn in wait(pending):
+            # wait() returns some of `pending`: Connections, as they went in
+            for conn in cast("list[Connection]", wait(pending)):
                 i = index[id(conn)]
                 try:
                     kind, payload = conn.recv()
