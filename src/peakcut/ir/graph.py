@@ -221,7 +221,8 @@ class Graph:
         """storage in host_storages(), without building the set (cached until the graph changes)."""
         if self._host is None:
             self.host_storages()
-        return storage in self._host
+        host = self._host
+        return host is not None and storage in host
 
     def output_storages(self) -> set[int]:
         return {self.tensors[t].storage for t in self.outputs}

@@ -89,9 +89,10 @@ def resolve_op(name: str) -> torch._ops.OpOverload:
         raise ValueError(f"op name {name!r} is not of the form 'namespace.op.overload'")
     ns, op, overload = parts
     try:
-        return getattr(getattr(getattr(torch.ops, ns), op), overload)
+        found: torch._ops.OpOverload = getattr(getattr(getattr(torch.ops, ns), op), overload)
     except (AttributeError, RuntimeError) as e:
         raise ValueError(f"op {name!r} is not registered with PyTorch ({e})") from None
+    return found
 
 
 @dataclass(frozen=True, slots=True)
