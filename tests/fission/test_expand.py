@@ -27,6 +27,7 @@ from peakcut.fission.ftree import FNode, FTree
 from peakcut.fission.trans import why_not_valid
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, TensorRef
+from peakcut.ir.tags import FissionTag, NodeTags
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.memory import simulate
 from peakcut.simulate import simulate_timeline
@@ -105,6 +106,12 @@ class Case:
         return step
 
 
+def role(g: Graph, nid: int) -> str | None:
+    """The fission role of a node (None for a node the expansion did not make)."""
+    tag = g.nodes[nid].tags.fission
+    return tag.role if tag is not None else None
+
+
 @pytest.fixture(scope="module")
 def case() -> Case:
     return Case()
@@ -133,17 +140,17 @@ def test_forward_and_backward_in_n_parts(case: Case, n: int) -> None:
     assert all(len(c) == n for c in ex.copies.values())
     first_mm = next(v for v in fwd if case.g.nodes[v].op == "aten.addmm.default")
     for k, copy in enumerate(ex.copies[first_mm]):
-        assert g.nodes[copy].extra == {"fission": 0, "part": k, "of": first_mm, "path": ((0, k),),
-                                       "n": n, "label": g.nodes[copy].extra["label"],
-                                       "component": case.comp.id}
+        tag = g.nodes[copy].tags.fission
+        assert g.nodes[copy].tags == NodeTags(fission=FissionTag(0, "part", ((0, k),), k, n, first_mm,
+                                                                 tag.label, case.comp.id))
         assert g.tensors[g.nodes[copy].outputs[0]].shape == (BATCH // n, 32)
     # slices are views of the whole tensor; preallocations output the original tensors
-    slices = [nid for nid in g.nodes if g.nodes[nid].extra.get("role") == "slice"]
+    slices = [nid for nid in g.nodes if role(g, nid) == "slice"]
     assert slices
     for nid in slices:
         (src,), (out,) = g.nodes[nid].input_ids(), g.nodes[nid].outputs
         assert g.tensors[out].storage == g.tensors[src].storage
-    allocated = [t for nid in g.nodes if g.nodes[nid].extra.get("role") == "alloc"
+    allocated = [t for nid in g.nodes if role(g, nid) == "alloc"
                  for t in g.nodes[nid].output_ids() if t in case.g.tensors]
     assert allocated
     for t in allocated:
@@ -167,7 +174,7 @@ def test_nested_regions_give_nested_loops(case: Case) -> None:
     ex = case.expand(case.fnode(0, bwd, 2), case.fnode(1, inner, 2))
     assert all(len(ex.copies[v]) == 4 for v in inner)
     assert all(len(ex.copies[v]) == 2 for v in set(bwd) - set(inner))
-    paths = {ex.graph.nodes[c].extra["path"] for v in inner for c in ex.copies[v]}
+    paths = {ex.graph.nodes[c].tags.fission.path for v in inner for c in ex.copies[v]}
     assert paths == {((0, a), (1, b)) for a in range(2) for b in range(2)}
     step = case.check_numbers_and_memory(ex)
     assert "for part in range(2):" in step.source
@@ -194,7 +201,7 @@ def test_parts_out_of_order_are_emitted_unrolled(case: Case) -> None:
     ex = case.expand(case.fnode(0, case.nodes(Phase.BACKWARD), 2))
     (region,) = ex.regions
     first_of_part1 = region.parts[1][0]
-    assert ex.graph.nodes[first_of_part1].extra["role"] == "slice"
+    assert role(ex.graph, first_of_part1) == "slice"
     order = [nid for nid in ex.order if nid != first_of_part1]
     order.insert(order.index(region.parts[0][0]) + 1, first_of_part1)
     step = case.check_numbers_and_memory(ex, order)
@@ -210,7 +217,7 @@ def test_a_part_tensor_read_after_its_loop_unrolls_the_region(case: Case) -> Non
     ex = case.expand(case.fnode(0, case.nodes(Phase.BACKWARD), 2))
     g = ex.graph
     (region,) = ex.regions
-    last_copy = next(nid for nid in reversed(region.parts[1]) if "of" in g.nodes[nid].extra)
+    last_copy = next(nid for nid in reversed(region.parts[1]) if role(g, nid) == "part")
     part_tensor = g.nodes[last_copy].outputs[0]
     meta = g.tensors[part_tensor]
     nid, tid, storage = g.next_id(), g.next_id() + 1, g.next_id() + 2

@@ -86,7 +86,7 @@ def test_a_shared_cache_gives_the_uncached_expansions(name: str, compact: bool) 
         plain = expand(base, order, t, dgraph, compact=compact)
         assert facts(cached) == facts(plain), [(f.id, f.n) for f in t.enabled()]
         for nid, node in cached.graph.nodes.items():
-            assert node.extra == plain.graph.nodes[nid].extra
+            assert node.tags == plain.graph.nodes[nid].tags
     # the two nested trees start from the root's snapshot, the repeat from its own
     assert cache.hits >= 3, (cache.hits, cache.misses)
     assert cache.hits + cache.misses == len(sequence)

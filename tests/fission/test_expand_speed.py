@@ -62,7 +62,7 @@ def test_memoized_expansion_equals_unmemoized(name: str, monkeypatch: pytest.Mon
     plain = _expand_root(name, check=False)
     assert _facts(memoized) == _facts(plain)
     for nid, node in memoized.graph.nodes.items():   # Node equality skips nothing that matters
-        assert node.extra == plain.graph.nodes[nid].extra
+        assert node.tags == plain.graph.nodes[nid].tags
         assert node.input_ids() == plain.graph.nodes[nid].input_ids()
     check_graph(memoized.graph)
 

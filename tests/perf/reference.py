@@ -477,7 +477,7 @@ def place(g: Graph, order: list[int], cost=None) -> list[int]:
     order = list(order)
     for nid in [n for n in order if g.nodes[n].op == STORE_OP]:
         order = _move_early(g, order, nid)
-    for nid in [n for n in order if "remat_of" in g.nodes[n].extra]:
+    for nid in [n for n in order if g.nodes[n].tags.remat is not None]:
         order = _move_late(g, order, nid, 0.0, cost)
     for nid in [n for n in order if g.nodes[n].op == LOAD_OP]:
         seconds = cost.node_seconds(g, nid) if cost is not None and cost.overlap_copies else 0.0

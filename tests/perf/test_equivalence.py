@@ -40,7 +40,6 @@ from peakcut.transform import (
     why_not_deswap,
     why_not_swap,
 )
-from peakcut.transform.remat import REMAT_OF
 from peakcut.transform.rewrite import check_order_matches, positions
 from peakcut.workloads import get_workload
 from tests.conftest import SmallCNN, cnn_loss
@@ -74,7 +73,7 @@ def _derived(name: str, g: Graph, order: list[int], steps: int) -> list[Case]:
     if loads:
         rw = deswap(g, order, loads[-1])
         cases.append((f"{name} deswap", rw.graph, list(rw.order)))
-    remats = [n for n in order if REMAT_OF in g.nodes[n].extra and why_not_deremat(g, order, n) is None]
+    remats = [n for n in order if g.nodes[n].tags.remat is not None and why_not_deremat(g, order, n) is None]
     if remats:
         rw = deremat(g, order, remats[-1])
         cases.append((f"{name} deremat", rw.graph, list(rw.order)))

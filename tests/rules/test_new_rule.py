@@ -23,7 +23,6 @@ from peakcut.rules import RULES, Registry
 from peakcut.rules.protocol import Names, NodeCode
 from peakcut.rules.remat_rule import RematRule
 from peakcut.schedule.placement import Placement
-from peakcut.transform.remat import REMAT_OF
 from tests.conftest import SmallCNN, cnn_loss
 
 
@@ -33,7 +32,7 @@ class MarkedRemat(RematRule):
     kind = "marked-remat"
 
     def code(self, g: Graph, order: Sequence[int], names: Names) -> NodeCode | None:
-        return _Marks(g) if any(REMAT_OF in n.extra for n in g.nodes.values()) else None
+        return _Marks(g) if any(n.tags.remat is not None for n in g.nodes.values()) else None
 
 
 class _Marks:
@@ -50,7 +49,7 @@ class _Marks:
         return False
 
     def before(self, nid: int, pad: str) -> list[str]:
-        return [f"{pad}# marked"] if REMAT_OF in self.g.nodes[nid].extra else []
+        return [f"{pad}# marked"] if self.g.nodes[nid].tags.remat is not None else []
 
     def emit(self, node: Node) -> list[str] | None:
         return None
@@ -74,7 +73,7 @@ def test_a_registered_rule_takes_part_in_moves_derivation_placement_and_codegen(
     assert moves and {m.kind for m in moves} == {"marked-remat"}
     state = moves[0].build()
     assert [r.kind for r in state.recipes] == ["marked-remat"]
-    recompute = next(n for n in state.program.nodes.values() if REMAT_OF in n.extra)
+    recompute = next(n for n in state.program.nodes.values() if n.tags.remat is not None)
     assert WITH_MARKED.placements(state.program) == {recompute.id: Placement.LATE}
     source = generate_source(state.program, state.order, rules=WITH_MARKED)
     assert "# this step has marked recomputes" in source

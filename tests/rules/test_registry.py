@@ -21,7 +21,6 @@ from peakcut.rules.fission_rule import FissionRule
 from peakcut.rules.remat_rule import RematRule
 from peakcut.rules.swap_rule import SwapRule
 from peakcut.schedule.placement import Placement
-from peakcut.transform.remat import REMAT_OF
 from tests.conftest import SmallCNN, cnn_loss
 
 
@@ -77,7 +76,7 @@ def test_placements_come_from_the_program_rules() -> None:
             expected[nid] = Placement.EARLY
         elif node.op == LOAD_OP:
             expected[nid] = Placement.HIDDEN
-        elif REMAT_OF in node.extra:
+        elif node.tags.remat is not None:
             expected[nid] = Placement.LATE
     assert where == expected and set(where.values()) == set(Placement)
     assert RULES.placements(_graph()) == {}

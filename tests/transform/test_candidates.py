@@ -99,5 +99,5 @@ def test_candidates_compose(cnn_train_graph):
         r = c.apply(g, order)
         r.graph.check()
         g, order = r.graph, r.order
-    assert sum(1 for n in g.nodes.values() if "remat_of" in n.extra) == 2
-    assert sum(1 for n in g.nodes.values() if "swap_of" in n.extra) == 4
+    assert sum(1 for n in g.nodes.values() if n.tags.remat is not None) == 2
+    assert sum(1 for n in g.nodes.values() if n.tags.swap is not None) == 4

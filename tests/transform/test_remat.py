@@ -12,6 +12,7 @@ import torch
 import peakcut
 from peakcut.codegen.program import Step
 from peakcut.ir.node import TensorRef
+from peakcut.ir.tags import NodeTags, RematTag
 from peakcut.transform import (
     RuleError,
     deremat,
@@ -188,7 +189,7 @@ def test_rewrite_shape_and_control_edges(cnn_graph):
     (a2,) = r.added
     node = new.nodes[a2]
     assert node.op == g.nodes[conv].op and node.args == g.nodes[conv].args
-    assert node.name == "convolution_remat" and node.extra == {"remat_of": conv}
+    assert node.name == "convolution_remat" and node.tags == NodeTags(remat=RematTag(conv))
     (out,) = node.output_ids()
     assert new.tensors[out].storage not in g.storages
     original = g.tensors[g.nodes[conv].outputs[0]]
@@ -264,7 +265,7 @@ def test_remat_of_a_remat(cnn_graph):
     users = [u for t in r1.graph.nodes[a2].output_ids() for u in r1.graph.users(t)]
     r2 = remat(r1.graph, r1.order, a2, users)
     r2.graph.check()
-    assert r2.graph.nodes[r2.added[0]].extra == {"remat_of": a2}
+    assert r2.graph.nodes[r2.added[0]].tags == NodeTags(remat=RematTag(a2))
 
 
 # ---------------------------------------------------------------- de-remat
@@ -292,7 +293,7 @@ def test_deremat_reasons(cnn_graph):
     assert "not in the graph" in why_not_deremat(new, order, 10**9)
     assert "stale order" in why_not_deremat(new, order[:-1], a2)
     assert "not a recompute" in why_not_deremat(new, order, conv)
-    gone = replaced(new, a2, extra={"remat_of": 10**9})
+    gone = replaced(new, a2, tags=NodeTags(remat=RematTag(10**9)))
     assert "no longer in the graph" in why_not_deremat(gone, order, a2)
     differs = replaced(new, a2, kwargs={"bogus": 1})
     assert "no longer computes the same" in why_not_deremat(differs, order, a2)

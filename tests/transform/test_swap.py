@@ -12,6 +12,7 @@ import torch
 import peakcut
 from peakcut.codegen.program import Step
 from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.ir.tags import NO_TAGS, NodeTags, SwapTag
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.memory import simulate
 from peakcut.transform import RuleError, deswap, swap, why_not_deswap, why_not_swap
@@ -162,7 +163,7 @@ def test_rewrite_shape(cnn_graph):
     new.check()
     store, load = (new.nodes[n] for n in r.added)
     assert store.op == STORE_OP and load.op == LOAD_OP
-    assert store.extra == load.extra == {"swap_of": conv}
+    assert store.tags == load.tags == NodeTags(swap=SwapTag(conv))
     assert load.kwargs == {"device": torch.device("cpu")}
     (host,) = store.output_ids()
     (loaded,) = load.output_ids()
@@ -253,10 +254,11 @@ def test_deswap_reasons(cnn_graph):
         bad._invalidate()
         return bad
 
-    assert "no 'swap_of' mark" in why_not_deswap(edited(extra={}), order, load)
-    assert "no longer in the graph" in why_not_deswap(edited(extra={"swap_of": 10**9}), order, load)
+    assert "no swap tag" in why_not_deswap(edited(tags=NO_TAGS), order, load)
+    assert "no longer in the graph" in why_not_deswap(edited(tags=NodeTags(swap=SwapTag(10**9))), order,
+                                                      load)
     relu = out(g, "relu")
-    other = edited(extra={"swap_of": relu})
+    other = edited(tags=NodeTags(swap=SwapTag(relu)))
     assert "does not load a store of" in why_not_deswap(other, order, load)
     assert "one host tensor" in why_not_deswap(edited(args=()), order, load)
     writer = new.copy()  # pretend a later node writes the original in place

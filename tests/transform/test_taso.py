@@ -18,6 +18,8 @@ from torch import nn
 
 import peakcut
 from peakcut.codegen.program import Step
+from peakcut.ir.graph import Graph
+from peakcut.ir.tags import TasoTag
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.memory import simulate
 from peakcut.rules import RULES
@@ -92,9 +94,15 @@ def numbers(inst, spec, g, order, **tol):
     return report
 
 
+def merged_mode(g: Graph, nid: int) -> str | None:
+    """The merge mode of a matmul merge_matmuls made (None for any other node)."""
+    tag = g.nodes[nid].tags.taso
+    return tag.mode if tag is not None else None
+
+
 def mode_of(rw):
-    return next(rw.graph.nodes[a].extra["taso"]["mode"] for a in rw.added
-                if "mode" in rw.graph.nodes[a].extra["taso"])
+    return next(tag.mode for a in rw.added
+                if (tag := rw.graph.nodes[a].tags.taso) is not None and tag.mode is not None)
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +138,8 @@ def test_forward_qkv_merge(bert):
     assert (view.storage, view.shape, view.stride) == (out.storage, (4, 32, 64), (6144, 192, 1))
     for n in qkv:
         assert g.tensors[g.nodes[n].outputs[0]].storage not in new.storages
-    assert merged.extra["taso"] == {"rule": "merge_matmuls", "mode": "cols",
-                                    "sizes": [64, 64, 64], "of": ["addmm", "addmm_1", "addmm_2"]}
+    assert merged.tags.taso == TasoTag("merge_matmuls", mode="cols", sizes=(64, 64, 64),
+                                       merged=("addmm", "addmm_1", "addmm_2"))
     assert merged.module == "bert.encoder.layer.0.attention.self"
     assert "3 matmul launches become 1" in rw.description
     shape_check(new, rw.added)
@@ -257,7 +265,7 @@ def test_unmerge_restores_the_graph(bert):
         cur, order = rw.graph, rw.order
     assert sum(n.op == "aten.split_with_sizes.default" for n in cur.nodes.values()) == 4
     merged = [n for n in order if cur.nodes[n].op in ("aten.mm.default", "aten.addmm.default")
-              and "taso" in cur.nodes[n].extra]
+              and cur.nodes[n].tags.taso is not None]
     assert len(merged) == 6
     for nid in merged:
         assert why_not_split_matmul(cur, order, nid) is None
@@ -399,11 +407,11 @@ def test_all_rules_keep_the_numbers(name):
     assert done["merge_matmuls"] == MERGES[name]
     assert done["drop_identity"] > 0
     if MERGES[name]:
-        merged = next(n for n in order if "mode" in g.nodes[n].extra.get("taso", {}))
+        merged = next(n for n in order if merged_mode(g, n) is not None)
         rw = checked(g, order, split_matmul(g, order, merged))
         g, order = rw.graph, rw.order
     plain = next(n for n in order if g.nodes[n].op in ("aten.mm.default", "aten.addmm.default")
-                 and "taso" not in g.nodes[n].extra and g.nodes[n].phase.value == "backward")
+                 and g.nodes[n].tags.taso is None and g.nodes[n].phase.value == "backward")
     rw = checked(g, order, split_matmul(g, order, plain), full=True)
     g, order = rw.graph, rw.order
     assert len(g.nodes) < len(g0.nodes)
@@ -421,6 +429,6 @@ def test_matmul_merges_keep_adamw_numbers(bert):
             rw = merge_matmuls(g, order, grp)
             if mode_of(rw) != "sum":
                 g, order = rw.graph, rw.order
-    assert sum("mode" in n.extra.get("taso", {}) for n in g.nodes.values()) == 4
+    assert sum(merged_mode(g, n) is not None for n in g.nodes) == 4
     g.check()
     numbers(inst, ADAMW, g, order, rtol=1e-5, atol=1e-6)

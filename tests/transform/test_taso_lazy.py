@@ -50,7 +50,7 @@ def _eager_found(g: Graph, order: Sequence[int], kind: str) -> list[TasoCandidat
             info = matmul_merge.merged_info(g, nid)
             if info is not None:
                 if matmul_split.why_not_split_matmul(g, order, nid) is None:
-                    k = len(info["sizes"])
+                    k = len(info.sizes)
                     merged.append(TasoCandidate(kind, (nid,), (
                         f"un-merge {describe_node(g, nid)} into {k} matmuls: "
                         f"1 matmul launch becomes {k}, its concatenations go")))

@@ -9,7 +9,7 @@ graph computes the same numbers (DESIGN invariant 2).
 
 Output dtypes are the real kernels' (realcheck.py): where a fake kernel's dtype
 is wrong, the tensor gets the real dtype, its storage the real byte size, and
-the node extra {"fake_dtypes": [...]} (what the fake kernel says, per output).
+the node tag fake_dtypes (what the fake kernel says, per output; peakcut.ir.tags).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from peakcut.capture.realcheck import real_output_dtypes
 from peakcut.capture.trace import CaptureError, TraceLog, kv_cache_hint
 from peakcut.ir.graph import Graph, StepSignature
 from peakcut.ir.node import Node, Phase, TensorRef
+from peakcut.ir.tags import NO_TAGS, NodeTags
 from peakcut.ir.tensor import Role, TensorMeta, dtype_name
 
 
@@ -120,11 +121,11 @@ def fx_to_graph(
             env[fx_node] = outs if multi else outs[0]
             args = _map_args(fx_node.args, env)
             kwargs = {k: _map_args(v, env) for k, v in fx_node.kwargs.items()}
-            extra = {"fake_dtypes": [None if not isinstance(v, torch.Tensor) else dtype_name(v.dtype)
-                                     for v in vals]} if real_dtypes else {}
+            tags = NodeTags(fake_dtypes=tuple(None if not isinstance(v, torch.Tensor) else dtype_name(v.dtype)
+                                              for v in vals)) if real_dtypes else NO_TAGS
             nodes[nid] = Node(
                 id=nid, op=str(fx_node.target), args=tuple(args), kwargs=kwargs, outputs=tuple(outs),
-                multi_output=multi, module=module, phase=phase, name=fx_node.name, extra=extra,
+                multi_output=multi, module=module, phase=phase, name=fx_node.name, tags=tags,
             )
             order.append(nid)
         elif fx_node.op == "output":

@@ -48,7 +48,7 @@ costs 0.01-0.2 s a capture (7-15 real runs at paper size).
 Code that re-runs graph ops over FakeTensors (Graph.check's shape check, fission's
 part layouts, TASO's run_fake) gets the fake kernel's dtypes back and passes them
 through ``ir.real_dtypes.with_real_dtypes`` (KNOWN lives there, below the IR); a node
-whose dtypes were corrected also carries ``extra["fake_dtypes"]`` (convert.py).
+whose dtypes were corrected also carries the tag ``fake_dtypes`` (convert.py).
 
 Output ranks are compared too; a rank disagreement cannot be fixed from a tiny
 run (the real shape is unknown), so the fake metadata stays and a note says so.

@@ -1,7 +1,7 @@
 """Loops for fissioned graphs: the plan that turns an expanded graph's parts back into loops.
 
 peakcut.fission.expand unrolls every fission region into n parts and tags the nodes
-(extra "fission", "part", "path", "n", "role"). Here the order of such a graph is read back
+(peakcut.ir.tags.FissionTag: region, role, part, path, n). Here the order of such a graph is read back
 as nested structure: a region's parts become one `for part in range(n):` loop whose body is
 part 0's nodes (nested regions give nested loops, `part2`, `part3`, ...). The program then
 runs exactly the expanded order, so it allocates and frees in the sequence the simulator
@@ -33,17 +33,22 @@ from typing import Any
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
-
-FISSION = "fission"
+from peakcut.ir.tags import Path
 
 
 def has_fission(g: Graph) -> bool:
     """True when some node comes from a fission expansion."""
-    return any(FISSION in n.extra for n in g.nodes.values())
+    return any(n.tags.fission is not None for n in g.nodes.values())
 
 
-def _path(node: Node) -> tuple[tuple[int, int], ...]:
-    return tuple(tuple(p) for p in node.extra.get("path", ())) if FISSION in node.extra else ()
+def _path(node: Node) -> Path:
+    tag = node.tags.fission
+    return tag.path if tag is not None else ()
+
+
+def _role(node: Node) -> str | None:
+    tag = node.tags.fission
+    return tag.role if tag is not None else None
 
 
 @dataclass(eq=False)
@@ -147,8 +152,8 @@ def _group(g: Graph, nodes: list[int], depth: int, unrolled: Mapping[tuple[int, 
             j += 1
         run = nodes[i:j]
         i = j
-        n = next((int(g.nodes[nid].extra["n"]) for nid in run
-                  if g.nodes[nid].extra.get(FISSION) == fid and "n" in g.nodes[nid].extra), 0)
+        n = next((tag.n for nid in run if (tag := g.nodes[nid].tags.fission) is not None
+                  and tag.region == fid and tag.n is not None), 0)
         reason = unrolled.get((fid, outer))
         if reason is None and len(run) != sizes[(fid, outer)]:
             reason = (f"its nodes do not run in one stretch in this order ({len(run)} of "
@@ -202,13 +207,13 @@ def _name_loops(g: Graph, items: list[Item], depth: int) -> None:
 def _describe(g: Graph, loop: Loop) -> str:
     """'# fission region 3: 41 ops in layer1, ..., layer2 (D-Graph dimension 0), 4 parts'."""
     body = _nodes(loop.parts[0])
-    own = [nid for nid in body
-           if "of" in g.nodes[nid].extra and g.nodes[nid].extra.get(FISSION) == loop.fnode]
-    copies = list(dict.fromkeys(g.nodes[nid].extra["of"] for nid in body
-                                if "of" in g.nodes[nid].extra))
-    components = sorted({str(g.nodes[nid].extra.get("component", "?")) for nid in own})
-    modules = list(dict.fromkeys(g.nodes[nid].module for nid in body
-                                 if "of" in g.nodes[nid].extra and g.nodes[nid].module))
+    tags = {nid: tag for nid in body if (tag := g.nodes[nid].tags.fission) is not None
+            and tag.of is not None}
+    own = [nid for nid, tag in tags.items() if tag.region == loop.fnode]
+    copies = list(dict.fromkeys(tag.of for tag in tags.values()))
+    components = sorted({"?" if tags[nid].component is None else str(tags[nid].component)
+                         for nid in own})
+    modules = list(dict.fromkeys(g.nodes[nid].module for nid in tags if g.nodes[nid].module))
     where = ""
     if modules:
         shown = modules if len(modules) <= 3 else [modules[0], "...", modules[-1]]
@@ -272,7 +277,7 @@ def _match(g: Graph, ys: list[Item], xs: list[Item], loop: Loop, k: int, plan: L
 def _match_node(g: Graph, y: Node, x: Node, loop: Loop, k: int, plan: LoopPlan) -> None:
     if (y.op, y.multi_output, len(y.outputs)) != (x.op, x.multi_output, len(x.outputs)):
         raise _NotALoop(f"{y.name} ({y.op}) against {x.name} ({x.op})")
-    own_slice = (y.extra.get("role") == "slice" and _path(y)[-1:] == ((loop.fnode, k),))
+    own_slice = (_role(y) == "slice" and _path(y)[-1:] == ((loop.fnode, k),))
     y_args, x_args = list(y.args), list(x.args)
     if own_slice:
         if len(x_args) != 4 or x_args[2] != 0:
@@ -310,7 +315,7 @@ def _slice_exprs(g: Graph, loop: Loop, plan: LoopPlan) -> None:
         if not isinstance(it, int):
             continue
         node = g.nodes[it]
-        if node.extra.get("role") == "slice" and _path(node)[-1:] == ((loop.fnode, 0),):
+        if _role(node) == "slice" and _path(node)[-1:] == ((loop.fnode, 0),):
             step = node.args[3] - node.args[2]
             plan.slices[it] = (f"{loop.var} * {step}", f"({loop.var} + 1) * {step}")
 

@@ -33,11 +33,12 @@ accumulations all visible. For a region S split along the D-Graph label L into n
 - the writes of one output are chained by control edges (part k after part k-1), every reader
   outside S gets a control edge to the last write, and every control edge of the original
   nodes is kept, mapped to the copies (inside S: the copy in the same part);
-- nodes carry extra {"fission": F-Tree node id, "part": k, "of": original node id, "path":
-  ((F-Tree node, part), ...) outermost first, "n": n, "label": L (the node's own label of the
-  D-Graph dimension), "component": the D-Graph component}; preallocations, slices and
-  merges carry {"fission": id, "role": "alloc" | "slice" | "merge"} (slices and per-part
-  merges also "part", "path" and "n"), from which codegen.fission rebuilds the loops.
+- every node made carries a FissionTag (peakcut.ir.tags): part copies role "part" with the
+  F-Tree node, part k, the original node, the path ((F-Tree node, part), ...) outermost
+  first, n, L (the node's own label of the D-Graph dimension) and the D-Graph component;
+  preallocations, slices and merges roles "alloc", "slice", "contiguous", "merge" (slices
+  and per-part merges also with part, path and n), from which codegen.fission rebuilds the
+  loops.
 
 Nested enabled F-Tree nodes are expanded inside each part of their parent (outermost first),
 using the original nodes' dimension rules for the copies (a copy's shapes are the original's
@@ -53,7 +54,7 @@ without nesting.
 
 Compact expansion (compact=True, what the optimizer evaluates its fission states on): every
 region builds part 0 only (nested regions inside it likewise), then an aten.alias node per
-region input that the caller does not hold ({"fission": id, "role": "keep"}, after the part's
+region input that the caller does not hold (role "keep", after the part's
 last touch of that input). Parts are identical and contiguous, and the full expansion's part
 k < n - 1 holds every region input live, so the memory curve over part 0 here equals the
 full one's over any part k < n - 1, and part n - 1 never exceeds it: the simulated peak of
@@ -75,7 +76,7 @@ and the final Graph.check runs its shape check once per distinct call; check=Fal
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -91,11 +92,9 @@ from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, TensorRef, iter_refs, map_refs, resolve_op
 from peakcut.ir.real_dtypes import with_real_dtypes
 from peakcut.ir.registry import OpKind, lookup
+from peakcut.ir.tags import FissionTag, NodeTags, Path
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.transform.rewrite import describe_node, describe_tensor
-
-Path = tuple[tuple[int, int], ...]
-"""Enclosing (F-Tree node id, part) pairs of a node, outermost first."""
 
 SUPPORTED_MERGES = (CAT, SAME, "sum", "mean", "nll_mean")
 """How boundary outputs can be rebuilt from the parts (DimRule.combine kinds)."""
@@ -322,8 +321,9 @@ class _Expander:
         return base.view(meta.torch_dtype).as_strided(meta.shape, meta.stride, meta.storage_offset)
 
     def _add(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, name: str,
-             phase: Phase, module: str, extra: dict[str, Any], what: str,
+             phase: Phase, module: str, tag: FissionTag, what: str,
              multi_output: bool = False, names: Sequence[str] | None = None,
+             inherit: NodeTags | None = None,
              outputs: Sequence[int] | None = None,
              expect: Sequence[tuple[tuple[int, ...], str] | None] | None = None) -> Node:
         """Add a node running `op`; its output metas come from running it on FakeTensors.
@@ -333,7 +333,8 @@ class _Expander:
         tensor names (default: the node's). outputs: existing tensor ids the node outputs
         instead (a preallocation outputs the tensor it stands for; the layout must match).
         expect: per output, the (shape, dtype) it must have (None: anything). what: the node,
-        as error messages name it.
+        as error messages name it. tag: its fission tag; inherit: the tags it takes the others
+        from (a part copy keeps its original's).
         """
         g = self.g
         nid = self._id()
@@ -375,7 +376,8 @@ class _Expander:
                                     Role.ACTIVATION, tname))
             out_ids.append(tid)
         node = Node(id=nid, op=op, args=args, kwargs=kwargs, outputs=tuple(out_ids),
-                    multi_output=multi_output, module=module, phase=phase, name=name, extra=extra)
+                    multi_output=multi_output, module=module, phase=phase, name=name,
+                    tags=NodeTags(fission=tag) if inherit is None else replace(inherit, fission=tag))
         g.add_node(node, metas)
         return node
 
@@ -517,7 +519,7 @@ class _Expander:
             node = self._add("aten.alias.default", (TensorRef(t),), {},
                              name=f"{g.tensors[t].name or t}_keep", phase=g.nodes[block[-1]].phase,
                              module=g.nodes[block[-1]].module,
-                             extra={"fission": fid, "role": "keep", "path": path},
+                             tag=FissionTag(fid, "keep", path),
                              what=f"keep-alive of {describe_tensor(g, t)}")
             self._control(node.id, touching.get(g.tensors[t].storage, ()))
             keep.append(node.id)
@@ -645,28 +647,28 @@ class _Expander:
         for o in outs:
             producer = g.nodes[o.producer]
             meta = g.tensors[o.tensor]
-            extra = {"fission": fid, "role": "alloc", "path": path}
+            tag = FissionTag(fid, "alloc", path)
             where = {"phase": producer.phase, "module": producer.module}
             if o.kind in (CAT, SAME):
                 node = self._add(
                     "aten.empty_strided.default", (list(meta.shape), list(meta.stride)),
                     {"dtype": meta.torch_dtype, "device": torch.device(g.device)},
-                    name=f"{meta.name or o.tensor}_alloc", extra=extra, outputs=[o.tensor],
+                    name=f"{meta.name or o.tensor}_alloc", tag=tag, outputs=[o.tensor],
                     what=f"preallocation of {describe_tensor(g, o.tensor)}", **where)
                 allocs.append(node.id)
             else:
-                allocs.extend(self._zeros(meta, extra, where, existing=o.tensor))
+                allocs.extend(self._zeros(meta, tag, where, existing=o.tensor))
             if o.kind == "nll_mean":
                 total = producer.outputs[1]
                 if total in leaving:
                     totals[o.producer] = total
                 else:
-                    scratch = self._zeros(g.tensors[total], extra, where, existing=None)
+                    scratch = self._zeros(g.tensors[total], tag, where, existing=None)
                     allocs.extend(scratch)
                     totals[o.producer] = g.nodes[scratch[-1]].outputs[0]
         return allocs, totals
 
-    def _zeros(self, meta: TensorMeta, extra: dict[str, Any], where: dict[str, Any],
+    def _zeros(self, meta: TensorMeta, tag: FissionTag, where: dict[str, Any],
                existing: int | None) -> list[int]:
         """Nodes making a zero tensor with meta's layout (outputting `existing` if given)."""
         g = self.g
@@ -676,12 +678,12 @@ class _Expander:
         what = f"zero preallocation of {describe_tensor(g, meta.id)}"
         if existing is None or meta.stride == _contiguous_strides(meta.shape):
             node = self._add("aten.zeros.default", (list(meta.shape),), opts, name=name,
-                             extra=extra, outputs=outputs, what=what, **where)
+                             tag=tag, outputs=outputs, what=what, **where)
             return [node.id]
         empty = self._add("aten.empty_strided.default", (list(meta.shape), list(meta.stride)), opts,
-                          name=name, extra=extra, outputs=outputs, what=what, **where)
+                          name=name, tag=tag, outputs=outputs, what=what, **where)
         zero = self._add("aten.zero_.default", (TensorRef(existing),), {}, name=f"{name}_zero",
-                         extra=extra, what=what, **where)
+                         tag=tag, what=what, **where)
         return [empty.id, zero.id]
 
     def _write(self, o: _Out, part_of: Mapping[int, int], totals: Mapping[int, int], k: int,
@@ -691,7 +693,7 @@ class _Expander:
         producer = g.nodes[o.producer]
         meta = g.tensors[o.tensor]
         part = part_of[o.tensor]
-        extra = {"fission": fid, "role": "merge", "part": k, "path": here, "n": n}
+        tag = FissionTag(fid, "merge", here, k, n)
         where = {"phase": producer.phase, "module": producer.module}
         base = meta.name or str(o.tensor)
         what = f"writing part {k} of {describe_tensor(g, o.tensor)}"
@@ -700,8 +702,7 @@ class _Expander:
             step = meta.shape[o.dim] // n
             view = self._add(
                 "aten.slice.Tensor", (TensorRef(o.tensor), o.dim, k * step, (k + 1) * step), {},
-                name=f"{base}_slice", what=what, **where,
-                extra={"fission": fid, "role": "slice", "part": k, "path": here, "n": n})
+                name=f"{base}_slice", what=what, **where, tag=FissionTag(fid, "slice", here, k, n))
             block.append(view.id)
             writes.append((o.tensor, (TensorRef(view.outputs[0]), TensorRef(part)),
                            "aten.copy_.default"))
@@ -715,7 +716,7 @@ class _Expander:
                            "aten.add_.Tensor"))
         for target, args, op in writes:
             node = self._add(op, args, {}, name=f"{g.tensors[target].name or target}_write",
-                             extra=extra, what=what, **where)
+                             tag=tag, what=what, **where)
             self._control(node.id, [last_write[target]] if target in last_write else [])
             last_write[target] = node.id
             block.append(node.id)
@@ -730,17 +731,17 @@ class _Expander:
                 continue
             producer = g.nodes[o.producer]
             where = {"phase": producer.phase, "module": producer.module}
-            extra = {"fission": fid, "role": "merge", "path": path, "n": n}
+            tag = FissionTag(fid, "merge", path, n=n)
             name = f"{g.tensors[o.tensor].name or o.tensor}_merge"
             what = f"the merge of {describe_tensor(g, o.tensor)}"
             if o.kind == "mean":
                 node = self._add("aten.div_.Scalar", (TensorRef(o.tensor), n), {}, name=name,
-                                 extra=extra, what=what, **where)
+                                 tag=tag, what=what, **where)
                 deps = [last_write[o.tensor]]
             else:
                 total = totals[o.producer]
                 node = self._add("aten.div_.Tensor", (TensorRef(o.tensor), TensorRef(total)), {},
-                                 name=name, extra=extra, what=what, **where)
+                                 name=name, tag=tag, what=what, **where)
                 deps = [last_write[o.tensor], last_write[total]]
             self._control(node.id, deps)
             last_write[o.tensor] = node.id
@@ -774,7 +775,7 @@ class _Expander:
                         "aten.slice.Tensor", (TensorRef(t), dim, start, start + length), {},
                         name=f"{g.tensors[t].name or t}_slice", phase=node.phase,
                         module=node.module,
-                        extra={"fission": fid, "role": "slice", "part": k, "path": here, "n": n},
+                        tag=FissionTag(fid, "slice", here, k, n),
                         what=f"slice {k} of {describe_tensor(g, t)} for {describe_node(g, v)}")
                     slices[(t, dim)] = view.outputs[0]
                     block.append(view.id)
@@ -786,8 +787,7 @@ class _Expander:
                             {"memory_format": torch.contiguous_format},
                             name=f"{g.tensors[t].name or t}_dense", phase=node.phase,
                             module=node.module,
-                            extra={"fission": fid, "role": "contiguous", "part": k, "path": here,
-                                   "n": n},
+                            tag=FissionTag(fid, "contiguous", here, k, n),
                             what=f"contiguous slice {k} of {describe_tensor(g, t)} for {describe_node(g, v)}")
                         slices[(t, -1 - dim)] = dense.outputs[0]
                         block.append(dense.id)
@@ -809,13 +809,14 @@ class _Expander:
         def rewired(ref: TensorRef) -> TensorRef:
             return TensorRef(mapping.get(ref.id, ref.id))
 
-        origin = node.extra.get("of", v) if "fission" in node.extra else v
+        origin = node.tags.fission.of if node.tags.fission is not None else None
         args, kwargs = map_refs(call.args, rewired), map_refs(dict(call.kwargs), rewired)
         copy = self._add(call.op, args, kwargs,
                          name=f"{node.name or v}{suffix}", phase=node.phase, module=node.module,
                          multi_output=node.multi_output, names=names, expect=expect,
-                         extra={**node.extra, "fission": fid, "part": k, "of": origin, "path": here,
-                                "n": n, "label": label, "component": component},
+                         tag=FissionTag(fid, "part", here, k, n, v if origin is None else origin, label,
+                                        component),
+                         inherit=node.tags,
                          what=f"part {k} of {describe_node(g, v)}")
         block.append(copy.id)
         return copy
@@ -862,9 +863,9 @@ class _Expander:
             _check(g)
         copies: dict[int, list[int]] = {}
         for nid in self.order:
-            extra = g.nodes[nid].extra
-            if "fission" in extra and "of" in extra:
-                copies.setdefault(extra["of"], []).append(nid)
+            tag = g.nodes[nid].tags.fission
+            if tag is not None and tag.of is not None:
+                copies.setdefault(tag.of, []).append(nid)
         return Expanded(g, list(self.order), {k: tuple(v) for k, v in copies.items()},
                         tuple(self.regions))
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from peakcut.ir.registry import argument_names, mutated_arguments
+from peakcut.ir.tags import NO_TAGS, NodeTags
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,8 @@ class Node:
 
     outputs: tensor ids of the op's results, None where the op returns None
     (e.g. convolution_backward with an output masked off). multi_output tells
-    whether the op returns a tuple/list (even of length one).
+    whether the op returns a tuple/list (even of length one). tags: what the node carries
+    between packages (peakcut.ir.tags: fission part, remat origin, swap pair, ...).
 
     Derived facts are computed once per node object (it never changes):
     input_tuple / output_tuple (what input_ids() / output_ids() return, as tuples,
@@ -121,7 +123,7 @@ class Node:
     module: str = ""
     phase: Phase = Phase.FORWARD
     name: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    tags: NodeTags = NO_TAGS
     input_tuple: tuple[int, ...] = field(init=False, repr=False, compare=False)
     output_tuple: tuple[int, ...] = field(init=False, repr=False, compare=False)
     memo: dict[str, Any] = field(init=False, repr=False, compare=False)

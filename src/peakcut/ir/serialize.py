@@ -1,8 +1,11 @@
 """Versioned JSON (de)serialization of a Graph.
 
-Format: {"format": "peakcut.graph", "version": 1, ...}. Loading checks the
+Format: {"format": "peakcut.graph", "version": 2, ...}. Loading checks the
 format tag and version, decodes every field strictly and runs Graph.check(),
 so a corrupt or foreign file is rejected with a message that says why.
+
+Version 2 writes a node's typed tags (peakcut.ir.tags) as "tags"; version 1 (what plans
+saved before it hold) wrote them as an "extra" dict of string keys, still read.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import torch
 
 from peakcut.ir.graph import Graph, GraphError, StepSignature
 from peakcut.ir.node import Hyper, Node, Phase, TensorRef
+from peakcut.ir.tags import NO_TAGS, NodeTags, tags_from_extra, tags_from_json, tags_to_json
 from peakcut.ir.tensor import Role, TensorMeta, dtype_from_name, dtype_name
 
 FORMAT = "peakcut.graph"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)   # versions graph_from_json reads
 
 
 def _enc(v: Any) -> Any:
@@ -88,7 +93,8 @@ def graph_to_json(g: Graph) -> str:
             {
                 "id": n.id, "op": n.op, "args": _enc(n.args), "kwargs": {k: _enc(x) for k, x in n.kwargs.items()},
                 "outputs": list(n.outputs), "multi": n.multi_output, "module": n.module,
-                "phase": n.phase.value, "name": n.name, **({"extra": n.extra} if n.extra else {}),
+                "phase": n.phase.value, "name": n.name,
+                **({"tags": tags_to_json(n.tags)} if n.tags != NO_TAGS else {}),
             }
             for n in g.nodes.values()
         ],
@@ -109,10 +115,10 @@ def graph_from_json(text: str) -> Graph:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise GraphError(f"not a peakcut graph: missing format tag {FORMAT!r}")
     version = doc.get("version")
-    if version != VERSION:
+    if version not in READS:
         raise GraphError(
-            f"peakcut graph version {version!r} is not supported by this peakcut (reads version {VERSION}); "
-            "capture the model again with this version"
+            f"peakcut graph version {version!r} is not supported by this peakcut (reads versions "
+            f"{', '.join(map(str, READS))}); capture the model again with this version"
         )
     try:
         g = Graph(
@@ -126,7 +132,7 @@ def graph_from_json(text: str) -> Graph:
                     kwargs={k: _dec(x) for k, x in n["kwargs"].items()},
                     outputs=tuple(None if o is None else int(o) for o in n["outputs"]),
                     multi_output=bool(n["multi"]), module=str(n["module"]), phase=Phase(n["phase"]),
-                    name=str(n["name"]), extra=dict(n.get("extra", {})),
+                    name=str(n["name"]), tags=_node_tags(n, version),
                 )
                 for n in doc["nodes"]
             },
@@ -145,3 +151,9 @@ def graph_from_json(text: str) -> Graph:
         raise GraphError(f"corrupt peakcut graph: {type(e).__name__}: {e}") from None
     g.check()
     return g
+
+
+def _node_tags(node: dict[str, Any], version: int) -> NodeTags:
+    if version == 1:
+        return tags_from_extra(node.get("extra", {}))
+    return tags_from_json(node.get("tags", {}))

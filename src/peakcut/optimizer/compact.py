@@ -29,15 +29,16 @@ class RepeatedCost:
 
     def repeat(self, g: Graph, nid: int) -> int:
         """How many times node `nid` of the compact graph runs in the full expansion."""
-        path = g.nodes[nid].extra.get("path", ())
+        tag = g.nodes[nid].tags.fission
+        path = tag.path if tag is not None else ()
         return prod(self._n[f] for f, _ in path) if path else 1
 
     def node_seconds(self, g: Graph, nid: int) -> float:
-        extra = g.nodes[nid].extra
-        if extra.get("role") == "keep":
+        tag = g.nodes[nid].tags.fission
+        if tag is not None and tag.role == "keep":
             return 0.0
         seconds = self.cost.node_seconds(g, nid)
-        return seconds * self.repeat(g, nid) if "path" in extra else seconds
+        return seconds * self.repeat(g, nid) if tag is not None else seconds
 
     def copy_seconds(self, nbytes: int, direction: str) -> float:
         return self.cost.copy_seconds(nbytes, direction)

@@ -415,7 +415,7 @@ def _alike(program: Graph, base: Graph, rw: Rewrite, held: set[int], held_tensor
             return False
         for t in new.nodes[v].input_tuple:
             p = producer.get(t)
-            if t not in old.input_tuple and p is not None and "fission" in program.nodes[p].extra:
+            if t not in old.input_tuple and p is not None and program.nodes[p].tags.fission is not None:
                 return False    # a region's output (or slice): its readers wait for its writes
     moved = [t for t, meta in new.tensors.items() if program.tensors[t] is not meta]
     if any(t in held_tensors for t in moved) or any(t not in new.tensors for t in held_tensors):
@@ -433,7 +433,7 @@ def _same_reads(ga: Graph, a: Node, gb: Graph, b: Node) -> bool:
             return (m.shape, m.stride, m.storage_offset, m.dtype, m.storage)
         return of
 
-    return ((a.op, a.outputs, a.multi_output, a.extra) == (b.op, b.outputs, b.multi_output, b.extra)
+    return ((a.op, a.outputs, a.multi_output, a.tags) == (b.op, b.outputs, b.multi_output, b.tags)
             and map_refs(a.args, layout(ga)) == map_refs(b.args, layout(gb))
             and map_refs(a.kwargs, layout(ga)) == map_refs(b.kwargs, layout(gb)))
 

@@ -12,7 +12,7 @@ from peakcut.ir.node import Node
 from peakcut.rules.hotspot import Hotspot, HotspotSite
 from peakcut.rules.protocol import Names, NodeCode, ProgramRule, Site
 from peakcut.schedule.placement import Placement
-from peakcut.transform.remat import REMAT_OF, remat, why_not_remat
+from peakcut.transform.remat import remat, why_not_remat
 from peakcut.transform.rewrite import Rewrite, describe_node
 
 
@@ -35,10 +35,10 @@ class RematRule(ProgramRule):
 
     def placements(self, g: Graph) -> Iterable[tuple[int, Placement]]:
         late = Placement.LATE
-        return [(nid, late) for nid, node in g.nodes.items() if REMAT_OF in node.extra]
+        return [(nid, late) for nid, node in g.nodes.items() if node.tags.remat is not None]
 
     def code(self, g: Graph, order: Sequence[int], names: Names) -> NodeCode | None:
-        if not any(REMAT_OF in n.extra for n in g.nodes.values()):
+        if not any(n.tags.remat is not None for n in g.nodes.values()):
             return None
         return RecomputeComments(g)
 
@@ -59,9 +59,10 @@ class RecomputeComments:
         return False
 
     def before(self, nid: int, pad: str) -> list[str]:
-        original = self.g.nodes[nid].extra.get(REMAT_OF)
-        if original is None:
+        tag = self.g.nodes[nid].tags.remat
+        if tag is None:
             return []
+        original = tag.of
         if original in self.g.nodes:
             return [f"{pad}# recompute of {self.g.nodes[original].name or original}"]
         return [f"{pad}# recompute of node {original}"]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node
 from peakcut.ir.registry import OpKind, draws_random, lookup
+from peakcut.ir.tags import NodeTags, RematTag
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.transform.rewrite import (
     IdAllocator,
@@ -42,8 +43,6 @@ from peakcut.transform.rewrite import (
     why_not_move,
     writers_of,
 )
-
-REMAT_OF = "remat_of"
 
 # Ops whose output is uninitialized memory: a second call would not return the same values.
 _UNINITIALIZED = frozenset({
@@ -187,7 +186,7 @@ def remat(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> Re
     """`users` read a recomputed copy A' of `node` (A), placed just before the first of them.
 
     A' is a new node with A's op and arguments, fresh outputs in fresh storages of the same
-    sizes, name '<A>_remat' and extra {'remat_of': A}. Views that the users make of A's
+    sizes, name '<A>_remat' and the tag RematTag(A). Views that the users make of A's
     outputs move with them into A''s storages. Raises RuleError (why_not_remat's reason) when
     the rule does not apply.
     """
@@ -217,7 +216,7 @@ def remat(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> Re
     first_user = g.nodes[plan.users[0]]
     a2 = Node(id=fresh(), op=a.op, args=a.args, kwargs=dict(a.kwargs), outputs=tuple(outputs),
               multi_output=a.multi_output, module=a.module, phase=first_user.phase,
-              name=f"{a.name or a.id}_remat", extra={REMAT_OF: a.id})
+              name=f"{a.name or a.id}_remat", tags=NodeTags(remat=RematTag(a.id)))
     moves = [StorageMove(s, s2, 0, tuple(v for v in alias_closure(g, s, plan.users)
                                          if v not in out_map))
              for s, s2 in storage_map.items()]
@@ -250,9 +249,9 @@ def _why_not_deremat(g: Graph, order: Sequence[int], remat_node: int) -> str | N
         return stale
     n2 = g.nodes[remat_node]
     what = describe_node(g, remat_node)
-    orig = n2.extra.get(REMAT_OF)
+    orig = n2.tags.remat.of if n2.tags.remat is not None else None
     if orig is None:
-        return f"{what} is not a recompute (no '{REMAT_OF}' mark)"
+        return f"{what} is not a recompute (no remat tag)"
     if orig not in g.nodes:
         return f"the original node {orig} of {what} is no longer in the graph"
     a = g.nodes[orig]
@@ -275,6 +274,14 @@ def _why_not_deremat(g: Graph, order: Sequence[int], remat_node: int) -> str | N
     return None
 
 
+def _original(remat_node: Node) -> int:
+    """The node a recompute recomputes (its remat tag; checked by _why_not_deremat)."""
+    tag = remat_node.tags.remat
+    if tag is None:
+        raise RuleError(f"internal: node {remat_node.name} is not a recompute")
+    return tag.of
+
+
 def _readers(g: Graph, n: Node) -> list[int]:
     return list(dict.fromkeys(u for t in n.output_ids() for u in g.users(t)))
 
@@ -292,7 +299,7 @@ def deremat(g: Graph, order: Sequence[int], remat_node: int) -> Rewrite:
     if reason:
         raise RuleError(reason)
     n2 = g.nodes[remat_node]
-    a = g.nodes[n2.extra[REMAT_OF]]
+    a = g.nodes[_original(n2)]
     out_map = {t2: t for t, t2 in zip(a.outputs, n2.outputs, strict=True) if t2 is not None}
     storage_map = {g.tensors[t2].storage: g.tensors[t].storage for t2, t in out_map.items()}
     readers = _readers(g, n2)

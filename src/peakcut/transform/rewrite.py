@@ -145,7 +145,7 @@ def rewire(node: Node, mapping: Mapping[int, int]) -> Node:
         id=node.id, op=node.op, args=map_refs(node.args, swap_ref),
         kwargs=map_refs(node.kwargs, swap_ref), outputs=node.outputs,
         multi_output=node.multi_output, module=node.module, phase=node.phase, name=node.name,
-        extra=node.extra,
+        tags=node.tags,
     )
 
 

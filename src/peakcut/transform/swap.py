@@ -21,6 +21,7 @@ import torch
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
 from peakcut.ir.ops import LOAD_OP, STORE_OP, is_swap_op
+from peakcut.ir.tags import NodeTags, SwapTag
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.transform.rewrite import (
     IdAllocator,
@@ -41,8 +42,6 @@ from peakcut.transform.rewrite import (
     why_not_move,
     writers_of,
 )
-
-SWAP_OF = "swap_of"
 
 
 def is_dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
@@ -151,7 +150,7 @@ def swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> R
     Store: peakcut.store(x) -> host tensor, new storage of the tensor's dense span
     (numel * itemsize, offset 0), same shape/stride/dtype. Load: peakcut.load(host,
     device=torch.device(g.device)) -> device tensor in a new storage. Both carry
-    extra {'swap_of': tensor}. Raises RuleError (why_not_swap's reason) when not applicable.
+    the tag SwapTag(tensor). Raises RuleError (why_not_swap's reason) when not applicable.
     """
     users = list(dict.fromkeys(users))
     reason = _why_not_swap(g, order, tensor, users)
@@ -173,13 +172,14 @@ def swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> R
                       Role.ACTIVATION, f"{label}_host")
     loaded = TensorMeta(fresh(), meta.shape, meta.stride, meta.dtype, device_storage, 0,
                         Role.ACTIVATION, f"{label}_loaded")
+    tags = NodeTags(swap=SwapTag(tensor))
     store = Node(id=fresh(), op=STORE_OP, args=(TensorRef(tensor),), kwargs={},
                  outputs=(host.id,), module=prod.module, phase=prod.phase,
-                 name=f"store_{label}", extra={SWAP_OF: tensor})
+                 name=f"store_{label}", tags=tags)
     load = Node(id=fresh(), op=LOAD_OP, args=(TensorRef(host.id),),
                 kwargs={"device": torch.device(g.device)}, outputs=(loaded.id,),
                 module=first.module, phase=first.phase, name=f"load_{label}",
-                extra={SWAP_OF: tensor})
+                tags=tags)
     views = tuple(v for v in alias_closure(g, meta.storage, users) if v != tensor)
     new.add_node(store, [host])
     new.add_node(load, [loaded])
@@ -209,9 +209,9 @@ def _why_not_deswap(g: Graph, order: Sequence[int], load_node: int) -> str | Non
     what = describe_node(g, load_node)
     if load.op != LOAD_OP:
         return f"{what} is not a load (peakcut.load)"
-    tensor = load.extra.get(SWAP_OF)
+    tensor = load.tags.swap.of if load.tags.swap is not None else None
     if tensor is None:
-        return f"{what} carries no '{SWAP_OF}' mark"
+        return f"{what} carries no swap tag"
     if tensor not in g.tensors:
         return f"the original tensor {tensor} of {what} is no longer in the graph"
     if len(load.input_ids()) != 1 or len(load.output_ids()) != 1:
@@ -232,6 +232,14 @@ def _why_not_deswap(g: Graph, order: Sequence[int], load_node: int) -> str | Non
     return why_not_move(g, views, g.storages[meta.storage], -meta.storage_offset * meta.itemsize)
 
 
+def _swapped(load: Node) -> int:
+    """The tensor a load loads back (its swap tag; checked by _why_not_deswap)."""
+    tag = load.tags.swap
+    if tag is None:
+        raise RuleError(f"internal: node {load.name} carries no swap tag")
+    return tag.of
+
+
 def why_not_deswap(g: Graph, order: Sequence[int], load_node: int) -> str | None:
     """Why the readers of `load_node`'s copy cannot read the original again (None: applies)."""
     return _why_not_deswap(g, order, load_node)
@@ -244,7 +252,7 @@ def deswap(g: Graph, order: Sequence[int], load_node: int) -> Rewrite:
     if reason:
         raise RuleError(reason)
     load = g.nodes[load_node]
-    tensor = load.extra[SWAP_OF]
+    tensor = _swapped(load)
     meta = g.tensors[tensor]
     (host,) = load.input_ids()
     (loaded,) = load.output_ids()

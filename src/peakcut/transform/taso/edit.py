@@ -21,6 +21,7 @@ from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, iter_refs, map_refs
 from peakcut.ir.real_dtypes import with_real_dtypes
 from peakcut.ir.registry import OpKind, lookup, mutated_arguments
+from peakcut.ir.tags import NodeTags, TasoTag
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.transform.rewrite import (
     IdAllocator,
@@ -34,8 +35,6 @@ from peakcut.transform.rewrite import (
     rewire,
     writers_of,
 )
-
-TASO = "taso"   # Node.extra key of nodes a TASO-style rule created: {"rule": ..., ...}
 
 
 # ------------------------------------------------------------------ small queries
@@ -180,7 +179,7 @@ class Edit:
 
     # -------------------------------------------------------------- building
     def add(self, op: str, args: tuple, kwargs: Mapping[str, Any] | None = None, *,
-            name: str, phase: Phase, module: str, extra: Mapping[str, Any] | None = None,
+            name: str, phase: Phase, module: str, tag: TasoTag | None = None,
             multi_output: bool = False) -> Node:
         """A new node calling `op`; its outputs' metas are derived on FakeTensors."""
         probe = Node(id=-1, op=op, args=tuple(args), kwargs=dict(kwargs or {}), outputs=(),
@@ -204,7 +203,7 @@ class Edit:
             outputs.append(tid)
         node = Node(id=nid, op=op, args=tuple(args), kwargs=dict(kwargs or {}),
                     outputs=tuple(outputs), multi_output=multi_output, module=module,
-                    phase=phase, name=name, extra={TASO: {"rule": self.rule, **(extra or {})}})
+                    phase=phase, name=name, tags=NodeTags(taso=tag or TasoTag(self.rule)))
         self.new.add_node(node, metas)
         self.new.order.append(nid)    # Graph.users walks the order; the final one is set later
         self.added.append(nid)
@@ -224,7 +223,7 @@ class Edit:
         node = Node(id=old.id, op=old.op, args=tuple(args),
                     kwargs=dict(old.kwargs if kwargs is None else kwargs), outputs=old.outputs,
                     multi_output=old.multi_output, module=old.module, phase=old.phase,
-                    name=old.name, extra=old.extra)
+                    name=old.name, tags=old.tags)
         self.new.replace_node(node)
         if nid not in self.added:
             self.changed[nid] = None

@@ -120,8 +120,8 @@ def split_sites(g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
     for nid, info in merged:
         if matmul_split.why_not_split_matmul(g, order, nid, checked=True) is None:
             yield TasoCandidate(kind, (nid,), (
-                f"un-merge {describe_node(g, nid)} into {len(info['sizes'])} matmuls: "
-                f"1 matmul launch becomes {len(info['sizes'])}, its concatenations go"))
+                f"un-merge {describe_node(g, nid)} into {len(info.sizes)} matmuls: "
+                f"1 matmul launch becomes {len(info.sizes)}, its concatenations go"))
     plain.sort(key=lambda p: p[0])
     for _, nid, m in plain:
         if matmul_split.why_not_split_matmul(g, order, nid, 2, checked=True) is None:

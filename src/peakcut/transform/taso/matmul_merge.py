@@ -30,6 +30,7 @@ from typing import Any
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
+from peakcut.ir.tags import TasoTag
 from peakcut.transform.rewrite import (
     Rewrite,
     RuleError,
@@ -39,7 +40,6 @@ from peakcut.transform.rewrite import (
     describe_tensor,
 )
 from peakcut.transform.taso.edit import (
-    TASO,
     Edit,
     common_module,
     is_view_op,
@@ -293,9 +293,8 @@ def merge_matmuls(g: Graph, order: Sequence[int], nodes: Sequence[int]) -> Rewri
       tree of additions goes (its root keeps adding the one other tensor it added, if any).
 
     Split parts are views (aten.split_with_sizes); readers of the original results read them
-    and views of them are re-derived. The merged node carries extra {'taso': {'rule':
-    'merge_matmuls', 'mode': ..., 'sizes': [...], 'of': [names]}} (split_matmul un-merges
-    it). Raises RuleError (the reason of why_not_merge_matmuls) when the rule does not apply.
+    and views of them are re-derived. The merged node carries the tag TasoTag('merge_matmuls',
+    mode, sizes, merged=names) (split_matmul un-merges it). Raises RuleError (the reason of why_not_merge_matmuls) when the rule does not apply.
     """
     plan = plan_merge(g, order, nodes)
     if isinstance(plan, str):
@@ -307,12 +306,11 @@ def merge_matmuls(g: Graph, order: Sequence[int], nodes: Sequence[int]) -> Rewri
     like = Node(id=-1, op="", args=(), kwargs={}, outputs=(), module=module, phase=first.phase)
     label = f"{first.name or first.id}_merged"
     names = [g.nodes[m.node].name or str(m.node) for m in mms]
-    extra = {"mode": plan.mode, "sizes": list(plan.sizes), "of": names}
+    tag = TasoTag("merge_matmuls", mode=plan.mode, sizes=tuple(plan.sizes), merged=tuple(names))
     principals = [m.node for m in mms]
 
     def add_merged(op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None = None) -> Node:
-        return edit.add(op, args, kwargs, name=label, phase=first.phase, module=module,
-                        extra=extra)
+        return edit.add(op, args, kwargs, name=label, phase=first.phase, module=module, tag=tag)
 
     if plan.mode == "cols":
         b = _concat(edit, [m.b for m in mms], 1, f"{label}_rhs", like)
@@ -384,7 +382,7 @@ def _shape(edit: Edit, node: Node) -> tuple[int, ...]:
     return edit.new.tensors[node.output_tuple[0]].shape
 
 
-def merged_info(g: Graph, nid: int) -> dict[str, Any] | None:
-    """The record merge_matmuls left on the merged node `nid` (mode, sizes, names), or None."""
-    info = g.nodes[nid].extra.get(TASO)
-    return info if isinstance(info, dict) and info.get("rule") == "merge_matmuls" else None
+def merged_info(g: Graph, nid: int) -> TasoTag | None:
+    """The tag merge_matmuls left on the merged node `nid` (mode, sizes, names), or None."""
+    tag = g.nodes[nid].tags.taso
+    return tag if tag is not None and tag.rule == "merge_matmuls" else None

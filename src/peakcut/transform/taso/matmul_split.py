@@ -14,6 +14,7 @@ from typing import Any
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
+from peakcut.ir.tags import TasoTag
 from peakcut.transform.rewrite import (
     Rewrite,
     RuleError,
@@ -65,8 +66,8 @@ def _plan_split(g: Graph, order: Sequence[int], node: int,
         return f"{what} does not multiply two matrices"
     info = merged_info(g, node)
     if parts is None and info is not None:
-        sizes = tuple(int(s) for s in info.get("sizes", ()))
-        mode = info.get("mode")
+        sizes = info.sizes
+        mode = info.mode
         if mode not in ("cols", "rows", "sum") or len(sizes) < 2:
             return f"{what} carries a broken merge record {info}"
         reason = why_not_output(g, m)
@@ -221,12 +222,12 @@ def split_matmul(g: Graph, order: Sequence[int], node: int,
     kwargs = {kk: v for kk, v in n.kwargs.items() if kk in ("beta", "alpha")}
 
     def add(op: str, args: tuple[Any, ...], name: str, op_kwargs: Mapping[str, Any] | None = None,
-            extra: Mapping[str, Any] | None = None) -> Node:
-        return edit.add(op, args, op_kwargs, name=name, phase=n.phase, module=n.module,
-                        extra=extra)
+            part: int | None = None) -> Node:
+        tag = None if part is None else TasoTag("split_matmul", part=part, part_of=label)
+        return edit.add(op, args, op_kwargs, name=name, phase=n.phase, module=n.module, tag=tag)
 
-    info = merged_info(g, node) or {}
-    names = list(info.get("of", [])) if plan.unmerge else []
+    info = merged_info(g, node)
+    names = list(info.merged) if plan.unmerge and info is not None else []
     if len(names) != k:
         names = [f"{label}_part{i}" for i in range(k)]
     if plan.mode == "cols":
@@ -238,16 +239,14 @@ def split_matmul(g: Graph, order: Sequence[int], node: int,
             args: tuple[TensorRef, ...] = (TensorRef(m.a), TensorRef(bs[i]))
             if biases is not None:
                 args = (TensorRef(biases[i]), *args)
-            outs.append(add(m.op, args, names[i], kwargs, extra={"part": i, "of": label}))
+            outs.append(add(m.op, args, names[i], kwargs, part=i))
     elif plan.mode == "rows":
         as_ = _pieces(edit, m.a, plan.sizes, 0, f"{label}_lhs", like)
-        outs = [add(MM, (TensorRef(as_[i]), TensorRef(m.b)), names[i],
-                    extra={"part": i, "of": label}) for i in range(k)]
+        outs = [add(MM, (TensorRef(as_[i]), TensorRef(m.b)), names[i], part=i) for i in range(k)]
     else:
         as_ = _pieces(edit, m.a, plan.sizes, 1, f"{label}_lhs", like)
         bs = _pieces(edit, m.b, plan.sizes, 0, f"{label}_rhs", like)
-        outs = [add(MM, (TensorRef(as_[i]), TensorRef(bs[i])), names[i],
-                    extra={"part": i, "of": label}) for i in range(k)]
+        outs = [add(MM, (TensorRef(as_[i]), TensorRef(bs[i])), names[i], part=i) for i in range(k)]
     results = [o.output_tuple[0] for o in outs]
     if plan.mode == "sum":
         readers = g.users(m.out)

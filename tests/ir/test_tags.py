@@ -1,0 +1,122 @@
+"""Typed node tags: one definition, written to and read from the graph JSON (and read from the
+`extra` dicts of version-1 files, which saved plans hold)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import peakcut
+from peakcut.ir import GraphError
+from peakcut.ir.tags import (
+    NO_TAGS,
+    FissionTag,
+    NodeTags,
+    RematTag,
+    SwapTag,
+    TasoTag,
+    tags_from_extra,
+    tags_from_json,
+    tags_to_json,
+)
+from peakcut.transform import hotspot_candidates
+from tests.conftest import cnn_loss
+
+EXAMPLES = {
+    "copy": NodeTags(fission=FissionTag(3, "part", ((1, 0), (3, 1)), 1, 2, 17, "d0", 4)),
+    "alloc": NodeTags(fission=FissionTag(3, "alloc", ((1, 0),))),
+    "slice": NodeTags(fission=FissionTag(3, "slice", ((3, 1),), 1, 2)),
+    "final merge": NodeTags(fission=FissionTag(3, "merge", (), n=4)),
+    "remat": NodeTags(remat=RematTag(12)),
+    "swap": NodeTags(swap=SwapTag(40)),
+    "merged": NodeTags(taso=TasoTag("merge_matmuls", mode="cols", sizes=(64, 64),
+                                    merged=("addmm", "addmm_1"))),
+    "split part": NodeTags(taso=TasoTag("split_matmul", part=1, part_of="mm_3")),
+    "rewrite": NodeTags(taso=TasoTag("drop_identity")),
+    "capture": NodeTags(fake_dtypes=("bfloat16", None), rewritten_from="ones_like"),
+    "copy of a merged matmul": NodeTags(fission=FissionTag(0, "part", ((0, 0),), 0, 2, 5, "d1", 0),
+                                        taso=TasoTag("merge_matmuls", mode="rows", sizes=(8, 8),
+                                                     merged=("mm", "mm_1"))),
+}
+
+# the same tags as version-1 `extra` dicts
+EXTRAS = {
+    "copy": {"fission": 3, "part": 1, "of": 17, "path": [[1, 0], [3, 1]], "n": 2, "label": "d0",
+             "component": 4},
+    "alloc": {"fission": 3, "role": "alloc", "path": [[1, 0]]},
+    "slice": {"fission": 3, "role": "slice", "part": 1, "path": [[3, 1]], "n": 2},
+    "final merge": {"fission": 3, "role": "merge", "path": [], "n": 4},
+    "remat": {"remat_of": 12},
+    "swap": {"swap_of": 40},
+    "merged": {"taso": {"rule": "merge_matmuls", "mode": "cols", "sizes": [64, 64],
+                        "of": ["addmm", "addmm_1"]}},
+    "split part": {"taso": {"rule": "split_matmul", "part": 1, "of": "mm_3"}},
+    "rewrite": {"taso": {"rule": "drop_identity"}},
+    "capture": {"fake_dtypes": ["bfloat16", None], "rewritten_from": "ones_like"},
+    "copy of a merged matmul": {"taso": {"rule": "merge_matmuls", "mode": "rows", "sizes": [8, 8],
+                                         "of": ["mm", "mm_1"]},
+                                "fission": 0, "part": 0, "of": 5, "path": [[0, 0]], "n": 2,
+                                "label": "d1", "component": 0},
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_tags_round_trip_through_json(name):
+    tags = EXAMPLES[name]
+    assert tags_from_json(json.loads(json.dumps(tags_to_json(tags)))) == tags
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_version_1_extras_give_the_same_tags(name):
+    assert tags_from_extra(EXTRAS[name]) == EXAMPLES[name]
+
+
+def test_no_tags_write_nothing():
+    assert tags_to_json(NO_TAGS) == {} and tags_from_json({}) == NO_TAGS
+
+
+def test_unknown_tags_or_roles_are_rejected():
+    with pytest.raises(ValueError, match="unknown node tags"):
+        tags_from_json({"remat_of": 3})
+    with pytest.raises(ValueError, match="unknown fission role"):
+        tags_from_json({"fission": {"region": 0, "role": "bogus"}})
+
+
+@pytest.fixture
+def rewritten(small_cnn):
+    """A captured step with a swap and a recompute applied."""
+    model, batch = small_cnn
+    g = peakcut.capture(model, batch, cnn_loss, "adamw")
+    order = list(g.order)
+    for kind in ("swap", "remat"):
+        (c,) = hotspot_candidates(g, order, limit=1, kinds=(kind,))[:1]
+        rw = c.apply(g, order)
+        g, order = rw.graph, rw.order
+    return g
+
+
+def test_a_graph_keeps_its_tags_through_json(rewritten):
+    g = rewritten
+    assert any(n.tags.swap for n in g.nodes.values()) and any(n.tags.remat for n in g.nodes.values())
+    again = peakcut.Graph.from_json(g.to_json())
+    assert {nid: n.tags for nid, n in again.nodes.items()} == {nid: n.tags for nid, n in g.nodes.items()}
+
+
+def test_a_version_1_file_loads_with_its_tags(rewritten):
+    """A version-1 file (what plans saved before typed tags hold) has `extra` dicts."""
+    g = rewritten
+    doc = json.loads(g.to_json())
+    doc["version"] = 1
+    for node in doc["nodes"]:
+        tags = g.nodes[node["id"]].tags
+        node.pop("tags", None)
+        if tags.remat is not None:
+            node["extra"] = {"remat_of": tags.remat.of}
+        elif tags.swap is not None:
+            node["extra"] = {"swap_of": tags.swap.of}
+    again = peakcut.Graph.from_json(json.dumps(doc))
+    assert {nid: n.tags for nid, n in again.nodes.items()} == {nid: n.tags for nid, n in g.nodes.items()}
+    doc["version"] = 3
+    with pytest.raises(GraphError, match="reads versions 1, 2"):
+        peakcut.Graph.from_json(json.dumps(doc))
