@@ -64,8 +64,7 @@ def full_schedule(g: Graph) -> tuple[list[int], int]:
 
 
 def narrow_waist(g: Graph, order: list[int]) -> dict[int, int]:
-    h = g.copy()
-    h.order = list(order)
+    h = g.with_order(order)
     problem = Problem(h)
     nw = Reachability(problem).narrow_waist()
     return {problem.ids[v]: value for v, value in nw.items()}
@@ -142,8 +141,7 @@ def main() -> None:
 
 
 def _ordered(g: Graph, order: list[int]) -> Graph:
-    h = g.copy()
-    h.order = list(order)
+    h = g.with_order(order)
     return h
 
 

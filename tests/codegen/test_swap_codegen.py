@@ -13,6 +13,7 @@ import peakcut
 from peakcut.codegen.program import Step
 from peakcut.codegen.source import generate_source
 from peakcut.codegen.swap import HostPool, simulated_host_peak
+from peakcut.ir.edit import GraphEditor
 from peakcut.memory import simulate
 from peakcut.rules import RULES
 from peakcut.runtime.measure import allocator_events
@@ -39,8 +40,9 @@ def rewritten(small_cnn):
 
 
 def cuda_source(g, order):
-    cuda = g.copy()
-    cuda.device = "cuda"
+    edit = GraphEditor(g)
+    edit.set_device("cuda")
+    cuda = edit.finish()
     return generate_source(cuda, order)
 
 

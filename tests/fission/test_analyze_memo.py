@@ -17,6 +17,7 @@ from peakcut.fission.ftree import FTree
 from peakcut.fission.loss import detach_loss
 from peakcut.ir.dims import dim_rule, label_sizes
 from peakcut.ir.dims.split import label_lengths
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.rules import RULES
 from peakcut.workloads import get_workload
@@ -30,9 +31,10 @@ def step(name: str) -> Graph:
 
 def fresh(g: Graph) -> Graph:
     """A copy of g whose nodes are new objects (copies of them: empty memos)."""
-    h = g.copy()
-    h.nodes = {nid: copy.copy(node) for nid, node in g.nodes.items()}
-    h.changed()
+    edit = GraphEditor(g)
+    for node in g.nodes.values():
+        edit.replace_node(copy.copy(node))
+    h = edit.finish()
     assert all(h.nodes[nid] is not g.nodes[nid] for nid in g.nodes)
     return h
 
@@ -104,10 +106,11 @@ def test_changed_tensor_metas_give_the_new_rule() -> None:
     label = old_rule.inputs[0][0]
 
     def resized(first: int) -> Graph:
-        h = g.copy()   # the same Node object, other metas for its tensors
+        edit = GraphEditor(g)   # the same Node object, other metas for its tensors
         for tid in (t, o):
-            meta = h.tensors[tid]
-            h.set_tensor(replace(meta, shape=(first, *meta.shape[1:])))
+            meta = g.tensors[tid]
+            edit.set_tensor(replace(meta, shape=(first, *meta.shape[1:])))
+        h = edit.finish()
         assert h.nodes[nid] is node
         return h
 

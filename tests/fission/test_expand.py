@@ -25,6 +25,7 @@ from peakcut.fission.dgraph import Component, DGraph, build_dgraph
 from peakcut.fission.expand import Expanded, FissionError, expand
 from peakcut.fission.ftree import FNode, FTree
 from peakcut.fission.trans import why_not_valid
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, TensorRef
 from peakcut.ir.tags import FissionTag, NodeTags
@@ -220,15 +221,17 @@ def test_a_part_tensor_read_after_its_loop_unrolls_the_region(case: Case) -> Non
     last_copy = next(nid for nid in reversed(region.parts[1]) if role(g, nid) == "part")
     part_tensor = g.nodes[last_copy].outputs[0]
     meta = g.tensors[part_tensor]
-    nid, tid, storage = g.next_id(), g.next_id() + 1, g.next_id() + 2
-    g.storages[storage] = g.storages[meta.storage]
-    g.add_node(Node(id=nid, op="aten.neg.default", args=(TensorRef(part_tensor),), kwargs={},
-                    outputs=(tid,), phase=Phase.BACKWARD, name="late_reader"),
-               [TensorMeta(tid, meta.shape, meta.stride, meta.dtype, storage, 0, Role.ACTIVATION,
-                           "late")])
+    edit = GraphEditor(g)
+    nid, tid = edit.new_id(), edit.new_id()
+    storage = edit.add_storage(g.storages[meta.storage])
+    edit.add_node(Node(id=nid, op="aten.neg.default", args=(TensorRef(part_tensor),), kwargs={},
+                       outputs=(tid,), phase=Phase.BACKWARD, name="late_reader"),
+                  [TensorMeta(tid, meta.shape, meta.stride, meta.dtype, storage, 0, Role.ACTIVATION,
+                              "late")])
     order = list(ex.order)
     order.insert(order.index(region.parts[1][-1]) + 1, nid)
-    g.order = order
+    edit.set_order(order)
+    g = edit.finish()
     g.check()
     step = case.check_numbers_and_memory(Expanded(g, order, ex.copies, ex.regions))
     assert "emitted unrolled" in step.source and "outside the loop iteration" in step.source

@@ -20,10 +20,12 @@ from peakcut.fission.build import analyze
 from peakcut.fission.expand import Expanded, expand
 from peakcut.fission.loss import detach_loss
 from peakcut.ir.check import check_graph
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import GraphError
 from peakcut.workloads import get_workload
 
 expand_module = importlib.import_module("peakcut.fission.expand")  # the package exports expand()
+infer_module = importlib.import_module("peakcut.ir.infer")
 
 
 def _expand_root(name: str, *, check: bool = True) -> Expanded:
@@ -45,19 +47,19 @@ def _facts(ex: Expanded) -> dict[str, Any]:
 @pytest.mark.parametrize("name", ["vit-base", "bert-base"])
 def test_memoized_expansion_equals_unmemoized(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     keys: list[Any] = []
-    memo_key = expand_module._memo_key
+    memo_key = infer_module.memo_key
 
     def recording(*args: Any) -> Any:
         key = memo_key(*args)
         keys.append(key)
         return key
 
-    monkeypatch.setattr(expand_module, "_memo_key", recording)
+    monkeypatch.setattr(infer_module, "memo_key", recording)
     memoized = _expand_root(name)
     hits = len([k for k in keys if k is not None]) - len({k for k in keys if k is not None})
     assert hits > len(keys) // 2, f"the memo hit {hits} of {len(keys)} calls"
 
-    monkeypatch.setattr(expand_module, "_memo_key", lambda *args: None)
+    monkeypatch.setattr(infer_module, "memo_key", lambda *args: None)
     monkeypatch.setattr(expand_module, "_check_key", lambda *args: None)
     plain = _expand_root(name, check=False)
     assert _facts(memoized) == _facts(plain)
@@ -76,7 +78,9 @@ def test_memoized_check_rejects_what_check_graph_rejects() -> None:
     victim = max(copies, key=ex.order.index)
     out = g.nodes[victim].output_ids()[0]
     meta = g.tensors[out]
-    g.tensors[out] = replace(meta, dtype="float64" if meta.dtype != "float64" else "float32")
+    edit = GraphEditor(g)
+    edit.set_tensor(replace(meta, dtype="float64" if meta.dtype != "float64" else "float32"))
+    g = edit.finish()
     with pytest.raises(GraphError) as expected:
         check_graph(g)
     with pytest.raises(GraphError) as got:

@@ -8,6 +8,7 @@ import pytest
 
 import peakcut
 from peakcut.ir import GraphError, Role, TensorMeta
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.node import Node, TensorRef
 from peakcut.ir.registry import is_opaque, lookup, mutated_arguments
 from peakcut.memory import simulate
@@ -25,14 +26,27 @@ def test_captured_graph_is_valid(graph):
     assert graph.summary()["nodes"] == len(graph.nodes)
 
 
-def test_copy_is_independent(graph):
-    variant = graph.copy()
-    victim = next(n for n in variant.order if not variant.users(variant.nodes[n].outputs[0] or -1)
-                  and variant.nodes[n].outputs[0] not in variant.outputs and variant.nodes[n].outputs[0] is not None
-                  and not variant.mutated_tensors(n))
-    variant.remove_node(victim)
+def test_an_edit_leaves_its_source_alone(graph):
+    edit = GraphEditor(graph)
+    victim = next(n for n in graph.order if not graph.users(graph.nodes[n].outputs[0] or -1)
+                  and graph.nodes[n].outputs[0] not in graph.outputs and graph.nodes[n].outputs[0] is not None
+                  and not graph.mutated_tensors(n))
+    edit.remove_node(victim)
+    variant = edit.finish()
     assert victim in graph.nodes and victim not in variant.nodes
     assert len(graph.order) == len(variant.order) + 1
+
+
+def test_graphs_are_read_only(graph):
+    nid = graph.order[0]
+    with pytest.raises(TypeError):
+        graph.nodes[nid] = graph.nodes[nid]   # type: ignore[index]
+    with pytest.raises(TypeError):
+        del graph.tensors[graph.inputs[0]]    # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="GraphEditor"):
+        graph.order = list(graph.order)       # type: ignore[misc]
+    with pytest.raises(AttributeError, match="GraphEditor"):
+        graph.control = {}                    # type: ignore[misc]
 
 
 def test_roles(graph):
@@ -42,37 +56,38 @@ def test_roles(graph):
 
 
 def test_check_rejects_order_violating_dependencies(graph):
-    bad = graph.copy()
-    bad.order = list(reversed(bad.order))
+    bad = graph.with_order(reversed(graph.order))
     with pytest.raises(GraphError, match="before"):
         bad.check()
 
 
 def test_check_rejects_wrong_role(graph):
-    bad = graph.copy()
-    t = bad.tensors[bad.inputs[0]]
-    bad.tensors[t.id] = TensorMeta(t.id, t.shape, t.stride, t.dtype, t.storage, t.storage_offset, Role.ACTIVATION, t.name)
+    edit = GraphEditor(graph)
+    t = graph.tensors[graph.inputs[0]]
+    edit.set_tensor(TensorMeta(t.id, t.shape, t.stride, t.dtype, t.storage, t.storage_offset, Role.ACTIVATION, t.name))
+    bad = edit.finish()
     with pytest.raises(GraphError, match="role activation but is a program input"):
         bad.check()
 
 
 def test_check_rejects_wrong_shape(graph):
-    bad = graph.copy()
-    nid = next(n for n in bad.order if bad.nodes[n].op == "aten.addmm.default")
-    t = bad.tensors[bad.nodes[nid].outputs[0]]
-    bad.tensors[t.id] = TensorMeta(t.id, (t.shape[0], t.shape[1] + 1), t.stride, t.dtype, t.storage,
-                                   t.storage_offset, t.role, t.name)
+    edit = GraphEditor(graph)
+    nid = next(n for n in graph.order if graph.nodes[n].op == "aten.addmm.default")
+    t = graph.tensors[graph.nodes[nid].outputs[0]]
+    edit.set_tensor(TensorMeta(t.id, (t.shape[0], t.shape[1] + 1), t.stride, t.dtype, t.storage,
+                               t.storage_offset, t.role, t.name))
+    bad = edit.finish()
     with pytest.raises(GraphError, match="addmm"):
         bad.check()
 
 
 def test_check_rejects_dangling_reference(graph):
-    bad = graph.copy()
-    nid = bad.order[-1]
-    n = bad.nodes[nid]
-    bad.nodes[nid] = Node(n.id, n.op, (TensorRef(10**9), *n.args[1:]), n.kwargs, n.outputs, n.multi_output,
-                          n.module, n.phase, n.name)
-    bad._invalidate()
+    edit = GraphEditor(graph)
+    nid = graph.order[-1]
+    n = graph.nodes[nid]
+    edit.replace_node(Node(n.id, n.op, (TensorRef(10**9), *n.args[1:]), n.kwargs, n.outputs, n.multi_output,
+                           n.module, n.phase, n.name))
+    bad = edit.finish()
     with pytest.raises(GraphError, match="unknown tensor"):
         bad.check()
 

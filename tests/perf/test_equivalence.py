@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from peakcut.cost.calls import call_key
 from peakcut.fission.build import analyze
 from peakcut.fission.expand import expand
 from peakcut.fission.loss import detach_loss
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.ops import LOAD_OP, STORE_OP
 from peakcut.ir.tensor import Role, TensorMeta
@@ -149,28 +151,32 @@ def test_graph_queries(corpus: list[Case]) -> None:
 def test_caches_follow_edits(corpus: list[Case]) -> None:
     """Cached owners, writers and host storages are rebuilt after every kind of edit."""
     name, g, order = next(c for c in corpus if any(n.op == STORE_OP for n in c[1].nodes.values()))
-    h = g.copy()
 
-    def same() -> None:
+    def same(h: Graph) -> None:
         assert h.storage_owner() == ref.storage_owner(h), name
         assert h.host_storages() == ref.host_storages(h), name
         writers = ref.writers_map(h)
         assert all(h.storage_writers(s) == writers.get(s, []) for s in h.storages), name
 
-    same()
-    h.order = list(reversed(h.order))   # owners follow the order assigned (writers need changed())
+    def edited(h: Graph, change: Callable[[GraphEditor], None]) -> Graph:
+        """h edited by `change` (the editor starts from h's warm caches)."""
+        same(h)
+        editor = GraphEditor(h)
+        change(editor)
+        return editor.finish()
+
+    h = edited(g, lambda e: e.set_order(list(reversed(g.order))))
     assert h.storage_owner() == ref.storage_owner(h), name
-    h.order.reverse()
-    h.changed()
-    same()
+    h = edited(h, lambda e: e.set_order(list(g.order)))
+    same(h)
     store = next(n for n in h.nodes.values() if n.op == STORE_OP)
     (host,) = store.output_ids()
     meta = h.tensors[host]
-    h.set_tensor(dataclasses.replace(meta, storage=h.tensors[store.input_ids()[0]].storage))
-    same()
-    h.tensors[host] = meta
-    h.changed()
-    same()
+    h = edited(h, lambda e: e.set_tensor(dataclasses.replace(
+        meta, storage=h.tensors[store.input_ids()[0]].storage)))
+    same(h)
+    h = edited(h, lambda e: e.set_tensor(meta))
+    same(h)
 
 
 def test_nodes_pickle_without_their_memo(corpus: list[Case]) -> None:
@@ -227,14 +233,16 @@ def test_analytic_latencies_with_the_node_memo(corpus: list[Case], profile: str)
             for nid in order:
                 assert fast.node_seconds(g, nid) == slow.node_seconds(g, nid), (name, nid)
     name, g, order = corpus[-1]
-    h = g.copy()
+    edit = GraphEditor(g)
+    h = edit.graph
     for nid in order:   # same node objects, inputs re-laid out (and re-typed)
         for t in h.nodes[nid].input_ids():
             meta = h.tensors[t]
             if len(meta.shape) == 2 and meta.shape[0] > 1 and meta.shape[1] > 1:
-                h.set_tensor(dataclasses.replace(meta, stride=(1, meta.shape[0])))
+                edit.set_tensor(dataclasses.replace(meta, stride=(1, meta.shape[0])))
             elif meta.dtype == "float32":
-                h.set_tensor(dataclasses.replace(meta, dtype="float16"))
+                edit.set_tensor(dataclasses.replace(meta, dtype="float16"))
+    h = edit.finish()
     for nid in order:
         assert fast.node_seconds(h, nid) == slow.node_seconds(h, nid), (name, nid)
         assert fast.node_seconds(g, nid) == slow.node_seconds(g, nid), (name, nid)
@@ -309,8 +317,9 @@ def test_simulation_errors_are_the_same() -> None:
     bad = list(reversed(g.order))
     with pytest.raises(GraphError, match="before"):
         simulate_timeline(g, bad, cost)
-    h = g.copy()
-    h.control[g.order[3]] = (10**9,)
+    edit = GraphEditor(g)
+    edit.set_control(g.order[3], (10**9,))
+    h = edit.finish()
     with pytest.raises(GraphError, match="depends on unknown node 1000000000"):
         simulate_timeline(h, h.order, cost)
     with pytest.raises(ValueError, match="unknown workspace model"):
@@ -323,12 +332,13 @@ def _hand_built(seed: int) -> Graph:
     between copies and compute nodes on odd seeds."""
     g, a, exp, dot = swap_chain(between=6)
     users = [dot] if seed % 3 else []
-    store, load = insert_swap(g, a, exp, dot, users)
+    g, store, load = insert_swap(g, a, exp, dot, users)
     if seed % 2:
         chain = [n for n in g.order if g.nodes[n].op == "aten.sin.default"]
-        g.control[chain[2]] = (store,)          # compute waits for a swap-out
-        g.control[load] = (chain[1], exp)       # a swap-in waits for compute
-        g.changed()
+        edit = GraphEditor(g)
+        edit.set_control(chain[2], (store,))          # compute waits for a swap-out
+        edit.set_control(load, (chain[1], exp))       # a swap-in waits for compute
+        g = edit.finish()
     return g
 
 
@@ -372,9 +382,10 @@ def test_computation_hash(corpus: list[Case]) -> None:
         assert computation_hash(g, order) == expected, name
         assert computation_hash(g, order) == expected, name          # templates memoized
         assert computation_hash(g) == ref.computation_hash(g), name
-        fresh = g.copy()   # new node objects: templates built again
-        fresh.nodes = {k: dataclasses.replace(n) for k, n in g.nodes.items()}
-        fresh.changed()
+        edit = GraphEditor(g)   # new node objects: templates built again
+        for n in g.nodes.values():
+            edit.replace_node(dataclasses.replace(n))
+        fresh = edit.finish()
         assert computation_hash(fresh, order) == expected, name
         seen.add(expected)
     assert len(seen) > len(corpus) // 2
@@ -384,26 +395,26 @@ def test_hash_of_unusual_arguments() -> None:
     """Dict arguments, braces and quotes in reprs, strings, nested lists, missing tensors."""
     from peakcut.ir.node import Node, TensorRef
 
-    g = Graph(tensors={}, nodes={}, inputs=[1], input_names=["batch:{0}'\""], outputs=[3, 9],
-              output_names=["loss", "out:0"], storages={100: 4}, order=[2, 4], control={4: (2, 77)})
-    g.tensors[1] = TensorMeta(1, (1,), (1,), "float32", 100, 0, Role.INPUT, "x")
-    g.nodes[2] = Node(id=2, op="aten.add.Tensor", args=(TensorRef(1), [TensorRef(1), (2.5, None)]),
-                      kwargs={"b": {"z": "{x}", "a": [TensorRef(42)]}, "a": ("'}", True)}, outputs=(3, None))
-    g.nodes[4] = Node(id=4, op="aten.mul.Tensor", args=(TensorRef(3), torch.float32, float("nan"), "s"),
-                      kwargs={"k": {}, "l": [], "m": (TensorRef(3),)}, outputs=(None, 9))
-    g.nodes[5] = Node(id=5, op="aten.zeros.default", args=([2, 3],), outputs=(6,),
-                      kwargs={"layout": "{}{", "names": ("}",), "d": {"{": 1}})
-    g.nodes[7] = Node(id=7, op="aten.add.Tensor", args=(), outputs=(8,),   # tensors in dict order
-                      kwargs={"z": TensorRef(1), "other": {"y": TensorRef(3), "b": TensorRef(9)},
-                              "a": [TensorRef(3), TensorRef(1)]})
+    nodes = {}
+    tensors = {1: TensorMeta(1, (1,), (1,), "float32", 100, 0, Role.INPUT, "x")}
+    nodes[2] = Node(id=2, op="aten.add.Tensor", args=(TensorRef(1), [TensorRef(1), (2.5, None)]),
+                    kwargs={"b": {"z": "{x}", "a": [TensorRef(42)]}, "a": ("'}", True)}, outputs=(3, None))
+    nodes[4] = Node(id=4, op="aten.mul.Tensor", args=(TensorRef(3), torch.float32, float("nan"), "s"),
+                    kwargs={"k": {}, "l": [], "m": (TensorRef(3),)}, outputs=(None, 9))
+    nodes[5] = Node(id=5, op="aten.zeros.default", args=([2, 3],), outputs=(6,),
+                    kwargs={"layout": "{}{", "names": ("}",), "d": {"{": 1}})
+    nodes[7] = Node(id=7, op="aten.add.Tensor", args=(), outputs=(8,),   # tensors in dict order
+                    kwargs={"z": TensorRef(1), "other": {"y": TensorRef(3), "b": TensorRef(9)},
+                            "a": [TensorRef(3), TensorRef(1)]})
     class Slot:
         def __repr__(self) -> str:
             return "\x00\x01tensor\x01\x00"   # what stands for a tensor in the hash's text
 
-    g.nodes[10] = Node(id=10, op="aten.add.Tensor", args=(TensorRef(1), Slot(), "\x00\x01tensor"),
-                       kwargs={"s": [Slot(), TensorRef(3)]}, outputs=(11,))
-    g.order += [5, 7, 10]
-    g.changed()
+    nodes[10] = Node(id=10, op="aten.add.Tensor", args=(TensorRef(1), Slot(), "\x00\x01tensor"),
+                     kwargs={"s": [Slot(), TensorRef(3)]}, outputs=(11,))
+    g = Graph(tensors=tensors, nodes=nodes, inputs=[1], input_names=["batch:{0}'\""], outputs=[3, 9],
+              output_names=["loss", "out:0"], storages={100: 4}, order=[2, 4, 5, 7, 10],
+              control={4: (2, 77)})
     assert computation_hash(g) == ref.computation_hash(g)
     assert computation_hash(g, [4, 2, 5, 10, 7]) == ref.computation_hash(g, [4, 2, 5, 10, 7])
     assert computation_hash(g, [5, 2, 4, 7, 10]) == ref.computation_hash(g, [5, 2, 4, 7, 10])
@@ -413,11 +424,12 @@ def test_hash_of_shared_nodes_with_other_inputs(corpus: list[Case]) -> None:
     """Node objects hashed before, now below other input names or control edges."""
     for name, g, order in corpus[::4]:
         assert computation_hash(g, order) == ref.computation_hash(g, order), name
-        h = g.copy()
-        h.input_names = [f"{n}'" for n in g.input_names]
+        edit = GraphEditor(g)
+        edit.set_interface(input_names=[f"{n}'" for n in g.input_names])
+        h = edit.graph
         assert computation_hash(h, order) == ref.computation_hash(h, order), name
         last = order[-1]
-        h.control[last] = (*h.control.get(last, ()), order[0])
+        edit.add_control(last, [order[0]])
         assert computation_hash(h, order) == ref.computation_hash(h, order), name
         assert computation_hash(g, order) == ref.computation_hash(g, order), name
 

@@ -184,8 +184,7 @@ def test_incremental_after_a_local_change_is_valid_and_matches_full(nasnet_graph
         from peakcut.transform import remat
 
         rw = remat(g, order, nid, readers[1:])
-        new = rw.graph.copy()
-        new.order = list(rw.order)
+        new = rw.graph.with_order(rw.order)
         result = incremental_schedule(order, nw, new, set(rw.changed) | {nid}, rw.added)
         assert sorted(result.order) == sorted(new.nodes)
         assert Problem(new).is_topological(Problem(new).indices(result.order))

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import torch
 
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, TensorRef, map_refs
 from peakcut.ir.ops import LOAD_OP, STORE_OP
@@ -76,78 +77,76 @@ class GraphBuilder:
     """A float32 graph built op by op; every op output gets a new storage."""
 
     def __init__(self) -> None:
-        self.g = Graph(tensors={}, nodes={}, inputs=[], input_names=[], outputs=[],
-                       output_names=[], storages={}, order=[], control={})
-        self._next = 1
+        empty = Graph(tensors={}, nodes={}, inputs=[], input_names=[], outputs=[],
+                      output_names=[], storages={}, order=[], control={})
+        self._edit = GraphEditor(empty, next_id=2)
 
-    def _id(self) -> int:
-        self._next += 1
-        return self._next
+    @property
+    def g(self) -> Graph:
+        """The graph built so far (the same object while it grows)."""
+        return self._edit.graph
 
-    def _tensor(self, shape: tuple[int, ...], role: Role, name: str) -> int:
-        tid, sid = self._id(), self._id()
+    def _tensor(self, shape: tuple[int, ...], role: Role, name: str) -> TensorMeta:
+        tid = self._edit.new_id()
         stride = tuple(int(s) for s in torch.empty(shape, device="meta").stride())
-        meta = TensorMeta(tid, shape, stride, "float32", sid, 0, role, name)
-        self.g.tensors[tid] = meta
-        self.g.storages[sid] = meta.nbytes
-        return tid
+        nbytes = TensorMeta(tid, shape, stride, "float32", -1, 0, role, name).nbytes
+        return TensorMeta(tid, shape, stride, "float32", self._edit.add_storage(nbytes), 0, role, name)
 
     def input(self, name: str, shape: tuple[int, ...]) -> int:
-        t = self._tensor(shape, Role.INPUT, name)
-        self.g.inputs.append(t)
-        self.g.input_names.append(f"batch:{len(self.g.inputs) - 1}")
-        return t
+        meta = self._tensor(shape, Role.INPUT, name)
+        self._edit.set_tensor(meta)
+        self._edit.set_interface(inputs=[*self.g.inputs, meta.id],
+                                 input_names=[*self.g.input_names, f"batch:{len(self.g.inputs)}"])
+        return meta.id
 
     def op(self, op: str, *args: int, shape: tuple[int, ...], name: str) -> int:
         """Append node `op(*args)` with one output of `shape`; returns the output tensor id."""
         out = self._tensor(shape, Role.ACTIVATION, name)
-        nid = self._id()
-        self.g.add_node(Node(nid, op, tuple(TensorRef(a) for a in args), {}, (out,), name=name,
-                             phase=Phase.FORWARD))
-        self.g.order.append(nid)
-        return out
+        nid = self._edit.new_id()
+        self._edit.add_node(Node(nid, op, tuple(TensorRef(a) for a in args), {}, (out.id,), name=name,
+                                 phase=Phase.FORWARD), [out])
+        self._edit.insert_in_order(len(self.g.order), [nid])
+        return out.id
 
     def output(self, t: int) -> None:
-        self.g.outputs.append(t)
-        self.g.output_names.append(f"out:{len(self.g.outputs) - 1}")
+        self._edit.set_interface(outputs=[*self.g.outputs, t],
+                                 output_names=[*self.g.output_names, f"out:{len(self.g.outputs)}"])
 
 
 def insert_swap(g: Graph, tensor: int, store_after: int, load_before: int,
-                users: list[int]) -> tuple[int, int]:
+                users: list[int]) -> tuple[Graph, int, int]:
     """Swap `tensor` out after node `store_after`, back in before `load_before`; `users` read the copy.
 
-    Returns (store node id, load node id). The graph is checked afterwards.
+    Returns (the new graph, store node id, load node id). The graph is checked.
     """
     meta = g.tensors[tensor]
     nbytes = g.storages[meta.storage]
-    first = g.next_id()
-    host_t, store_id, back_t, load_id = range(first, first + 4)
-    host_s, back_s = max(g.storages) + 1, max(g.storages) + 2
-    g.storages[host_s] = nbytes
-    g.storages[back_s] = nbytes
+    edit = GraphEditor(g)
+    host_t, store_id, back_t, load_id = (edit.new_id() for _ in range(4))
+    host_s, back_s = edit.add_storage(nbytes), edit.add_storage(nbytes)
     host = TensorMeta(host_t, meta.shape, meta.stride, meta.dtype, host_s, meta.storage_offset,
                       Role.ACTIVATION, f"{meta.name}.host")
     back = TensorMeta(back_t, meta.shape, meta.stride, meta.dtype, back_s, meta.storage_offset,
                       Role.ACTIVATION, f"{meta.name}.loaded")
-    g.add_node(Node(store_id, STORE_OP, (TensorRef(tensor),), {}, (host_t,),
-                    name=f"store_{meta.name}"), [host])
-    g.add_node(Node(load_id, LOAD_OP, (TensorRef(host_t),), {"device": torch.device(g.device)},
-                    (back_t,), name=f"load_{meta.name}"), [back])
+    edit.add_node(Node(store_id, STORE_OP, (TensorRef(tensor),), {}, (host_t,),
+                       name=f"store_{meta.name}"), [host])
+    edit.add_node(Node(load_id, LOAD_OP, (TensorRef(host_t),), {"device": torch.device(g.device)},
+                       (back_t,), name=f"load_{meta.name}"), [back])
 
     def reroute(ref: TensorRef) -> TensorRef:
         return TensorRef(back_t) if ref.id == tensor else ref
 
     for nid in users:
         n = g.nodes[nid]
-        g.nodes[nid] = dataclasses.replace(n, args=map_refs(n.args, reroute),
-                                           kwargs=map_refs(n.kwargs, reroute))
-    g._invalidate()
+        edit.replace_node(dataclasses.replace(n, args=map_refs(n.args, reroute),
+                                              kwargs=map_refs(n.kwargs, reroute)))
     order = list(g.order)
     order.insert(order.index(store_after) + 1, store_id)
     order.insert(order.index(load_before), load_id)
-    g.order = order
-    g.check()
-    return store_id, load_id
+    edit.set_order(order)
+    new = edit.finish()
+    new.check()
+    return new, store_id, load_id
 
 
 def swap_chain(between: int = 6, numel: int = 1024) -> tuple[Graph, int, int, int]:

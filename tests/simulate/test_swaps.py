@@ -19,8 +19,8 @@ def _swapped(load_late: bool):
     """The chain with `a` stored right after exp; loaded early (right after the store) or late."""
     g, a, exp, dot = swap_chain(between=BETWEEN)
     first_sin = g.order[g.order.index(exp) + 1]
-    store, load = insert_swap(g, a, store_after=exp, load_before=dot if load_late else first_sin,
-                              users=[dot])
+    g, store, load = insert_swap(g, a, store_after=exp, load_before=dot if load_late else first_sin,
+                                 users=[dot])
     return g, a, store, load, dot
 
 
@@ -124,7 +124,7 @@ def test_swap_in_a_captured_step(small_cnn):
     (x,) = g.nodes[conv].output_ids()
     bn_fwd, bn_bwd = g.users(x)
     assert g.nodes[bn_bwd].op == "aten.native_batch_norm_backward.default"
-    store, load = insert_swap(g, x, store_after=bn_fwd, load_before=bn_bwd, users=[bn_bwd])
+    g, store, load = insert_swap(g, x, store_after=bn_fwd, load_before=bn_bwd, users=[bn_bwd])
     size = g.storages[g.tensors[x].storage]
 
     inline = simulate_timeline(g, None, FakeCost(constant(COMPUTE_S), False, COPY_S))

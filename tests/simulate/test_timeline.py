@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import peakcut
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import GraphError
 from peakcut.memory import simulate
 from peakcut.memory.workspace import node_workspace
@@ -80,8 +81,9 @@ def test_control_dependencies_are_enforced(graph):
     i = next(i for i in range(len(order) - 1)
              if order[i] not in graph.predecessors(order[i + 1]))
     first, second = order[i], order[i + 1]
-    g = graph.copy()
-    g.control[first] = (*g.control.get(first, ()), second)  # first must now run after second
+    edit = GraphEditor(graph)
+    edit.add_control(first, [second])  # first must now run after second
+    g = edit.finish()
     with pytest.raises(GraphError, match="before"):
         simulate_timeline(g, order, FakeCost(constant(1.0)))
     order[i], order[i + 1] = second, first

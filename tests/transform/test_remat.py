@@ -11,6 +11,7 @@ import torch
 
 import peakcut
 from peakcut.codegen.program import Step
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.node import TensorRef
 from peakcut.ir.tags import NodeTags, RematTag
 from peakcut.transform import (
@@ -38,10 +39,9 @@ def later_users(g, node):
 
 def replaced(g, nid, **changes):
     """A copy of g whose node nid has some fields changed (for hand-made broken graphs)."""
-    bad = g.copy()
-    bad.nodes[nid] = dataclasses.replace(g.nodes[nid], **changes)
-    bad._invalidate()
-    return bad
+    edit = GraphEditor(g)
+    edit.replace_node(dataclasses.replace(g.nodes[nid], **changes))
+    return edit.finish()
 
 
 # ---------------------------------------------------------------- reasons
@@ -157,18 +157,19 @@ def test_refuses_a_view_that_cannot_follow(cnn_graph):
     g = cnn_graph
     relu = node_with_op(g, "relu")
     view = node_with_op(g, "view")  # view(relu): moves with the recompute
-    bad = g.copy()
-    out = bad.nodes[view].outputs[0]
-    m = bad.tensors[out]
-    bad.tensors[out] = dataclasses.replace(m, storage_offset=10**6)
+    edit = GraphEditor(g)
+    edit.set_tensor(dataclasses.replace(g.tensors[g.nodes[view].outputs[0]], storage_offset=10**6))
+    bad = edit.finish()
     assert "reaching outside" in why_not_remat(bad, bad.order, relu, [view])
 
 
 def test_refuses_when_an_update_must_come_first(cnn_graph):
     """Without hazard edges the weight's optimizer update may run first; the recompute of the
     convolution that reads the weight would then have to run before it, yet after its inputs."""
-    g = cnn_graph.copy()
-    g.control = {}
+    edit = GraphEditor(cnn_graph)
+    for nid in cnn_graph.control:
+        edit.set_control(nid, ())
+    g = edit.finish()
     conv = node_with_op(g, "convolution")
     update = node_with_op(g, "mul_.Tensor")  # AdamW's weight decay of conv.weight, in place
     assert g.nodes[update].args[0] == TensorRef(g.nodes[node_with_op(g, "detach")].input_ids()[0])
@@ -224,9 +225,10 @@ def test_control_edge_keeps_the_recompute_before_the_parameter_update():
     p1 = g.tensors[g.inputs[g.input_names.index("param:p1")]].storage
     updates = [m for m in g.order if any(g.tensors[t].storage == p1 for t in g.mutated_tensors(m))]
     assert updates and all(a2 in r.graph.control[m] for m in updates)
-    unguarded = r.graph.copy()
-    unguarded.control = {k: v for k, v in ((k, tuple(p for p in v if p != a2))
-                                           for k, v in unguarded.control.items()) if v}
+    edit = GraphEditor(r.graph)
+    for k, v in r.graph.control.items():
+        edit.set_control(k, (p for p in v if p != a2))
+    unguarded = edit.finish()
     for graph, expect in ((r.graph, True), (unguarded, False)):
         order = random_topological_order(graph, seed=0, defer=[a2])
         report = peakcut.check_equivalence(
@@ -305,9 +307,10 @@ def test_deremat_reasons(cnn_graph):
     writer = replaced(new, node_with_op(new, "native_batch_norm"), op="aten.relu_.default",
                       args=(TensorRef(g.nodes[conv].outputs[0]),), kwargs={})
     assert "writes an output" in why_not_deremat(writer, order, a2)
-    out = new.copy()
-    out.outputs = [*out.outputs, new.nodes[a2].outputs[0]]
-    out.output_names = [*out.output_names, "out:extra"]
+    edit = GraphEditor(new)
+    edit.set_interface(outputs=[*new.outputs, new.nodes[a2].outputs[0]],
+                       output_names=[*new.output_names, "out:extra"])
+    out = edit.finish()
     assert "program output" in why_not_deremat(out, order, a2)
     with pytest.raises(RuleError, match="not a recompute"):
         deremat(new, order, conv)

@@ -11,6 +11,7 @@ import torch
 
 import peakcut
 from peakcut.codegen.program import Step
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.ops import LOAD_OP, STORE_OP
 from peakcut.ir.tags import NO_TAGS, NodeTags, SwapTag
 from peakcut.ir.tensor import Role, TensorMeta
@@ -35,9 +36,9 @@ def out(g, op, nth=0):
 
 def with_meta(g, tid, **changes):
     """A copy of g with tensor tid's meta changed."""
-    bad = g.copy()
-    bad.tensors[tid] = dataclasses.replace(g.tensors[tid], **changes)
-    return bad
+    edit = GraphEditor(g)
+    edit.set_tensor(dataclasses.replace(g.tensors[tid], **changes))
+    return edit.finish()
 
 
 def input_named(g, name):
@@ -83,10 +84,11 @@ def test_refuses_swap_results(cnn_graph):
 
 
 def test_refuses_tensor_without_producer(cnn_graph):
-    g = cnn_graph.copy()
-    m = g.tensors[out(g, "relu")]
+    m = cnn_graph.tensors[out(cnn_graph, "relu")]
     orphan = TensorMeta(10**6, m.shape, m.stride, m.dtype, m.storage, 0, Role.ACTIVATION, "orphan")
-    g.tensors[orphan.id] = orphan
+    edit = GraphEditor(cnn_graph)
+    edit.set_tensor(orphan)
+    g = edit.finish()
     assert "no producer" in why_not_swap(g, g.order, orphan.id, [node_with_op(g, "view")])
 
 
@@ -146,9 +148,10 @@ def test_refuses_a_view_that_cannot_follow(cnn_graph):
 def test_view_output_guard(cnn_graph):
     """Views of a rewired tensor that are program outputs never move (the storage-level output
     check refuses first; the guard itself is checked here)."""
-    g = cnn_graph.copy()
-    v = out(g, "view")
-    g.outputs = [*g.outputs, v]
+    v = out(cnn_graph, "view")
+    edit = GraphEditor(cnn_graph)
+    edit.set_interface(outputs=[*cnn_graph.outputs, v], output_names=[*cnn_graph.output_names, "out:v"])
+    g = edit.finish()
     assert "program output" in why_not_move(g, [v], g.storages[g.tensors[v].storage], 0)
 
 
@@ -249,10 +252,9 @@ def test_deswap_reasons(cnn_graph):
     assert "not a load" in why_not_deswap(new, order, store)
 
     def edited(**changes):
-        bad = new.copy()
-        bad.nodes[load] = dataclasses.replace(new.nodes[load], **changes)
-        bad._invalidate()
-        return bad
+        edit = GraphEditor(new)
+        edit.replace_node(dataclasses.replace(new.nodes[load], **changes))
+        return edit.finish()
 
     assert "no swap tag" in why_not_deswap(edited(tags=NO_TAGS), order, load)
     assert "no longer in the graph" in why_not_deswap(edited(tags=NodeTags(swap=SwapTag(10**9))), order,
@@ -261,16 +263,16 @@ def test_deswap_reasons(cnn_graph):
     other = edited(tags=NodeTags(swap=SwapTag(relu)))
     assert "does not load a store of" in why_not_deswap(other, order, load)
     assert "one host tensor" in why_not_deswap(edited(args=()), order, load)
-    writer = new.copy()  # pretend a later node writes the original in place
+    edit = GraphEditor(new)  # pretend a later node writes the original in place
     bnb = node_with_op(g, "native_batch_norm")
-    writer.nodes[bnb] = dataclasses.replace(writer.nodes[bnb], op="aten.relu_.default",
-                                            args=writer.nodes[bnb].args[:1], kwargs={})
-    writer._invalidate()
+    edit.replace_node(dataclasses.replace(new.nodes[bnb], op="aten.relu_.default",
+                                          args=new.nodes[bnb].args[:1], kwargs={}))
+    writer = edit.finish()
     assert "stale" in why_not_deswap(writer, order, load)
     (loaded,) = new.nodes[load].output_ids()
-    as_output = new.copy()
-    as_output.outputs = [*as_output.outputs, loaded]
-    as_output.output_names = [*as_output.output_names, "out:extra"]
+    edit = GraphEditor(new)
+    edit.set_interface(outputs=[*new.outputs, loaded], output_names=[*new.output_names, "out:extra"])
+    as_output = edit.finish()
     assert "program output" in why_not_deswap(as_output, order, load)
     with pytest.raises(RuleError, match="not a load"):
         deswap(new, order, store)

@@ -18,6 +18,7 @@ from torch import nn
 
 import peakcut
 from peakcut.codegen.program import Step
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.tags import TasoTag
 from peakcut.ir.tensor import Role, TensorMeta
@@ -346,10 +347,11 @@ def test_fold_views_and_identities(bert):
 
 def test_shape_check_catches_a_wrong_meta(bert):
     _, g = bert
-    bad = g.copy()
+    edit = GraphEditor(g)
     t = g.nodes[by_name(g, "addmm")].outputs[0]
     m = g.tensors[t]
-    bad.set_tensor(TensorMeta(t, (128, 65), m.stride, m.dtype, m.storage, 0, Role.ACTIVATION))
+    edit.set_tensor(TensorMeta(t, (128, 65), m.stride, m.dtype, m.storage, 0, Role.ACTIVATION))
+    bad = edit.finish()
     with pytest.raises(RuleError, match="shape check: node addmm"):
         shape_check(bad, [by_name(g, "addmm")])
 

@@ -36,6 +36,7 @@ from peakcut.capture.update import (
     unscale,
 )
 from peakcut.capture.with_gradients import capture_with_gradients
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph, StepSignature
 from peakcut.ir.node import Phase
 from peakcut.ir.ops import GATE_OP
@@ -187,11 +188,12 @@ def capture(
         requires_grad=tuple(n for n, p in param_items if p.requires_grad) if mode != "inference" else (),
     )
     g = fx_to_graph(gm, input_names, roles, out_names, out_roles, keep, log, str(dev), signature)
-    g.signature = replace(g.signature, notes=tuple(log.notes))
+    edit = GraphEditor(g)
+    edit.set_signature(replace(g.signature, notes=tuple(log.notes)))
     if grad_scaler and mode == "train":
-        _gate_updates(g)
-    _chain_random(g)
-    return g
+        _gate_updates(edit)
+    _chain_random(edit)
+    return edit.finish()
 
 
 @dataclass(frozen=True)
@@ -320,22 +322,24 @@ def _trace(model: torch.nn.Module, param_items: list, buffer_items: list, batch_
     return _Traced(gm, log, output_info, input_names, roles, train_names, updated, hypers)
 
 
-def _chain_random(g: Graph) -> None:
+def _chain_random(edit: GraphEditor) -> None:
     """Calls that draw random numbers keep their capture order (control edges between them), so
     any schedule draws the same masks from the generator as the eager step (DESIGN invariant 4)."""
+    g = edit.graph
     last: int | None = None
     for nid in g.order:
         node = g.nodes[nid]
         if draws_random(node.op, node.args, node.kwargs):
             if last is not None:
-                g.add_control(nid, last)
+                edit.add_control(nid, [last])
             last = nid
 
 
-def _gate_updates(g: Graph) -> None:
+def _gate_updates(edit: GraphEditor) -> None:
     """The GradScaler's gate (an early return when found_inf) runs after everything the step
     returns or must do whatever it finds (the outputs, buffer updates), and every write of a
     parameter or of optimizer state runs after it."""
+    g = edit.graph
     gates = [n.id for n in g.nodes.values() if n.op == GATE_OP]
     if not gates:
         return
@@ -346,15 +350,15 @@ def _gate_updates(g: Graph) -> None:
     for t in g.outputs:
         producer = g.producer(t)
         if producer is not None and producer != gate:
-            g.add_control(gate, producer)
+            edit.add_control(gate, [producer])
     for node in list(g.nodes.values()):
         if node.id == gate:
             continue
         written = {g.tensors[t].storage for t in node.mutated_ids()}
         if node.phase is Phase.OPTIMIZER and written & owned:
-            g.add_control(node.id, gate)
+            edit.add_control(node.id, [gate])
         elif written & buffers:
-            g.add_control(gate, node.id)
+            edit.add_control(gate, [node.id])
 
 
 def _hook_backward_meta(loss: torch.Tensor) -> None:

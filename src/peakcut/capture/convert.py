@@ -23,6 +23,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from peakcut.capture.realcheck import real_output_dtypes
 from peakcut.capture.trace import CaptureError, TraceLog, kv_cache_hint
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph, StepSignature
 from peakcut.ir.node import Node, Phase, TensorRef
 from peakcut.ir.tags import NO_TAGS, NodeTags
@@ -31,7 +32,7 @@ from peakcut.ir.tensor import Role, TensorMeta, dtype_name
 
 class _Builder:
     def __init__(self) -> None:
-        self.tensors: dict[int, TensorMeta] = {}
+        self.metas: dict[int, TensorMeta] = {}
         self.storages: dict[int, int] = {}
         self._storage_ids: dict[StorageWeakRef, int] = {}
         self._keepalive: list[Any] = []
@@ -55,7 +56,7 @@ class _Builder:
                 nbytes = nbytes // val.element_size() * dtype.itemsize
             self.storages[self._storage_ids[key]] = nbytes
         tid = self.new_id()
-        self.tensors[tid] = TensorMeta(
+        self.metas[tid] = TensorMeta(
             id=tid, shape=tuple(int(s) for s in val.shape), stride=tuple(int(s) for s in val.stride()),
             dtype=dtype_name(dtype), storage=self._storage_ids[key],
             storage_offset=int(val.storage_offset()), role=role, name=name,
@@ -147,18 +148,20 @@ def fx_to_graph(
     for fx_out, name, role, keep in zip(flat, output_names, output_roles, keep_outputs, strict=True):
         tid = env[fx_out]
         if role is not Role.ACTIVATION:
-            b.tensors[tid] = _with_role(b.tensors[tid], role)
+            b.metas[tid] = _with_role(b.metas[tid], role)
         if keep:
             outputs.append(tid)
             out_names.append(name)
 
     g = Graph(
-        tensors=b.tensors, nodes=nodes, inputs=inputs, input_names=list(input_names), outputs=outputs,
+        tensors=b.metas, nodes=nodes, inputs=inputs, input_names=list(input_names), outputs=outputs,
         output_names=out_names, storages=b.storages, order=order, control={}, device=device,
         signature=signature,
     )
-    g.control = mutation_hazards(g)
-    return g
+    edit = GraphEditor(g)
+    for nid, after in mutation_hazards(g).items():
+        edit.set_control(nid, after)
+    return edit.finish()
 
 
 def _constant_node(b: _Builder, nid: int, fx_node: torch.fx.Node, value: Any, device: str,

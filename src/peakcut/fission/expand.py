@@ -81,19 +81,19 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from peakcut.fission.dgraph import DGraph
 from peakcut.fission.ftree import FNode, FTree
 from peakcut.fission.reuse import ExpansionCache, Snapshot, Step
 from peakcut.ir.check import _check_node_shapes, check_graph
 from peakcut.ir.dims import CAT, SAME, DimRule, PartCall, split_node_args
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import Node, Phase, TensorRef, iter_refs, map_refs, resolve_op
-from peakcut.ir.real_dtypes import with_real_dtypes
+from peakcut.ir.infer import InferenceError, Layout, LayoutMemo, Unhashable, encode
+from peakcut.ir.node import Node, Phase, TensorRef, map_refs
 from peakcut.ir.registry import OpKind, lookup
 from peakcut.ir.tags import FissionTag, NodeTags, Path
-from peakcut.ir.tensor import Role, TensorMeta
+from peakcut.ir.tensor import TensorMeta
 from peakcut.transform.rewrite import describe_node, describe_tensor
 
 SUPPORTED_MERGES = (CAT, SAME, "sum", "mean", "nll_mean")
@@ -142,7 +142,7 @@ class _Out:
 
 def expand(g: Graph, order: Sequence[int], tree: FTree, dgraph: DGraph, *,
            check: bool = True, compact: bool = False,
-           memo: dict[tuple[Any, ...], list[Any]] | None = None,
+           memo: LayoutMemo | None = None,
            reuse: ExpansionCache | None = None) -> Expanded:
     """The unrolled graph of every enabled F-Tree node (see module doc); g is not modified.
 
@@ -269,163 +269,78 @@ def _nesting(g: Graph, enabled: Sequence[FNode],
 
 
 class _Expander:
-    """Expands regions one after the other on a private copy of the graph."""
+    """Expands regions one after the other on a private copy of the graph (a GraphEditor's)."""
 
     def __init__(self, g: Graph, order: list[int], rules: Mapping[int, DimRule], compact: bool = False,
-                 memo: dict[tuple[Any, ...], list[_Layout | None]] | None = None) -> None:
-        self.g = g.copy()
+                 memo: LayoutMemo | None = None, *, next_id: int | None = None,
+                 regions: Sequence[ExpandedRegion] = ()) -> None:
+        self.edit = GraphEditor(g, next_id=next_id, memo={} if memo is None else memo)
+        self.g = self.edit.graph
         self.compact = compact
-        self.order = order
+        self.order = list(order)
         self.rules: dict[int, DimRule] = dict(rules)
-        self.regions: list[ExpandedRegion] = []
-        self._next = self.g.next_id()
-        self._fake = FakeTensorMode(allow_non_fake_inputs=False)
-        self._bases: dict[int, torch.Tensor] = {}   # storage id -> fake uint8 tensor spanning it
-        self._memo: dict[tuple[Any, ...], list[_Layout | None]] = {} if memo is None else memo   # see _memo_key
+        self.regions: list[ExpandedRegion] = list(regions)
 
     @classmethod
-    def resumed(cls, snap: Snapshot, compact: bool,
-                memo: dict[tuple[Any, ...], list[_Layout | None]] | None) -> _Expander:
+    def resumed(cls, snap: Snapshot, compact: bool, memo: LayoutMemo | None) -> _Expander:
         """An expander going on from a snapshot (its graph copied: snapshots stay as they are)."""
-        self = cls.__new__(cls)
-        self.g = snap.graph.copy()
-        self.compact = compact
-        self.order = list(snap.order)
-        self.rules = dict(snap.rules)
-        self.regions = list(snap.regions)
-        self._next = snap.next_id
-        self._fake = FakeTensorMode(allow_non_fake_inputs=False)
-        self._bases = {}
-        self._memo = {} if memo is None else memo
-        return self
+        return cls(snap.graph, list(snap.order), snap.rules, compact, memo, next_id=snap.next_id,
+                   regions=snap.regions)
 
     def snapshot(self, steps: tuple[Step, ...], parts: tuple[tuple[dict[int, int], ...], ...]) -> Snapshot:
         """This expander's state after `steps` (copies: the expander goes on)."""
         return Snapshot(self.g.copy(), tuple(self.order), dict(self.rules), tuple(self.regions),
-                        self._next, steps, parts)
+                        self.edit.next_id, steps, parts)
 
-    # ------------------------------------------------------------ ids, fakes, nodes
-    def _id(self) -> int:
-        value = self._next
-        self._next += 1
-        return value
-
-    def _fake_of(self, tid: int) -> torch.Tensor:
-        """A FakeTensor with the tensor's layout in a fake storage shared by its aliases."""
-        meta = self.g.tensors[tid]
-        base = self._bases.get(meta.storage)
-        if base is None:
-            base = torch.empty(self.g.storages[meta.storage], dtype=torch.uint8,
-                               device=self.g.device)
-            self._bases[meta.storage] = base
-        return base.view(meta.torch_dtype).as_strided(meta.shape, meta.stride, meta.storage_offset)
-
+    # ------------------------------------------------------------ nodes
     def _add(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, name: str,
              phase: Phase, module: str, tag: FissionTag, what: str,
              multi_output: bool = False, names: Sequence[str] | None = None,
              inherit: NodeTags | None = None,
              outputs: Sequence[int] | None = None,
              expect: Sequence[tuple[tuple[int, ...], str] | None] | None = None) -> Node:
-        """Add a node running `op`; its output metas come from running it on FakeTensors.
+        """Add a node running `op`; its output metas come from running it on FakeTensors
+        (GraphEditor.add_op: views and in-place results live in their input's storage).
 
-        An output sharing a fake storage with an input lives in that input's storage (views,
-        in-place results); the others get fresh storages of the fake's size. names: output
-        tensor names (default: the node's). outputs: existing tensor ids the node outputs
-        instead (a preallocation outputs the tensor it stands for; the layout must match).
-        expect: per output, the (shape, dtype) it must have (None: anything). what: the node,
-        as error messages name it. tag: its fission tag; inherit: the tags it takes the others
-        from (a part copy keeps its original's).
+        names: output tensor names (default: the node's). outputs: existing tensor ids the
+        node outputs instead (a preallocation outputs the tensor it stands for; the layout must
+        match). expect: per output, the (shape, dtype) it must have (None: anything). what: the
+        node, as error messages name it. tag: its fission tag; inherit: the tags it takes the
+        others from (a part copy keeps its original's).
         """
         g = self.g
-        nid = self._id()
-        out_ids: list[int | None] = []
-        metas: list[TensorMeta] = []
-        fresh: dict[int, int] = {}     # fresh storage of the run -> its storage id
-        layouts = self._layouts(op, args, kwargs, what)
-        for j, layout in enumerate(layouts):
-            want = None if expect is None else expect[j]
-            if layout is None:
-                if want is not None:
-                    raise FissionError(f"{what}: output {j} is missing in the part")
-                out_ids.append(None)
-                continue
-            shape, stride, dtype, offset, source = layout
-            if want is not None and (shape, dtype) != want:
-                raise FissionError(f"{what}: part output {j} is {shape} {dtype}, but the original "
-                                   f"output split along the label is {want[0]} {want[1]}")
-            if source[0] == "in":
-                storage = source[1]
-            else:
-                storage = fresh.get(source[1])
-                if storage is None:
-                    storage = fresh[source[1]] = self._id()
-                    g.storages[storage] = source[2]
-            if outputs is not None:
-                tid = outputs[j]
-                meta = g.tensors[tid]
-                if storage not in fresh.values() or (shape, stride, dtype) != (
-                        meta.shape, meta.stride, meta.dtype):
-                    raise FissionError(f"{what} cannot reproduce the layout of {describe_tensor(g, tid)}")
-                g.storages[meta.storage] = g.storages.pop(storage)   # the same storage, resized
-                self._bases.pop(meta.storage, None)
-                out_ids.append(tid)
-                continue
-            tid = self._id()
-            tname = names[j] if names is not None else (name if len(layouts) == 1 else f"{name}_{j}")
-            metas.append(TensorMeta(tid, shape, stride, dtype, storage, offset,
-                                    Role.ACTIVATION, tname))
-            out_ids.append(tid)
-        node = Node(id=nid, op=op, args=args, kwargs=kwargs, outputs=tuple(out_ids),
-                    multi_output=multi_output, module=module, phase=phase, name=name,
-                    tags=NodeTags(fission=tag) if inherit is None else replace(inherit, fission=tag))
-        g.add_node(node, metas)
-        return node
 
-    def _layouts(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 what: str) -> list[_Layout | None]:
-        """Per output of the op call (None where it returns no tensor): its layout and
-        storage, from running it on FakeTensors of its inputs, or from the memo of an earlier
-        run of the same call on inputs of the same layouts (see _memo_key)."""
-        g = self.g
-        inputs = _input_ids(args, kwargs)
-        key = _memo_key(g, op, args, kwargs, inputs)
-        if key is not None:
-            cached = self._memo.get(key)
-            if cached is not None:
-                return [_rebind(layout, g, inputs) for layout in cached]
-        with self._fake:
-            fakes = {t: self._fake_of(t) for t in inputs}
-            try:
-                fake_args = map_refs(args, lambda r: fakes[r.id])
-                result = with_real_dtypes(op, fake_args, resolve_op(op)(*fake_args, **map_refs(
-                    kwargs, lambda r: fakes[r.id])), torch.device(g.device).type)
-            except (RuntimeError, NotImplementedError, ValueError, TypeError, IndexError) as e:
-                raise FissionError(f"{what} fails on its part inputs: {e}") from None
-        known = {StorageWeakRef(self._bases[g.tensors[t].storage].untyped_storage()): i
-                 for i, t in reversed(list(enumerate(inputs)))}   # the first input of a storage
-        fresh: dict[StorageWeakRef, int] = {}
-        generic: list[_Layout | None] = []
-        for r in list(result) if isinstance(result, (tuple, list)) else [result]:
-            if not isinstance(r, torch.Tensor):
-                generic.append(None)
-                continue
-            ref = StorageWeakRef(r.untyped_storage())
-            if ref in known:
-                source: tuple[Any, ...] = ("in", known[ref])
-            else:
-                index = fresh.setdefault(ref, len(fresh))
-                source = ("fresh", index, int(r.untyped_storage().nbytes()))
-            generic.append((tuple(int(s) for s in r.shape), tuple(int(s) for s in r.stride()),
-                            str(r.dtype).removeprefix("torch."), int(r.storage_offset()), source))
-        if key is not None:
-            self._memo[key] = generic
-        return [_rebind(layout, g, inputs) for layout in generic]
+        def check(layouts: list[Layout | None]) -> None:
+            for j, layout in enumerate(layouts):
+                want = None if expect is None else expect[j]
+                if layout is None:
+                    if want is not None:
+                        raise FissionError(f"{what}: output {j} is missing in the part")
+                    continue
+                shape, stride, dtype, _, source = layout
+                if want is not None and (shape, dtype) != want:
+                    raise FissionError(f"{what}: part output {j} is {shape} {dtype}, but the original "
+                                       f"output split along the label is {want[0]} {want[1]}")
+                if outputs is not None:
+                    meta = g.tensors[outputs[j]]
+                    if source[0] != "fresh" or (shape, stride, dtype) != (meta.shape, meta.stride,
+                                                                          meta.dtype):
+                        raise FissionError(f"{what} cannot reproduce the layout of "
+                                           f"{describe_tensor(g, outputs[j])}")
+
+        tags = NodeTags(fission=tag) if inherit is None else replace(inherit, fission=tag)
+        try:
+            return self.edit.add_op(op, args, kwargs, name=name, phase=phase, module=module,
+                                    tags=tags, multi_output=multi_output, names=names,
+                                    outputs=outputs, check=check)
+        except InferenceError as e:
+            raise FissionError(f"{what} fails on its part inputs: {e.cause}") from None
 
     def _control(self, node: int, after: Iterable[int]) -> None:
         deps = set(self.g.control.get(node, ())) | set(after)
         deps.discard(node)
         if deps:
-            self.g.control[node] = tuple(sorted(deps))
+            self.edit.set_control(node, tuple(sorted(deps)))
 
     # ------------------------------------------------------------ one region
     def region(self, nodes: frozenset[int], labels: Mapping[int, str], n: int, fid: int,
@@ -479,7 +394,7 @@ class _Expander:
             if u not in removed and any(d in removed for d in deps):
                 mapped = {d for d in deps if d not in removed}
                 mapped |= {copy_of[d] for copy_of in parts for d in deps if d in removed}
-                g.control[u] = tuple(sorted(mapped))
+                self.edit.set_control(u, tuple(sorted(mapped)))
         for o in outs:
             for u in readers[o.tensor]:
                 self._control(u, [last_write[o.tensor]])
@@ -491,8 +406,7 @@ class _Expander:
         block_order = allocs + [nid for b in blocks for nid in b] + merges
         after = [v for v in members if v in replayed] + after
         self.order = self.order[:first] + before + block_order + after + self.order[last + 1:]
-        g.order = list(self.order)   # Graph.users follows the graph's own order
-        g.changed()
+        self.edit.set_order(self.order)   # Graph.users follows the graph's own order
         self.regions.append(ExpandedRegion(fid, path, labels[members[0]], n, tuple(allocs),
                                            tuple(tuple(b) for b in blocks), tuple(merges),
                                            tuple(v for v in members if v in replayed)))
@@ -840,25 +754,14 @@ class _Expander:
     # ------------------------------------------------------------ cleanup and result
     def _remove(self, members: list[int], kept: set[int]) -> None:
         """Drop the original nodes of a region and what only they used."""
-        g = self.g
+        self.edit.remove_nodes(members, keep_tensors=kept)
         for v in members:
-            for t in g.nodes[v].output_ids():
-                if t not in kept:
-                    del g.tensors[t]
-            del g.nodes[v]
-            g.control.pop(v, None)
-            g.forget_workspace(v)
             self.rules.pop(v, None)
-        used = {m.storage for m in g.tensors.values()}
-        for s in [s for s in g.storages if s not in used]:
-            del g.storages[s]
-            self._bases.pop(s, None)
-        g.changed()
+        self.edit.remove_unused_storages()
 
     def result(self, check: bool = True) -> Expanded:
-        g = self.g
-        g.order = list(self.order)
-        g.changed()
+        self.edit.set_order(self.order)
+        g = self.edit.finish()
         if check:
             _check(g)
         copies: dict[int, list[int]] = {}
@@ -868,17 +771,6 @@ class _Expander:
                 copies.setdefault(tag.of, []).append(nid)
         return Expanded(g, list(self.order), {k: tuple(v) for k, v in copies.items()},
                         tuple(self.regions))
-
-
-_Layout = tuple[tuple[int, ...], tuple[int, ...], str, int, tuple[Any, ...]]
-"""An op output: shape, stride, dtype, storage offset and storage: ("in", i) the storage of the
-call's i-th input tensor (input_ids order), ("fresh", i, nbytes) its i-th new storage (a
-storage id once rebound, see _rebind)."""
-
-_UNMEMOIZED = ("resize", "set_")
-"""Ops (by name; also every out= overload) whose fake run could change an input's storage."""
-
-_PLAIN = (bool, int, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
 
 
 _PART_CALL = "fission.expand.part_call"   # Node.memo key: {(label, n, k): (rule, metas, PartCall)}
@@ -898,66 +790,6 @@ def _part_call(g: Graph, v: int, rule: DimRule, label: str, n: int, k: int) -> P
     call = split_node_args(g, v, rule, label, n, k)
     calls[(label, n, k)] = (rule, metas, call)
     return call
-
-
-def _input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int]:
-    """The tensor ids an op call reads, in argument order, without repeats (Node.input_ids)."""
-    seen = dict.fromkeys(ref.id for ref in iter_refs(args))
-    seen.update(dict.fromkeys(ref.id for ref in iter_refs(kwargs)))
-    return list(seen)
-
-
-def _memo_key(g: Graph, op: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-              inputs: Sequence[int]) -> tuple[Any, ...] | None:
-    """What the output layouts of an op call can depend on, or None (never memoized).
-
-    The op, its arguments with each tensor replaced by its position among the inputs (scalars
-    tagged with their type: 1, 1.0 and True differ), and per input its shape, stride, dtype,
-    storage offset, storage size and the first input sharing its storage. Runs of the same
-    key on FakeTensors give the same outputs up to the renaming of input storages.
-    """
-    parts = op.split(".")
-    if len(parts) != 3 or parts[2].startswith("out") or any(w in parts[1] for w in _UNMEMOIZED):
-        return None
-    position = {t: i for i, t in enumerate(inputs)}
-    first: dict[int, int] = {}
-    layouts = []
-    for i, t in enumerate(inputs):
-        meta = g.tensors[t]
-        layouts.append((meta.shape, meta.stride, meta.dtype, meta.storage_offset,
-                        g.storages[meta.storage], first.setdefault(meta.storage, i)))
-    try:
-        encoded = _encode(args, position), _encode(kwargs, position)
-    except _Unhashable:
-        return None
-    return op, *encoded, tuple(layouts)
-
-
-class _Unhashable(Exception):
-    """An argument the memo key cannot represent exactly."""
-
-
-def _encode(value: Any, position: Mapping[int, int]) -> Any:
-    """value as a hashable key: type-tagged, TensorRefs as input positions (see _memo_key)."""
-    if isinstance(value, TensorRef):
-        return ("ref", position[value.id])
-    kind = type(value)
-    if kind is float:
-        return (float, value.hex())
-    if kind in _PLAIN:
-        return (kind, value)
-    if kind is list or kind is tuple:
-        return (kind, tuple(_encode(v, position) for v in value))
-    if kind is dict:
-        return (dict, tuple((k, _encode(v, position)) for k, v in value.items()))
-    raise _Unhashable
-
-
-def _rebind(layout: _Layout | None, g: Graph, inputs: Sequence[int]) -> _Layout | None:
-    """A memoized layout with its input storage ("in", i) as the storage id of this call."""
-    if layout is None or layout[4][0] != "in":
-        return layout
-    return (*layout[:4], ("in", g.tensors[inputs[layout[4][1]]].storage))
 
 
 def _check(g: Graph) -> None:
@@ -990,9 +822,9 @@ def _check_key(g: Graph, node: Node) -> tuple[Any, ...] | None:
     inputs = node.input_ids()
     position = {t: i for i, t in enumerate(inputs)}
     try:
-        args = _encode(node.args, position)
-        kwargs = _encode(node.kwargs, position)
-    except _Unhashable:
+        args = encode(node.args, position)
+        kwargs = encode(node.kwargs, position)
+    except Unhashable:
         return None
     layouts = tuple((m.shape, m.stride, m.dtype) for m in (g.tensors[t] for t in inputs))
     outputs = tuple(None if t is None else (g.tensors[t].shape, g.tensors[t].dtype)

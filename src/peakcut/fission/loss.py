@@ -24,6 +24,7 @@ from dataclasses import replace
 
 import torch
 
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
 from peakcut.ir.tensor import Role, TensorMeta
@@ -34,14 +35,13 @@ NLL_BACKWARD = ("aten.nll_loss_backward.default", "aten.nll_loss2d_backward.defa
 
 def detach_loss(g: Graph) -> Graph:
     """A copy of `g` with the loss's gradient seed and target count computed without the loss."""
-    new = g.copy()
-    order = list(new.order)
-    next_id = new.next_id()
+    edit = GraphEditor(g)
+    new = edit.graph
     for nid in list(g.order):
         node = new.nodes[nid]
         if node.op == "aten.ones_like.default" and not new.tensors[node.args[0].id].shape:
             (out,) = node.output_ids()
-            new.replace_node(Node(
+            edit.replace_node(Node(
                 id=nid, op="aten.scalar_tensor.default", args=(1.0,),
                 kwargs={"dtype": new.tensors[out].torch_dtype, "device": torch.device(g.device)},
                 outputs=node.outputs, module=node.module, phase=node.phase, name=node.name,
@@ -53,29 +53,26 @@ def detach_loss(g: Graph) -> Graph:
                 continue
             ignore = node.args[5]
             tw_old = new.tensors[node.args[6].id]
-            mask = TensorMeta(next_id, meta.shape, _contiguous(meta.shape), "bool", next_id + 1, 0,
-                              Role.ACTIVATION, f"{meta.name or target.id}_counted")
-            count = TensorMeta(next_id + 2, (), (), tw_old.dtype, next_id + 3, 0, Role.ACTIVATION,
-                               f"{tw_old.name or 'total_weight'}_upfront")
-            new.storages[mask.storage] = max(1, meta.numel)
-            new.storages[count.storage] = tw_old.itemsize
-            ne = Node(id=next_id + 4, op="aten.ne.Scalar", args=(target, ignore), kwargs={},
+            mask_id = edit.new_id()
+            mask = TensorMeta(mask_id, meta.shape, _contiguous(meta.shape), "bool",
+                              edit.add_storage(max(1, meta.numel)), 0, Role.ACTIVATION,
+                              f"{meta.name or target.id}_counted")
+            count_id = edit.new_id()
+            count = TensorMeta(count_id, (), (), tw_old.dtype, edit.add_storage(tw_old.itemsize), 0,
+                               Role.ACTIVATION, f"{tw_old.name or 'total_weight'}_upfront")
+            ne = Node(id=edit.new_id(), op="aten.ne.Scalar", args=(target, ignore), kwargs={},
                       outputs=(mask.id,), module=node.module, phase=node.phase,
                       name=f"{node.name}_counted")
-            total = Node(id=next_id + 5, op="aten.sum.dim_IntList", args=(TensorRef(mask.id), []),
+            total = Node(id=edit.new_id(), op="aten.sum.dim_IntList", args=(TensorRef(mask.id), []),
                          kwargs={"dtype": tw_old.torch_dtype}, outputs=(count.id,),
                          module=node.module, phase=node.phase, name=f"{node.name}_total_weight")
-            next_id += 6
-            new.add_node(ne, [mask])
-            new.add_node(total, [count])
+            edit.add_node(ne, [mask])
+            edit.add_node(total, [count])
             args = list(node.args)
             args[6] = TensorRef(count.id)
-            new.replace_node(replace(node, args=tuple(args)))
-            at = order.index(nid)
-            order[at:at] = [ne.id, total.id]
-    new.order = order
-    new.changed()
-    return new
+            edit.replace_node(replace(node, args=tuple(args)))
+            edit.insert_in_order(new.order.index(nid), [ne.id, total.id])
+    return edit.finish()
 
 
 def _unweighted_mean(node: Node) -> bool:

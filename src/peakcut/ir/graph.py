@@ -1,18 +1,25 @@
 """The Graph: tensors, nodes, caller-visible inputs/outputs, storages and order.
 
-A Graph is the whole training step. Copying is shallow (nodes and tensor
-metas are immutable), so deriving a variant costs one dict copy per field.
+A Graph is the whole training step, read-only outside peakcut.ir: variants are made with
+peakcut.ir.edit.GraphEditor. Copying is shallow (nodes and tensor metas are immutable), so
+deriving a variant costs one dict copy per field. Queries (producers, users, in-place
+writers, storage owners, host storages) are cached; the editor keeps or drops each cache
+according to the edit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from peakcut.ir.node import Node
 from peakcut.ir.registry import is_opaque
 from peakcut.ir.tensor import Role, TensorMeta
+
+
+_CACHES = ("_producer", "_users", "_successors", "_writers", "_written", "_owner", "_owner_order", "_host")
 
 
 class GraphError(ValueError):
@@ -38,70 +45,149 @@ class StepSignature:
     requires_grad: tuple[str, ...] = ()  # parameters that required a gradient at capture
 
 
-@dataclass
-class Graph:
-    """A captured step. Build with peakcut.capture; mutate only through methods."""
+_FIELDS = ("tensors", "nodes", "inputs", "input_names", "outputs", "output_names", "storages",
+           "order", "control", "device", "signature")
+"""What a graph is (compared by ==, pickled); everything else is a cache."""
 
-    tensors: dict[int, TensorMeta]
-    nodes: dict[int, Node]
-    inputs: list[int]                       # program arguments, in order
+
+class Graph:
+    """A captured step, read-only: change one through peakcut.ir.edit.GraphEditor.
+
+    tensors, nodes, storages and control are read-only mappings (MappingProxyType over the
+    graph's own dicts), the lists and the other attributes cannot be assigned; only the
+    editor (in this package) writes them, and keeps the caches below up to date as it does.
+
+    tensors: tensor id -> meta. nodes: node id -> Node. inputs / outputs: the program's
+    arguments and results (tensor ids, in order) and their names. storages: storage id ->
+    bytes. order: node ids in capture (eager) order. control: node id -> nodes it must run
+    after (mutation hazards). workspace_cache: workspace bytes by model key (the machine),
+    then node id (peakcut.memory.workspace fills it; kept across copies; the editor drops a
+    node's entries when it replaces or removes it).
+    """
+
+    __slots__ = (
+        "tensors", "nodes", "storages", "control", "inputs", "input_names", "outputs",
+        "output_names", "order", "device", "signature", "workspace_cache",
+        "_tensors", "_nodes", "_storages", "_control",
+        # caches, None until asked for (see GraphEditor for which edits keep which)
+        "_producer", "_users", "_successors", "_writers", "_written", "_owner", "_owner_order",
+        "_host",
+    )
+    tensors: Mapping[int, TensorMeta]
+    nodes: Mapping[int, Node]
+    storages: Mapping[int, int]
+    control: Mapping[int, tuple[int, ...]]
+    inputs: list[int]
     input_names: list[str]
-    outputs: list[int]                      # program results, in order
+    outputs: list[int]
     output_names: list[str]
-    storages: dict[int, int]                # storage id -> bytes
-    order: list[int]                        # node ids in capture (eager) order
-    control: dict[int, tuple[int, ...]]     # node id -> nodes it must run after (mutation hazards)
-    device: str = "cpu"
-    signature: StepSignature = field(default_factory=StepSignature)
-    # workspace bytes by model key (the machine), then node id; peakcut.memory.workspace fills it
-    workspace_cache: dict[Hashable, dict[int, int]] = field(default_factory=dict, repr=False, compare=False)
-    _producer: dict[int, int] | None = field(default=None, repr=False, compare=False)
-    _users: dict[int, list[int]] | None = field(default=None, repr=False, compare=False)
-    _successors: dict[int, set[int]] | None = field(default=None, repr=False, compare=False)
-    _writers: dict[int, list[int]] | None = field(default=None, repr=False, compare=False)
-    _owner: dict[int, int] | None = field(default=None, repr=False, compare=False)
-    _owner_order: list[int] | None = field(default=None, repr=False, compare=False)
-    _host: frozenset[int] | None = field(default=None, repr=False, compare=False)
+    order: list[int]
+    device: str
+    signature: StepSignature
+    workspace_cache: dict[Hashable, dict[int, int]]
+    _tensors: dict[int, TensorMeta]
+    _nodes: dict[int, Node]
+    _storages: dict[int, int]
+    _control: dict[int, tuple[int, ...]]
+    _producer: dict[int, int] | None
+    _users: dict[int, list[int]] | None
+    _successors: dict[int, set[int]] | None
+    _writers: dict[int, list[int]] | None
+    _written: frozenset[int] | None          # tensors some node writes in place (with _writers)
+    _owner: dict[int, int] | None
+    _owner_order: list[int] | None
+    _host: frozenset[int] | None
+
+    def __init__(self, tensors: dict[int, TensorMeta], nodes: dict[int, Node], inputs: list[int],
+                 input_names: list[str], outputs: list[int], output_names: list[str],
+                 storages: dict[int, int], order: list[int], control: dict[int, tuple[int, ...]],
+                 device: str = "cpu", signature: StepSignature | None = None,
+                 workspace_cache: dict[Hashable, dict[int, int]] | None = None) -> None:
+        """The graph takes the given dicts and lists over (the caller must not change them)."""
+        init = object.__setattr__
+        init(self, "_tensors", tensors)
+        init(self, "_nodes", nodes)
+        init(self, "_storages", storages)
+        init(self, "_control", control)
+        init(self, "tensors", MappingProxyType(tensors))
+        init(self, "nodes", MappingProxyType(nodes))
+        init(self, "storages", MappingProxyType(storages))
+        init(self, "control", MappingProxyType(control))
+        init(self, "inputs", inputs)
+        init(self, "input_names", input_names)
+        init(self, "outputs", outputs)
+        init(self, "output_names", output_names)
+        init(self, "order", order)
+        init(self, "device", device)
+        init(self, "signature", StepSignature() if signature is None else signature)
+        init(self, "workspace_cache", {} if workspace_cache is None else workspace_cache)
+        for name in _CACHES:
+            init(self, name, None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not name.startswith("_"):
+            raise AttributeError(f"Graph.{name} is read-only: edit a graph with "
+                                 "peakcut.ir.edit.GraphEditor")
+        object.__setattr__(self, name, value)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Graph):
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in _FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"Graph({len(self._nodes)} nodes, {len(self._tensors)} tensors, "
+                f"{len(self._storages)} storages, device={self.device!r})")
+
+    def __getstate__(self) -> dict[str, Any]:
+        # what the graph is; the caches are built again on the other side
+        return {"tensors": self._tensors, "nodes": self._nodes, "inputs": self.inputs,
+                "input_names": self.input_names, "outputs": self.outputs,
+                "output_names": self.output_names, "storages": self._storages, "order": self.order,
+                "control": self._control, "device": self.device, "signature": self.signature,
+                "workspace_cache": self.workspace_cache}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        Graph.__init__(self, **state)
 
     # ---------------------------------------------------------------- copying
     def copy(self) -> Graph:
-        """A variant that can be mutated without touching this graph."""
+        """A variant with its own dicts and lists (no caches yet)."""
         return Graph(
-            tensors=dict(self.tensors), nodes=dict(self.nodes), inputs=list(self.inputs),
+            tensors=dict(self._tensors), nodes=dict(self._nodes), inputs=list(self.inputs),
             input_names=list(self.input_names), outputs=list(self.outputs),
-            output_names=list(self.output_names), storages=dict(self.storages),
-            order=list(self.order), control=dict(self.control), device=self.device,
+            output_names=list(self.output_names), storages=dict(self._storages),
+            order=list(self.order), control=dict(self._control), device=self.device,
             signature=self.signature,
             workspace_cache={key: dict(values) for key, values in self.workspace_cache.items()},
         )
 
-    def _invalidate(self) -> None:
-        self._producer = None
-        self._users = None
-        self._successors = None
-        self._writers = None
-        self._owner = None
-        self._owner_order = None
-        self._host = None
+    def with_order(self, order: Iterable[int]) -> Graph:
+        """A copy whose own (capture) order is `order` (the caller checks it is one)."""
+        variant = self.copy()
+        object.__setattr__(variant, "order", list(order))
+        return variant
 
     # ---------------------------------------------------------------- queries
     def producer(self, tensor: int) -> int | None:
         """The node that outputs `tensor`, or None for program inputs."""
         if self._producer is None:
-            self._producer = {t: n.id for n in self.nodes.values() for t in n.output_tuple}
+            self._producer = {t: n.id for n in self._nodes.values() for t in n.output_tuple}
         return self._producer.get(tensor)
 
     def producer_map(self) -> dict[int, int]:
         """Tensor id -> producing node for every node output (cached; do not modify)."""
         if self._producer is None:
-            self._producer = {t: n.id for n in self.nodes.values() for t in n.output_tuple}
+            self._producer = {t: n.id for n in self._nodes.values() for t in n.output_tuple}
         return self._producer
 
     def users(self, tensor: int) -> list[int]:
         """Nodes that read `tensor`, in capture order."""
         if self._users is None:
             users: dict[int, list[int]] = {}
-            nodes = self.nodes
+            nodes = self._nodes
             for nid in self.order:
                 for t in nodes[nid].input_tuple:
                     found = users.get(t)
@@ -118,7 +204,7 @@ class Graph:
         wanted = set(tensors)
         if self._users is not None or not wanted:
             return {t: list(self.users(t)) for t in wanted}
-        nodes = self.nodes
+        nodes = self._nodes
         order = self.order
         found: dict[int, list[int]] = {t: [] for t in wanted}
         disjoint = wanted.isdisjoint
@@ -131,8 +217,8 @@ class Graph:
     def predecessors(self, node: int) -> set[int]:
         """Nodes that must run before `node`: producers of its inputs and control deps."""
         producer = self.producer_map()
-        preds = {p for t in self.nodes[node].input_tuple if (p := producer.get(t)) is not None}
-        preds.update(self.control.get(node, ()))
+        preds = {p for t in self._nodes[node].input_tuple if (p := producer.get(t)) is not None}
+        preds.update(self._control.get(node, ()))
         preds.discard(node)
         return preds
 
@@ -140,7 +226,7 @@ class Graph:
         """Nodes that must run after `node`: readers of its outputs and control dependants."""
         if self._successors is None:
             succ: dict[int, set[int]] = {}
-            for nid in self.nodes:
+            for nid in self._nodes:
                 for p in self.predecessors(nid):
                     succ.setdefault(p, set()).add(nid)
             self._successors = succ
@@ -150,82 +236,65 @@ class Graph:
         """Nodes that write `storage` in place, in graph order (cached until the graph changes)."""
         if self._writers is None:
             writers: dict[int, list[int]] = {}
-            nodes = self.nodes
-            tensors = self.tensors
+            written: set[int] = set()
+            nodes = self._nodes
+            tensors = self._tensors
             for nid in self._writing_nodes():
                 for t in nodes[nid].mutated_ids():
+                    written.add(t)
                     found = writers.setdefault(tensors[t].storage, [])
                     if nid not in found:
                         found.append(nid)
             self._writers = writers
+            self._written = frozenset(written)
         return self._writers.get(storage, [])
 
     def _writing_nodes(self) -> list[int]:
         """Nodes of self.order that write a tensor in place (or whose op is unknown), in order."""
-        nodes = self.nodes
+        nodes = self._nodes
         # Node._mutated is what mutated_ids() returns, None when it raises (kept: it raises)
         return [nid for nid in self.order if (written := nodes[nid]._mutated) or written is None]
 
-    def adopt_caches(self, other: Graph, added: Iterable[Node]) -> None:
-        """Take over `other`'s cached producers, in-place writers and host storages, with the
-        nodes `added` (added last, in this order) included, instead of rebuilding them.
-
-        For a graph made from `other` by adding `added`, rewiring readers (their outputs
-        unchanged) and re-homing views that no node writes in place and no swap-out makes,
-        with the nodes of `other` in the same relative order and no node removed: what swap
-        and remat do (their preconditions guarantee the rest). Call it after the last edit;
-        any later edit drops the caches again.
-        """
-        from peakcut.ir.ops import STORE_OP
-
-        added = list(added)
-        if other._producer is not None:
-            producer = dict(other._producer)
-            for n in added:
-                for t in n.output_tuple:
-                    producer[t] = n.id
-            self._producer = producer
-        if not any(n.mutated_ids() for n in added):
-            self._writers = other._writers   # shared, read-only
-        if other._host is not None:
-            tensors = self.tensors
-            self._host = other._host | {tensors[t].storage for n in added if n.op == STORE_OP
-                                        for t in n.output_tuple}
+    def forget_workspace(self, node: int) -> None:
+        """Drop the cached workspace of node id `node` (the editor replaced or removed it)."""
+        for values in self.workspace_cache.values():
+            values.pop(node, None)
 
     def mutated_tensors(self, node: int) -> list[int]:
         """Input tensors that `node` writes in place (from the op schema)."""
-        return list(self.nodes[node].mutated_ids())
+        return list(self._nodes[node].mutated_ids())
 
     def is_opaque(self, node: int) -> bool:
         """True when the registry does not know the op: it runs, untransformed."""
-        return is_opaque(self.nodes[node].op)
+        return is_opaque(self._nodes[node].op)
 
     def tensors_with_role(self, role: Role) -> list[TensorMeta]:
-        return [t for t in self.tensors.values() if t.role is role]
+        return [t for t in self._tensors.values() if t.role is role]
 
     def caller_held_storages(self) -> set[int]:
         """Storages of program inputs: held by the caller for the whole step."""
-        return {self.tensors[t].storage for t in self.inputs}
+        return {self._tensors[t].storage for t in self.inputs}
 
     def host_storages(self) -> set[int]:
         """Storages in host memory: the outputs of swap-out (peakcut.store) nodes."""
         from peakcut.ir.ops import STORE_OP
 
         if self._host is None:
-            tensors = self.tensors
-            self._host = frozenset({tensors[t].storage for n in self.nodes.values() if n.op == STORE_OP
+            tensors = self._tensors
+            self._host = frozenset({tensors[t].storage for n in self._nodes.values() if n.op == STORE_OP
                                     for t in n.output_tuple})
         return set(self._host)
 
     def is_host_storage(self, storage: int) -> bool:
         """storage in host_storages(), without building the set (cached until the graph changes)."""
-        if self._host is None:
-            self.host_storages()
         host = self._host
+        if host is None:
+            self.host_storages()
+            host = self._host
         return host is not None and storage in host
 
     def output_storages(self) -> set[int]:
-        return {self.tensors[t].storage for t in self.outputs}
+        return {self._tensors[t].storage for t in self.outputs}
 
     def storage_owner(self) -> dict[int, int]:
         """Storage id -> node that allocates it (the first producer in capture order)."""
@@ -239,8 +308,8 @@ class Graph:
         # cached until the graph changes or self.order is assigned another list
         if self._owner is None or self._owner_order is not self.order:
             held = self.caller_held_storages()
-            nodes = self.nodes
-            tensors = self.tensors
+            nodes = self._nodes
+            tensors = self._tensors
             owner: dict[int, int] = {}
             for nid in self.order:
                 for t in nodes[nid].output_tuple:
@@ -252,73 +321,11 @@ class Graph:
         return self._owner
 
     def param_bytes(self) -> int:
-        return sum(self.storages[s] for s in {t.storage for t in self.tensors_with_role(Role.PARAM)})
-
-    # ---------------------------------------------------------------- mutation
-    def add_node(self, node: Node, tensors: Iterable[TensorMeta] = ()) -> None:
-        """Add a node and its new output tensors (order is not changed)."""
-        if node.id in self.nodes:
-            raise GraphError(f"node id {node.id} already exists")
-        for t in tensors:
-            self.tensors[t.id] = t
-        self.nodes[node.id] = node
-        self.forget_workspace(node.id)
-        self._invalidate()
-
-    def remove_node(self, node: int) -> None:
-        """Remove a node that nobody uses any more (its outputs go too)."""
-        n = self.nodes[node]
-        for t in n.output_ids():
-            if self.users(t) or t in self.outputs:
-                raise GraphError(f"cannot remove {n.name or n.op}: output {t} is still used")
-        for t in n.output_ids():
-            del self.tensors[t]
-        del self.nodes[node]
-        self.forget_workspace(node)
-        self.order = [x for x in self.order if x != node]
-        self.control.pop(node, None)
-        self._invalidate()
-
-    def replace_node(self, node: Node) -> None:
-        """Put `node` in place of the node with the same id (its outputs must stay the same)."""
-        if node.id not in self.nodes:
-            raise GraphError(f"cannot replace node {node.id}: no such node")
-        self.nodes[node.id] = node
-        self.forget_workspace(node.id)
-        self._invalidate()
-
-    def forget_workspace(self, node: int) -> None:
-        """Drop the cached workspace of node id `node` (its node was replaced or removed)."""
-        for values in self.workspace_cache.values():
-            values.pop(node, None)
-
-    def set_tensor(self, meta: TensorMeta) -> None:
-        """Add or replace a tensor's metadata (e.g. a view that moves to another storage)."""
-        self.tensors[meta.id] = meta
-        self._invalidate()
-
-    def add_control(self, node: int, after: int) -> None:
-        """Make `node` run after `after` (an ordering edge with no data)."""
-        if node not in self.nodes or after not in self.nodes:
-            raise GraphError(f"add_control: unknown node {node if node not in self.nodes else after}")
-        found = self.control.get(node, ())
-        if after not in found:
-            self.control[node] = (*found, after)
-            self.changed()
-
-    def changed(self) -> None:
-        """Tell the graph that nodes, tensors or control edges were edited directly.
-
-        Cached producers, users, successors, in-place writers, storage owners and host
-        storages are dropped and rebuilt when next asked for (storage owners also when
-        `order` is assigned another list); cached workspaces are kept (they depend on a
-        node's op and shapes only; replace_node drops the replaced node's).
-        """
-        self._invalidate()
+        return sum(self._storages[s] for s in {t.storage for t in self.tensors_with_role(Role.PARAM)})
 
     def next_id(self) -> int:
         """A fresh id, unused by any node, tensor or storage (they share one numbering)."""
-        return max(max(self.nodes, default=0), max(self.tensors, default=0), max(self.storages, default=0)) + 1
+        return max(max(self._nodes, default=0), max(self._tensors, default=0), max(self._storages, default=0)) + 1
 
     # ---------------------------------------------------------------- checks and (de)serialization
     def check(self) -> None:
@@ -340,9 +347,9 @@ class Graph:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "nodes": len(self.nodes),
-            "tensors": len(self.tensors),
-            "storages": len(self.storages),
+            "nodes": len(self._nodes),
+            "tensors": len(self._tensors),
+            "storages": len(self._storages),
             "param_bytes": self.param_bytes(),
-            "opaque_nodes": sum(1 for n in self.nodes if self.is_opaque(n)),
+            "opaque_nodes": sum(1 for n in self._nodes if self.is_opaque(n)),
         }

@@ -368,8 +368,7 @@ class Deriver:
         touched = set(rw.changed) | set(rw.removed)
         if reschedule_interval(parent.order, nw, touched) is None:
             return rw.order    # no narrow interval: Algorithm 2 would fall back to a full schedule
-        h = rw.graph.copy()
-        h.order = list(rw.order)
+        h = rw.graph.with_order(rw.order)
         result = incremental_schedule(parent.order, nw, h, touched, rw.added, time_limit=RESCHEDULE_SECONDS)
         if result.peak_bytes < simulate(rw.graph, rw.order, self.workspace).peak_bytes:
             return list(result.order)
@@ -482,8 +481,7 @@ def carry_enabled(old: FTree, new: FTree) -> tuple[FTree, list[int]]:
 
 
 def narrow_waist(g: Graph, order: list[int]) -> dict[int, int]:
-    h = g.copy()
-    h.order = list(order)
+    h = g.with_order(order)
     problem = Problem(h)
     return {problem.ids[v]: value for v, value in Reachability(problem).narrow_waist().items()}
 

@@ -104,7 +104,7 @@ def incremental_schedule(old_order: Sequence[int], narrow_waist: dict[int, int],
     middle = _with_added(new_graph, middle, added)
     spliced = before + middle + after
     try:
-        problem = Problem(_with_order(new_graph, spliced))
+        problem = Problem(new_graph.with_order(spliced))
     except GraphError:  # the splice is not topological
         return _full(new_graph, t0, settings, time_limit, "the change reaches outside the interval")
     order = problem.eager_order()  # == spliced, as node indices
@@ -129,12 +129,6 @@ def _with_added(g: Graph, middle: list[int], added: list[int]) -> list[int]:
             at = max((i + 1 for i, nid in enumerate(out) if nid in preds), default=0)
         out.insert(at, a)
     return out
-
-
-def _with_order(g: Graph, order: list[int]) -> Graph:
-    h = g.copy()
-    h.order = list(order)
-    return h
 
 
 def _full(g: Graph, t0: float, settings: IntervalSettings, time_limit: float, why: str) -> IncrementalResult:

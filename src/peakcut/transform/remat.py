@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from peakcut.ir.edit import GraphEditor, splice
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node
 from peakcut.ir.registry import OpKind, draws_random, lookup
 from peakcut.ir.tags import NodeTags, RematTag
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.transform.rewrite import (
-    IdAllocator,
     Rewrite,
     RuleError,
     StorageMove,
@@ -37,9 +37,6 @@ from peakcut.transform.rewrite import (
     positions,
     program_output_storages,
     reads_any,
-    replace_node,
-    rewire,
-    splice,
     why_not_move,
     writers_of,
 )
@@ -194,8 +191,7 @@ def remat(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> Re
     if isinstance(plan, str):
         raise RuleError(plan)
     a = g.nodes[node]
-    new = g.copy()
-    fresh = IdAllocator(g)
+    edit = GraphEditor(g)
     storage_map: dict[int, int] = {}
     out_map: dict[int, int] = {}
     metas: list[TensorMeta] = []
@@ -206,35 +202,32 @@ def remat(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> Re
             continue
         meta = g.tensors[t]
         if meta.storage not in storage_map:
-            storage_map[meta.storage] = fresh()
-            new.storages[storage_map[meta.storage]] = g.storages[meta.storage]
-        t2 = fresh()
+            storage_map[meta.storage] = edit.add_storage(g.storages[meta.storage])
+        t2 = edit.new_id()
         metas.append(TensorMeta(t2, meta.shape, meta.stride, meta.dtype, storage_map[meta.storage],
                                 meta.storage_offset, Role.ACTIVATION, f"{meta.name or t}_remat"))
         out_map[t] = t2
         outputs.append(t2)
     first_user = g.nodes[plan.users[0]]
-    a2 = Node(id=fresh(), op=a.op, args=a.args, kwargs=dict(a.kwargs), outputs=tuple(outputs),
+    a2 = Node(id=edit.new_id(), op=a.op, args=a.args, kwargs=dict(a.kwargs), outputs=tuple(outputs),
               multi_output=a.multi_output, module=a.module, phase=first_user.phase,
               name=f"{a.name or a.id}_remat", tags=NodeTags(remat=RematTag(a.id)))
     moves = [StorageMove(s, s2, 0, tuple(v for v in alias_closure(g, s, plan.users)
                                          if v not in out_map))
              for s, s2 in storage_map.items()]
-    new.add_node(a2, metas)
+    edit.add_node(a2, metas)
     for u in plan.users:
-        replace_node(new, rewire(g.nodes[u], out_map))
-    apply_moves(new, moves)
+        edit.rewire(u, out_map)
+    apply_moves(edit, moves)   # see _plan: nothing that is written in place moves
     if node in g.control:
-        new.control[a2.id] = g.control[node]
+        edit.set_control(a2.id, g.control[node])
     for m in plan.hazards:
-        new.control[m] = tuple(sorted({*g.control.get(m, ()), a2.id}))
-    new.order = splice(g.order, a2.id, plan.capture_position)
-    new.changed()
-    new.adopt_caches(g, [a2])   # see _plan: nothing that is written in place moves
+        edit.set_control(m, tuple(sorted({*g.control.get(m, ()), a2.id})))
+    edit.insert_in_order(plan.capture_position, [a2.id])
     guard = (f"; runs before in-place writer(s) {', '.join(g.nodes[m].name for m in plan.hazards)}"
              if plan.hazards else "")
     return Rewrite(
-        graph=new, order=splice(order, a2.id, plan.position), added=(a2.id,),
+        graph=edit.finish(), order=splice(order, plan.position, [a2.id]), added=(a2.id,),
         changed=tuple(dict.fromkeys((*plan.users, *plan.hazards))), removed=(),
         description=f"recompute {describe_node(g, node)} for {describe_users(g, plan.users)}{guard}",
     )
@@ -306,22 +299,17 @@ def deremat(g: Graph, order: Sequence[int], remat_node: int) -> Rewrite:
     moves = [StorageMove(s2, s, 0, tuple(v for v in alias_closure(g, s2, readers)
                                          if v not in out_map))
              for s2, s in storage_map.items()]
-    new = g.copy()
+    edit = GraphEditor(g)
     for u in readers:
-        replace_node(new, rewire(g.nodes[u], out_map))
-    apply_moves(new, moves)
+        edit.rewire(u, out_map)
+    apply_moves(edit, moves)
     guarded = [m for m, preds in g.control.items() if remat_node in preds and m != remat_node]
     for m in guarded:
-        rest = tuple(p for p in new.control[m] if p != remat_node)
-        if rest:
-            new.control[m] = rest
-        else:
-            del new.control[m]
-    new.remove_node(remat_node)
-    for s2 in storage_map:
-        del new.storages[s2]
+        edit.set_control(m, (p for p in g.control[m] if p != remat_node))
+    edit.remove_node(remat_node)
+    edit.remove_storages(storage_map)
     return Rewrite(
-        graph=new, order=[x for x in order if x != remat_node], added=(),
+        graph=edit.finish(), order=[x for x in order if x != remat_node], added=(),
         changed=tuple(dict.fromkeys((*readers, *guarded))), removed=(remat_node,),
         description=f"drop recompute {describe_node(g, remat_node)}: its users read "
                     f"{describe_node(g, a.id)} again",

@@ -1,20 +1,21 @@
 """What every rule returns (Rewrite), how it refuses (RuleError), and the graph helpers the
-scheduling-based rules share: fresh ids, ancestry, in-place writers of a storage, rewiring a
-node's tensor arguments and moving the views a rewired node creates into a new storage.
+scheduling-based rules share: ancestry, in-place writers of a storage, naming for messages,
+and moving the views a rewired node creates into a new storage.
 
-Rules are pure: they copy the graph (Graph.copy is shallow; nodes and tensor metas are
-immutable and are replaced, never edited) and never touch their input. The new graph's own
-Graph.order (its capture/default order) gets the new nodes spliced in by the same rule as the
-Rewrite's order, so both stay valid topological orders.
+Rules are pure: they edit a copy of the graph through peakcut.ir.edit.GraphEditor and never
+touch their input. The new graph's own Graph.order (its capture/default order) gets the new
+nodes spliced in by the same rule as the Rewrite's order, so both stay valid topological
+orders.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import Node, TensorRef, map_refs
+from peakcut.ir.node import Node
 from peakcut.ir.tensor import TensorMeta
 
 
@@ -63,19 +64,6 @@ def describe_tensor(g: Graph, tid: int) -> str:
     t = g.tensors[tid]
     shape = "x".join(str(s) for s in t.shape) or "scalar"
     return f"tensor {t.name or tid} (id {tid}, {t.role.value}, {shape} {t.dtype})"
-
-
-# ------------------------------------------------------------------ ids
-class IdAllocator:
-    """Fresh ids for nodes, tensors and storages of one derived graph (one shared numbering)."""
-
-    def __init__(self, g: Graph) -> None:
-        self._next = g.next_id()
-
-    def __call__(self) -> int:
-        value = self._next
-        self._next += 1
-        return value
 
 
 # ------------------------------------------------------------------ structure
@@ -134,26 +122,7 @@ def program_output_storages(g: Graph) -> set[int]:
     return {g.tensors[t].storage for t in g.outputs}
 
 
-# ------------------------------------------------------------------ rewiring
-def rewire(node: Node, mapping: Mapping[int, int]) -> Node:
-    """The same node reading mapping[t] in place of every tensor t in `mapping`."""
-
-    def swap_ref(ref: TensorRef) -> TensorRef:
-        return TensorRef(mapping.get(ref.id, ref.id))
-
-    return Node(
-        id=node.id, op=node.op, args=map_refs(node.args, swap_ref),
-        kwargs=map_refs(node.kwargs, swap_ref), outputs=node.outputs,
-        multi_output=node.multi_output, module=node.module, phase=node.phase, name=node.name,
-        tags=node.tags,
-    )
-
-
-def replace_node(g: Graph, node: Node) -> None:
-    """Put `node` in place of the node with its id (g is a copy owned by the rule)."""
-    g.replace_node(node)
-
-
+# ------------------------------------------------------------------ moving views
 def reads_any(node: Node, tensors: Iterable[int]) -> bool:
     wanted = set(tensors)
     return any(t in wanted for t in node.input_ids())
@@ -229,18 +198,12 @@ def why_not_move(g: Graph, tensors: Iterable[int], new_bytes: int, shift_bytes: 
     return None
 
 
-def apply_moves(g: Graph, moves: Iterable[StorageMove]) -> None:
-    """Re-home the tensors of each move (mutates `g`, a copy owned by the rule)."""
+def apply_moves(edit: GraphEditor, moves: Iterable[StorageMove]) -> None:
+    """Re-home the tensors of each move in the graph being edited."""
+    g = edit.graph
     for move in moves:
         for t in move.tensors:
             meta = moved_meta(g.tensors[t], move.new_storage, move.shift_bytes)
             if meta is None:  # guarded by why_not_move in every rule
                 raise RuleError(f"internal: {describe_tensor(g, t)} cannot be re-homed")
-            g.set_tensor(meta)
-
-
-def splice(order: Sequence[int], node: int, before: int) -> list[int]:
-    """`order` with `node` inserted at position `before` (0 = first)."""
-    out = list(order)
-    out.insert(before, node)
-    return out
+            edit.set_tensor(meta)

@@ -18,13 +18,13 @@ from collections.abc import Sequence
 
 import torch
 
+from peakcut.ir.edit import GraphEditor, splice
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
 from peakcut.ir.ops import LOAD_OP, STORE_OP, is_swap_op
 from peakcut.ir.tags import NodeTags, SwapTag
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.transform.rewrite import (
-    IdAllocator,
     Rewrite,
     RuleError,
     StorageMove,
@@ -37,8 +37,6 @@ from peakcut.transform.rewrite import (
     describe_users,
     program_output_storages,
     reads_any,
-    replace_node,
-    rewire,
     why_not_move,
     writers_of,
 )
@@ -137,10 +135,9 @@ def why_not_swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[in
 
 def _spliced(order: Sequence[int], producer: int, first_user: int, store: int,
              load: int) -> list[int]:
-    out = list(order)
-    out.insert(out.index(producer) + 1, store)
-    out.insert(out.index(first_user), load)
-    return out
+    """`order` with `store` right after `producer` and `load` right before `first_user`."""
+    out = splice(order, list(order).index(producer) + 1, [store])
+    return splice(out, out.index(first_user), [load])
 
 
 def swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> Rewrite:
@@ -162,36 +159,34 @@ def swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> R
     first = g.nodes[users[0]]
     capture_first = min(users, key=g.order.index)
 
-    new = g.copy()
-    fresh = IdAllocator(g)
+    edit = GraphEditor(g)
     label = meta.name or str(tensor)
-    host_storage, device_storage = fresh(), fresh()
-    new.storages[host_storage] = meta.nbytes
-    new.storages[device_storage] = meta.nbytes
-    host = TensorMeta(fresh(), meta.shape, meta.stride, meta.dtype, host_storage, 0,
+    host_storage, device_storage = edit.add_storage(meta.nbytes), edit.add_storage(meta.nbytes)
+    host = TensorMeta(edit.new_id(), meta.shape, meta.stride, meta.dtype, host_storage, 0,
                       Role.ACTIVATION, f"{label}_host")
-    loaded = TensorMeta(fresh(), meta.shape, meta.stride, meta.dtype, device_storage, 0,
+    loaded = TensorMeta(edit.new_id(), meta.shape, meta.stride, meta.dtype, device_storage, 0,
                         Role.ACTIVATION, f"{label}_loaded")
     tags = NodeTags(swap=SwapTag(tensor))
-    store = Node(id=fresh(), op=STORE_OP, args=(TensorRef(tensor),), kwargs={},
+    store = Node(id=edit.new_id(), op=STORE_OP, args=(TensorRef(tensor),), kwargs={},
                  outputs=(host.id,), module=prod.module, phase=prod.phase,
                  name=f"store_{label}", tags=tags)
-    load = Node(id=fresh(), op=LOAD_OP, args=(TensorRef(host.id),),
+    load = Node(id=edit.new_id(), op=LOAD_OP, args=(TensorRef(host.id),),
                 kwargs={"device": torch.device(g.device)}, outputs=(loaded.id,),
                 module=first.module, phase=first.phase, name=f"load_{label}",
                 tags=tags)
     views = tuple(v for v in alias_closure(g, meta.storage, users) if v != tensor)
-    new.add_node(store, [host])
-    new.add_node(load, [loaded])
+    edit.add_node(store, [host])
+    edit.add_node(load, [loaded])
     for u in users:
-        replace_node(new, rewire(g.nodes[u], {tensor: loaded.id}))
-    apply_moves(new, [StorageMove(meta.storage, device_storage,
-                                  meta.storage_offset * meta.itemsize, views)])
-    new.order = _spliced(g.order, prod.id, capture_first, store.id, load.id)
-    new.changed()
-    new.adopt_caches(g, [store, load])   # nothing written in place (_why_not_stale) moves
+        edit.rewire(u, {tensor: loaded.id})
+    # nothing written in place (_why_not_stale) moves
+    apply_moves(edit, [StorageMove(meta.storage, device_storage,
+                                   meta.storage_offset * meta.itemsize, views)])
+    at = g.order.index(prod.id) + 1
+    edit.insert_in_order(at, [store.id])
+    edit.insert_in_order(edit.graph.order.index(capture_first), [load.id])
     return Rewrite(
-        graph=new, order=_spliced(order, prod.id, first.id, store.id, load.id),
+        graph=edit.finish(), order=_spliced(order, prod.id, first.id, store.id, load.id),
         added=(store.id, load.id), changed=tuple(users), removed=(),
         description=(f"swap {describe_tensor(g, tensor)} out after {describe_node(g, prod.id)}, "
                      f"in before {describe_users(g, users)}"),
@@ -261,20 +256,20 @@ def deswap(g: Graph, order: Sequence[int], load_node: int) -> Rewrite:
     loaded_storage = g.tensors[loaded].storage
     views = tuple(v for v in alias_closure(g, loaded_storage, readers) if v != loaded)
 
-    new = g.copy()
+    edit = GraphEditor(g)
     for u in readers:
-        replace_node(new, rewire(g.nodes[u], {loaded: tensor}))
-    apply_moves(new, [StorageMove(loaded_storage, meta.storage,
-                                  -meta.storage_offset * meta.itemsize, views)])
-    new.remove_node(load_node)
-    del new.storages[loaded_storage]
+        edit.rewire(u, {loaded: tensor})
+    apply_moves(edit, [StorageMove(loaded_storage, meta.storage,
+                                   -meta.storage_offset * meta.itemsize, views)])
+    edit.remove_node(load_node)
+    edit.remove_storages([loaded_storage])
     removed = [load_node]
-    if not new.users(host):
-        new.remove_node(store)
-        del new.storages[g.tensors[host].storage]
+    if not edit.graph.users(host):
+        edit.remove_node(store)
+        edit.remove_storages([g.tensors[host].storage])
         removed.append(store)
     return Rewrite(
-        graph=new, order=[x for x in order if x not in removed], added=(),
+        graph=edit.finish(), order=[x for x in order if x not in removed], added=(),
         changed=tuple(readers), removed=tuple(removed),
         description=f"un-swap {describe_tensor(g, tensor)}: {len(readers)} reader(s) read it again",
     )

@@ -166,8 +166,7 @@ def _plan_views(g: Graph, order: Sequence[int], node: int,
     except (RuleError, ValueError) as e:
         return f"{what} cannot view {describe_tensor(g, x)} directly: {e}"
     meta = g.tensors[result]
-    got = (tuple(out.shape), tuple(out.stride()), int(out.storage_offset())) if out is not None \
-        else None
+    got = (out[0], out[1], out[3]) if out is not None else None
     if got != (meta.shape, meta.stride, meta.storage_offset):
         return (f"{what} of {describe_tensor(g, x)} would give {got}, not the layout "
                 f"{(meta.shape, meta.stride, meta.storage_offset)} of its result")

@@ -1,13 +1,13 @@
-"""The machinery the TASO-style rules share: an Edit that builds the rewritten graph (new nodes
-with metas derived on FakeTensors, rewired readers, views re-derived when the tensor they look
-at moves, removed nodes, control edges, storages), the order it splices everything into, and
-the checks every rule runs before returning.
+"""The machinery the TASO-style rules share: an Edit that builds the rewritten graph on a
+peakcut.ir.edit.GraphEditor (new nodes with metas derived on FakeTensors, rewired readers,
+views re-derived when the tensor they look at moves, removed nodes, control edges, storages),
+the order it splices everything into, and the checks every rule runs before returning.
 
-Metas of new tensors and of moved views come from running the ops on FakeTensors built from
-the graph's metas (shape, stride, storage offset, dtype): a view's storage is the one of the
-tensor it views (its first tensor argument), anything else gets a fresh storage of the bytes
-its result spans. The shape check after a rewrite re-runs every new and rewired node and
-compares with the metas the rest of the graph expects.
+Metas of new tensors and of moved views come from running the ops on FakeTensors laid out like
+the graph's tensors with the real storage identity (peakcut.ir.infer): a view lives in the
+storage of the tensor it views, anything else in a fresh storage of the bytes its run
+allocates. The shape check after a rewrite re-runs every new and rewired node and compares
+with the metas the rest of the graph expects.
 """
 
 from __future__ import annotations
@@ -15,16 +15,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import torch
-
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import Node, Phase, iter_refs, map_refs
-from peakcut.ir.real_dtypes import with_real_dtypes
+from peakcut.ir.infer import FakeStorages, InferenceError, Layout
+from peakcut.ir.node import Node, Phase, iter_refs
 from peakcut.ir.registry import OpKind, lookup, mutated_arguments
 from peakcut.ir.tags import NodeTags, TasoTag
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.transform.rewrite import (
-    IdAllocator,
     Rewrite,
     RuleError,
     ancestors,
@@ -32,7 +30,6 @@ from peakcut.transform.rewrite import (
     describe_tensor,
     extent_bytes,
     positions,
-    rewire,
     writers_of,
 )
 
@@ -104,52 +101,33 @@ def why_not_writes(g: Graph, nodes: Sequence[int], tensors: Iterable[int],
 
 
 # ------------------------------------------------------------------ fake execution
-def _fake_input(g: Graph, tid: int, device: str) -> torch.Tensor:
-    m = g.tensors[tid]
-    room = max(g.storages.get(m.storage, 0), extent_bytes(m)) // m.itemsize
-    base = torch.empty((room,), dtype=m.torch_dtype, device=device)
-    return base.as_strided(m.shape, m.stride, m.storage_offset)
+def run_fake(g: Graph, node: Node, fakes: FakeStorages | None = None) -> list[Layout | None]:
+    """The layouts of `node`'s results run on FakeTensors laid out like g's metas of its inputs
+    (peakcut.ir.infer: real storage identity), listed like node.outputs; a RuleError naming
+    the node when the op rejects those inputs or has no fake kernel. fakes: the fake storages
+    to run on (default: new ones)."""
+    try:
+        return (FakeStorages() if fakes is None else fakes).layouts(g, node.op, node.args,
+                                                                    node.kwargs)
+    except InferenceError as e:
+        raise _failure(node.name or str(node.id), node.op, e) from None
 
 
-def run_fake(g: Graph, node: Node) -> list[torch.Tensor | None]:
-    """Run `node` on FakeTensors shaped like g's metas of its inputs; its results, listed like
-    node.outputs (a RuleError naming the node when the op rejects those inputs or has no fake
-    kernel)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode(allow_non_fake_inputs=False):
-        fakes = {t: _fake_input(g, t, g.device) for t in node.input_ids()}
-        args = map_refs(node.args, lambda r: fakes[r.id])
-        kwargs = map_refs(node.kwargs, lambda r: fakes[r.id])
-        try:
-            result = with_real_dtypes(node.op, args, node.overload()(*args, **kwargs),
-                                      torch.device(g.device).type)
-        except NotImplementedError:
-            raise RuleError(f"node {node.name or node.id} ({node.op}) has no fake kernel: its "
-                            "outputs cannot be derived for new inputs") from None
-        except (RuntimeError, ValueError, TypeError, IndexError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise RuleError(f"node {node.name or node.id} ({node.op}) would fail on its new "
-                            f"inputs: {first}") from None
-    results = list(result) if isinstance(result, (tuple, list)) else [result]
-    return [r if isinstance(r, torch.Tensor) else None for r in results]
+def _failure(name: str, op: str, e: InferenceError) -> RuleError:
+    if isinstance(e.cause, NotImplementedError):
+        return RuleError(f"node {name} ({op}) has no fake kernel: its outputs cannot be derived "
+                         "for new inputs")
+    text = str(e.cause).strip()
+    first = text.splitlines()[0] if text else type(e.cause).__name__
+    return RuleError(f"node {name} ({op}) would fail on its new inputs: {first}")
 
 
-def meta_from_fake(g: Graph, node: Node, out: torch.Tensor, tid: int, storage: int | None,
-                   role: Role = Role.ACTIVATION, name: str = "") -> TensorMeta:
-    """The meta of result `out` of `node`: a view lives in the storage of the node's first
-    tensor argument; anything else in `storage` (a fresh one the caller provides)."""
-    from peakcut.ir.tensor import dtype_name
-
-    if is_view_op(node.op):
-        base = first_ref(node.args)
-        if base is None:
-            raise RuleError(f"internal: view node {node.name} reads no tensor")
-        storage = g.tensors[base].storage
-    if storage is None:
-        raise RuleError(f"internal: no storage for an output of {node.name}")
-    return TensorMeta(tid, tuple(int(s) for s in out.shape), tuple(int(s) for s in out.stride()),
-                      dtype_name(out.dtype), storage, int(out.storage_offset()), role, name)
+def meta_of(layout: Layout, tid: int, role: Role, name: str) -> TensorMeta:
+    """The meta of an existing tensor (id, role, name kept) with a layout of peakcut.ir.infer."""
+    shape, stride, dtype, offset, source = layout
+    if source[0] != "in":
+        raise RuleError(f"internal: tensor {name or tid} would move to a new storage")
+    return TensorMeta(tid, shape, stride, dtype, source[1], offset, role, name)
 
 
 # ------------------------------------------------------------------ the edit
@@ -160,8 +138,8 @@ class Edit:
         self.g = g
         self.order = list(order)
         self.rule = rule
-        self.new = g.copy()
-        self.fresh = IdAllocator(g)
+        self.editor = GraphEditor(g)
+        self.new = self.editor.graph
         self.added: list[int] = []
         self.removed: list[int] = []
         self.changed: dict[int, None] = {}
@@ -182,39 +160,21 @@ class Edit:
             name: str, phase: Phase, module: str, tag: TasoTag | None = None,
             multi_output: bool = False) -> Node:
         """A new node calling `op`; its outputs' metas are derived on FakeTensors."""
-        probe = Node(id=-1, op=op, args=tuple(args), kwargs=dict(kwargs or {}), outputs=(),
-                     multi_output=multi_output)
-        results = run_fake(self.new, probe)
-        nid = self.fresh()
-        metas: list[TensorMeta] = []
-        outputs: list[int | None] = []
-        for i, out in enumerate(results):
-            if out is None:
-                outputs.append(None)
-                continue
-            tid = self.fresh()
-            storage = None
-            if not is_view_op(op):
-                storage = self.fresh()
-                self.new.storages[storage] = max(int(out.untyped_storage().nbytes()),
-                                                 out.numel() * out.element_size())
-            label = name if len(results) == 1 else f"{name}_{i}"
-            metas.append(meta_from_fake(self.new, probe, out, tid, storage, name=label))
-            outputs.append(tid)
-        node = Node(id=nid, op=op, args=tuple(args), kwargs=dict(kwargs or {}),
-                    outputs=tuple(outputs), multi_output=multi_output, module=module,
-                    phase=phase, name=name, tags=NodeTags(taso=tag or TasoTag(self.rule)))
-        self.new.add_node(node, metas)
-        self.new.order.append(nid)    # Graph.users walks the order; the final one is set later
-        self.added.append(nid)
+        try:
+            node = self.editor.add_op(op, tuple(args), dict(kwargs or {}), name=name, phase=phase,
+                                      module=module, tags=NodeTags(taso=tag or TasoTag(self.rule)),
+                                      multi_output=multi_output, tensor_ids_first=True)
+        except InferenceError as e:
+            raise _failure(name, op, e) from None
+        # Graph.users walks the order: the new node goes last until the final order is set
+        self.editor.insert_in_order(len(self.new.order), [node.id])
+        self.added.append(node.id)
         return node
 
     def rewire(self, nid: int, mapping: Mapping[int, int]) -> None:
         """Node `nid` reads mapping[t] in place of t (and is reported as changed)."""
-        node = self.new.nodes[nid]
-        if not any(t in mapping for t in node.input_ids()):
+        if not self.editor.rewire(nid, mapping):
             return
-        self.new.replace_node(rewire(node, mapping))
         if nid not in self.added:
             self.changed[nid] = None
 
@@ -224,7 +184,7 @@ class Edit:
                     kwargs=dict(old.kwargs if kwargs is None else kwargs), outputs=old.outputs,
                     multi_output=old.multi_output, module=old.module, phase=old.phase,
                     name=old.name, tags=old.tags)
-        self.new.replace_node(node)
+        self.editor.replace_node(node)
         if nid not in self.added:
             self.changed[nid] = None
 
@@ -246,7 +206,7 @@ class Edit:
             self.moved_storages.add(self.new.tensors[t].storage)
             if t in self.new.outputs:
                 raise RuleError(f"internal: {describe_tensor(self.new, t)} is a program output")
-        self.new.remove_node(nid)
+        self.editor.remove_node(nid)
         self.changed.pop(nid, None)
         if nid in self.added:
             self.added.remove(nid)
@@ -287,7 +247,7 @@ class Edit:
             if self.new.is_opaque(nid):
                 raise RuleError(f"{describe_node(self.new, nid)} is opaque to peakcut: its "
                                 "outputs cannot be re-derived for the new layout of its inputs")
-            results = run_fake(self.new, node)
+            results = run_fake(self.new, node, self.editor.fakes)
             if len(results) != len(node.outputs):
                 raise RuleError(f"internal: {describe_node(self.new, nid)} returns "
                                 f"{len(results)} values, graph says {len(node.outputs)}")
@@ -297,7 +257,7 @@ class Edit:
                     continue
                 old = self.new.tensors[t]
                 if view:
-                    meta = meta_from_fake(self.new, node, out, t, None, old.role, old.name)
+                    meta = meta_of(out, t, old.role, old.name)
                     if meta == old:
                         continue
                     if (meta.shape, meta.dtype) != (old.shape, old.dtype):
@@ -305,20 +265,20 @@ class Edit:
                                         f"{meta.shape}/{meta.dtype} instead of "
                                         f"{old.shape}/{old.dtype}")
                     self.moved_storages.add(old.storage)
-                    self.new.tensors[t] = meta   # metas feed no cached query: no invalidation
+                    self.editor.set_tensor(meta)
                     queue.extend(self.new.users(t))
                     continue
-                shape, stride = tuple(out.shape), tuple(out.stride())
-                if (shape, str(out.dtype).removeprefix("torch.")) != (old.shape, old.dtype):
+                shape, stride, dtype = out[0], out[1], out[2]
+                if (shape, dtype) != (old.shape, old.dtype):
                     raise RuleError(f"{describe_node(self.new, nid)} would return "
-                                    f"{shape}/{out.dtype} instead of {old.shape}/{old.dtype}")
+                                    f"{shape}/torch.{dtype} instead of {old.shape}/{old.dtype}")
                 if stride != old.stride:
                     meta = TensorMeta(t, old.shape, stride, old.dtype, old.storage,
                                       old.storage_offset, old.role, old.name)
                     if extent_bytes(meta) > self.new.storages[old.storage]:
                         raise RuleError(f"{describe_node(self.new, nid)} would lay out its "
                                         f"output with stride {stride}, past its storage")
-                    self.new.tensors[t] = meta
+                    self.editor.set_tensor(meta)
                     queue.extend(self.new.users(t))
 
     # -------------------------------------------------------------- finishing
@@ -341,7 +301,6 @@ class Edit:
             preds = [p for p in preds if p not in removed and p != a]
             if preds:
                 self._set_control(a, [*new.control.get(a, ()), *preds])
-        new.changed()   # predecessors read g.control directly; successors are cached
         reads = {a: {new.tensors[t].storage for t in new.nodes[a].input_ids()}
                  for a in self.added}
         storages = set().union(*reads.values()) if reads else set()
@@ -367,7 +326,6 @@ class Edit:
                         # a later write waits for the new reader; in a chain of later in-place
                         # writes (each reading the result of the one before) the first does
                         self._set_control(m, [*new.control.get(m, ()), a])
-        new.changed()
 
     def _set_control(self, m: int, preds: Iterable[int]) -> None:
         new = self.new
@@ -375,18 +333,12 @@ class Edit:
         after = tuple(sorted(set(p for p in preds if p != m and p in new.nodes)))
         if after == tuple(sorted(set(before))):
             return
-        if after:
-            new.control[m] = after
-        else:
-            new.control.pop(m, None)
+        self.editor.set_control(m, after)
         if m not in self.added:
             self.changed[m] = None
 
     def _drop_empty_storages(self) -> None:
-        live = {t.storage for t in self.new.tensors.values()}
-        for s in self.moved_storages:
-            if s not in live:
-                self.new.storages.pop(s, None)
+        self.editor.remove_unused_storages(self.moved_storages)
 
     def _place(self, order: Sequence[int], principals: Sequence[int]) -> list[int]:
         """`order` without the removed nodes and with the added ones where the last of
@@ -423,14 +375,13 @@ class Edit:
         self._drop_empty_storages()
         new = self.new
         order = self._place(self.order, principals)
-        new.order = self._place(self.g.order, principals)
-        new.changed()
+        self.editor.set_order(self._place(self.g.order, principals))
         for name, o in (("the order", order), ("the capture order", new.order)):
             problem = order_problem(new, o)
             if problem:
                 raise RuleError(f"{problem} in {name} after the rewrite (a cycle?)")
-        shape_check(new, [*self.added, *self.changed, *check])
-        return Rewrite(graph=new, order=order, added=tuple(self.added),
+        shape_check(new, [*self.added, *self.changed, *check], self.editor.fakes)
+        return Rewrite(graph=self.editor.finish(), order=order, added=tuple(self.added),
                        changed=tuple(n for n in self.changed if n in new.nodes),
                        removed=tuple(self.removed), description=description)
 
@@ -455,14 +406,16 @@ def order_problem(g: Graph, order: Sequence[int]) -> str | None:
     return None
 
 
-def shape_check(g: Graph, nodes: Iterable[int]) -> None:
+def shape_check(g: Graph, nodes: Iterable[int], fakes: FakeStorages | None = None) -> None:
     """Re-run `nodes` on FakeTensors of their inputs' metas: every output must have the
-    shape, dtype and stride the graph records (views also the storage offset)."""
+    shape, dtype and stride the graph records (views also the storage offset). fakes: the
+    fake storages of g to run on (default: new ones)."""
+    fakes = FakeStorages() if fakes is None else fakes
     for nid in dict.fromkeys(nodes):
         if nid not in g.nodes or g.is_opaque(nid):
             continue
         node = g.nodes[nid]
-        results = run_fake(g, node)
+        results = run_fake(g, node, fakes)
         if len(results) != len(node.outputs):
             raise RuleError(f"shape check: {describe_node(g, nid)} returns {len(results)} "
                             f"values, the graph says {len(node.outputs)}")
@@ -470,9 +423,9 @@ def shape_check(g: Graph, nodes: Iterable[int]) -> None:
             if t is None or out is None:
                 continue
             meta = g.tensors[t]
-            got = (tuple(out.shape), tuple(out.stride()), str(out.dtype).removeprefix("torch."))
+            got = (out[0], out[1], out[2])
             if got != (meta.shape, meta.stride, meta.dtype) or (
-                    is_view_op(node.op) and int(out.storage_offset()) != meta.storage_offset):
+                    is_view_op(node.op) and out[3] != meta.storage_offset):
                 raise RuleError(f"shape check: {describe_node(g, nid)} gives {got[0]} stride "
                                 f"{got[1]} {got[2]}, the graph expects {meta.shape} stride "
                                 f"{meta.stride} {meta.dtype} for {describe_tensor(g, t)}")
