@@ -1,4 +1,4 @@
-"""analyze on rewritten graphs: per-node memos of dimension rules and label lengths give
+"""analyze on rewritten graphs: per-node caches of dimension rules and label lengths give
 the same D-Graph and F-Tree as a fresh computation, and never a stale rule."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def step(name: str) -> Graph:
 
 
 def fresh(g: Graph) -> Graph:
-    """A copy of g whose nodes are new objects (copies of them: empty memos)."""
+    """A copy of g whose nodes are new objects (copies of them: nothing cached for them)."""
     edit = GraphEditor(g)
     for node in g.nodes.values():
         edit.replace_node(copy.copy(node))

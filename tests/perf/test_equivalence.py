@@ -179,14 +179,17 @@ def test_caches_follow_edits(corpus: list[Case]) -> None:
     same(h)
 
 
-def test_nodes_pickle_without_their_memo(corpus: list[Case]) -> None:
+def test_nodes_pickle_without_their_cached_values(corpus: list[Case]) -> None:
     import copy
     import pickle
 
+    from peakcut.optimizer import state
+
     name, g, order = corpus[-1]
-    computation_hash(g, order)   # fills the memos
+    computation_hash(g, order)   # fills the node caches
+    assert all(state._HASHED.get(n) is not None for n in g.nodes.values())
     back = pickle.loads(pickle.dumps(g))
-    assert back.nodes == g.nodes and all(not n.memo for n in back.nodes.values())
+    assert back.nodes == g.nodes and all(state._HASHED.get(n) is None for n in back.nodes.values())
     for nid, node in back.nodes.items():
         assert node.input_tuple == g.nodes[nid].input_tuple, nid
         assert node.output_tuple == g.nodes[nid].output_tuple, nid

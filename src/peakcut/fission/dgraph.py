@@ -86,7 +86,7 @@ class DGraph:
 def build_dgraph(g: Graph, nodes: Iterable[int] | None = None) -> DGraph:
     """The D-Graph of `g` (or of the sub-graph induced by `nodes`).
 
-    Rules and label lengths come from the nodes' memos (dim_rule, label_lengths):
+    Rules and label lengths are cached per node object (dim_rule, label_lengths):
     a graph that shares most Node objects with one analysed before rebuilds only
     its edges and components.
     """

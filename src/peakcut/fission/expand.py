@@ -91,6 +91,7 @@ from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.infer import InferenceError, Layout, LayoutMemo, Unhashable, encode
 from peakcut.ir.node import Node, Phase, TensorRef, map_refs
+from peakcut.ir.node_cache import NodeCache
 from peakcut.ir.registry import OpKind, lookup
 from peakcut.ir.tags import FissionTag, NodeTags, Path
 from peakcut.ir.tensor import TensorMeta
@@ -773,22 +774,22 @@ class _Expander:
                         tuple(self.regions))
 
 
-_PART_CALL = "fission.expand.part_call"   # Node.memo key: {(label, n, k): (rule, metas, PartCall)}
+_PART_CALLS: NodeCache[PartCall] = NodeCache()
+"""node -> per (label, n, k) its part call, depending on (the rule, the metas of its tensors)."""
 
 
 def _part_call(g: Graph, v: int, rule: DimRule, label: str, n: int, k: int) -> PartCall:
-    """split_node_args(g, v, rule, label, n, k), memoized per node object: it reads the node, the
+    """split_node_args(g, v, rule, label, n, k), cached per node object: it reads the node, the
     rule and the metas of the node's tensors only, so a node expanded again (another state of
     an optimizer search) with an equal rule and equal metas gets the same part call."""
     node = g.nodes[v]
     tensors = g.tensors
     metas = tuple([tensors[t] for t in node.input_tuple] + [tensors[t] for t in node.output_tuple])
-    calls = node.memo.setdefault(_PART_CALL, {})
-    found = calls.get((label, n, k))
-    if found is not None and (found[0] is rule or found[0] == rule) and found[1] == metas:
-        return found[2]
-    call = split_node_args(g, v, rule, label, n, k)
-    calls[(label, n, k)] = (rule, metas, call)
+    depends = (rule, metas)
+    call = _PART_CALLS.get(node, depends, slot=(label, n, k))
+    if call is None:
+        call = split_node_args(g, v, rule, label, n, k)
+        _PART_CALLS.put(node, call, depends, slot=(label, n, k))
     return call
 
 

@@ -96,8 +96,14 @@ def resolve_op(name: str) -> torch._ops.OpOverload:
     return found
 
 
+class _WeakReferable:
+    """Lets a slotted dataclass be weakly referenced (peakcut.ir.node_cache), on Python 3.10 too."""
+
+    __slots__ = ("__weakref__",)
+
+
 @dataclass(frozen=True, slots=True)
-class Node:
+class Node(_WeakReferable):
     """One op call. Immutable: transformations replace nodes, never edit them.
 
     outputs: tensor ids of the op's results, None where the op returns None
@@ -107,11 +113,11 @@ class Node:
 
     Derived facts are computed once per node object (it never changes):
     input_tuple / output_tuple (what input_ids() / output_ids() return, as tuples,
-    for hot loops that only read them), the tensors it writes in place
-    (mutated_ids), and `memo`, where other modules keep values that are pure
-    functions of op, args and kwargs (keyed by a name of their own), or of those and
-    what they read from a graph, kept with the memo entry and compared on reuse (the
-    node's tensor metas: dim_rule, label_lengths, expand's part calls).
+    for hot loops that only read them) and the tensors it writes in place
+    (mutated_ids). Values other modules compute for a node live in their own
+    caches (peakcut.ir.node_cache.NodeCache), keyed by the node object and what
+    else they read. `memo` is the workspace model's until it moves to
+    peakcut.memory; nothing else uses it.
     """
 
     id: int

@@ -25,6 +25,7 @@ from peakcut.fission.dgraph import DGraph
 from peakcut.fission.ftree import FTree
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
+from peakcut.ir.node_cache import NodeCache
 
 if TYPE_CHECKING:
     from peakcut.transform.taso import TasoCandidate
@@ -103,19 +104,20 @@ def computation_hash(g: Graph, order: list[int] | None = None) -> str:
     nodes = g.nodes
     control = g.control
     blake2b = hashlib.blake2b
+    hashed_get = _HASHED.get
     for nid in order:
         node = nodes[nid]
-        memo = node.memo
-        template = memo.get(_TEMPLATE)
-        if template is None:
-            template = memo[_TEMPLATE] = _hash_template(node)
-        text, tensors = template
+        hashed = hashed_get(node)
+        if hashed is None:
+            hashed = _Hashed(_hash_template(node))
+            _HASHED.put(node, hashed)
+        text, tensors = hashed.template
         texts = tuple(map(tensor_text.get, tensors))
         if None in texts:   # a tensor no node (before this one) makes
             texts = tuple(tensor_text.get(t) or repr(f"?{t}") for t in tensors)
         deps = control.get(nid)
         tail = repr(tuple(sorted(node_hash.get(c, "?") for c in deps))) + ")" if deps else "())"
-        last = memo.get(_LAST)
+        last = hashed.last
         if last is not None and last[0] == texts and last[1] == tail:
             h, outs = last[2], last[3]   # the same key as last time: the same hash
         else:
@@ -124,7 +126,7 @@ def computation_hash(g: Graph, order: list[int] | None = None) -> str:
             # each output's hash and its repr (hex digits, a colon and digits: plain quotes)
             outs = tuple((t, f"{h}:{i}", f"'{h}:{i}'") for i, t in enumerate(node.outputs)
                          if t is not None)
-            memo[_LAST] = (texts, tail, h, outs)
+            hashed.last = (texts, tail, h, outs)
         node_hash[nid] = h
         for t, raw, quoted in outs:
             tensor_hash[t] = raw
@@ -134,11 +136,20 @@ def computation_hash(g: Graph, order: list[int] | None = None) -> str:
     return hashlib.blake2b(whole.encode(), digest_size=16).hexdigest()
 
 
-# Keys of computation_hash's entries in Node.memo: the node's template (_hash_template), and
-# (texts of its tensor arguments, control part, node hash, its outputs' hashes) of the last
-# time the node was hashed.
-_TEMPLATE = "computation_hash.template"
-_LAST = "computation_hash.last"
+class _Hashed:
+    """What computation_hash keeps per node object: its template (_hash_template, a function of
+    the node alone) and its last hash with the key it had: (texts of its tensor arguments'
+    hashes, control part, node hash, (output tensor, hash, quoted hash) per output)."""
+
+    __slots__ = ("template", "last")
+
+    def __init__(self, template: tuple[str, tuple[int, ...]]) -> None:
+        self.template = template
+        self.last: tuple[tuple[str | None, ...], str, str, tuple[tuple[int, str, str], ...]] | None = None
+
+
+_HASHED: NodeCache[_Hashed] = NodeCache()
+"""node -> its _Hashed record (computation_hash)."""
 
 
 def _hash_template(node: Node) -> tuple[str, tuple[int, ...]]:

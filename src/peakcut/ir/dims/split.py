@@ -23,6 +23,7 @@ from peakcut.ir.dims.call import schema_arguments
 from peakcut.ir.dims.rule import CAT, SAME, DimRule, Label
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import TensorRef, map_refs, resolve_op
+from peakcut.ir.node_cache import NodeCache
 
 _NLL_SUM = 2  # at::Reduction::Sum
 
@@ -114,26 +115,27 @@ def label_sizes(g: Graph, nid: int, rule: DimRule) -> dict[Label, set[int]]:
     return sizes
 
 
-_LENGTHS_MEMO = "dims.label_lengths"  # node.memo key: (metas read, rule, lengths)
+_LENGTHS: NodeCache[Mapping[Label, int]] = NodeCache()
+"""node -> label_lengths, depending on (metas of the node's inputs and outputs, the rule)."""
 
 
 def label_lengths(g: Graph, nid: int, rule: DimRule) -> Mapping[Label, int]:
     """Per label of `rule`, the gcd of label_sizes (0 for a label that carries no length).
 
-    A split by n > 1 is valid iff n divides a length that is not 0. Read-only. Memoized per node object, like
+    A split by n > 1 is valid iff n divides a length that is not 0. Read-only. Cached per node object, like
     dim_rule: reused while the rule is the same and the graph holds equal metas for
     the node's tensors (label_sizes reads nothing else from the graph).
     """
     node = g.nodes[nid]
     tensors = g.tensors
     metas = tuple([tensors[t] for t in node.input_tuple] + [tensors[t] for t in node.output_tuple])
-    memo = node.memo.get(_LENGTHS_MEMO)
-    if memo is not None and (memo[1] is rule or memo[1] == rule) and memo[0] == metas:
-        cached: Mapping[Label, int] = memo[2]
+    depends = (metas, rule)
+    cached = _LENGTHS.get(node, depends)
+    if cached is not None:
         return cached
     lengths = MappingProxyType({label: math.gcd(*sizes) if sizes else 0
                                 for label, sizes in label_sizes(g, nid, rule).items()})
-    node.memo[_LENGTHS_MEMO] = (metas, rule, lengths)
+    _LENGTHS.put(node, lengths, depends)
     return lengths
 
 

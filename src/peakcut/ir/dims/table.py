@@ -3,9 +3,9 @@
 A rule is a pure function of the node (op, arguments, which inputs it writes in
 place) and of the metadata of the tensors it reads and writes (their shapes and
 dtypes: all that Call.of takes from the graph). dim_rule keeps the last rule it
-built in the node's memo, with the TensorMeta objects it read, and reuses it
-while the graph still holds equal metas for those tensors: graphs derived by
-copying (e.g. TASO rewrites) share Node objects, so their unchanged nodes cost
+built for a node object in a NodeCache, with the TensorMeta objects it read, and
+reuses it while the graph still holds equal metas for those tensors: graphs derived
+by editing (e.g. TASO rewrites) share Node objects, so their unchanged nodes cost
 one tuple comparison each.
 """
 
@@ -18,6 +18,7 @@ from peakcut.ir.dims import linalg, movement, norms, pointwise, reductions, view
 from peakcut.ir.dims.call import Builder, Call, assemble, aten
 from peakcut.ir.dims.rule import DimRule
 from peakcut.ir.graph import Graph
+from peakcut.ir.node_cache import NodeCache
 from peakcut.ir.ops import GATE_OP, LOAD_OP, STORE_OP
 
 BUILDERS: Mapping[str, Builder] = MappingProxyType({
@@ -45,7 +46,8 @@ NO_RULE: Mapping[str, str] = MappingProxyType({
 """Registry ops without a dimension rule, and why (dim_rule returns None for them)."""
 
 
-_MEMO = "dims.dim_rule"  # node.memo key: (metas read, rule or None)
+_RULES: NodeCache[tuple[DimRule | None]] = NodeCache()
+"""node -> (its rule,), depending on the metas of the node's inputs and outputs."""
 
 
 def dim_rule(g: Graph, nid: int) -> DimRule | None:
@@ -54,7 +56,7 @@ def dim_rule(g: Graph, nid: int) -> DimRule | None:
     None for ops without a rule (NO_RULE, opaque ops) and for calls a builder
     declines (e.g. boolean-mask indexing, attention with dropout). A rule may
     have no labels at all (e.g. arange): known, but nothing to split.
-    Memoized per node object while its tensors' metas stay equal (module doc).
+    Cached per node object while its tensors' metas stay equal (module doc).
     """
     node = g.nodes[nid]
     builder = BUILDERS.get(node.op)
@@ -62,17 +64,16 @@ def dim_rule(g: Graph, nid: int) -> DimRule | None:
         return None
     tensors = g.tensors
     metas = tuple([tensors[t] for t in node.input_tuple] + [tensors[t] for t in node.output_tuple])
-    memo = node.memo.get(_MEMO)
-    if memo is not None and memo[0] == metas:
-        cached: DimRule | None = memo[1]
-        return cached
+    cached = _RULES.get(node, metas)
+    if cached is not None:
+        return cached[0]
     rule = build_rule(g, nid)
-    node.memo[_MEMO] = (metas, rule)
+    _RULES.put(node, (rule,), metas)
     return rule
 
 
 def build_rule(g: Graph, nid: int) -> DimRule | None:
-    """dim_rule(g, nid) built afresh, without the node's memo."""
+    """dim_rule(g, nid) built afresh, without the cache."""
     node = g.nodes[nid]
     builder = BUILDERS.get(node.op)
     if builder is None:
