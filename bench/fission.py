@@ -22,7 +22,7 @@ import time
 import torch
 
 import peakcut
-from peakcut.fission import analyze, batch_fission_bound, best_root_at_two
+from peakcut.fission import batch_fission_bound, best_root_at_two, find_ftree
 from peakcut.fission.loss import detach_loss
 from peakcut.memory import simulate
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
@@ -43,7 +43,7 @@ def main() -> None:
         g = detach_loss(peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw"))
         eager = simulate(g).peak_bytes
         t0 = time.perf_counter()
-        tree, dgraph = analyze(g, batch_only=True)
+        tree, dgraph = find_ftree(g, batch_only=True)
         build_s = time.perf_counter() - t0
         bound = batch_fission_bound(g, dgraph)
         at = g.nodes[bound.node] if bound.node is not None else None

@@ -37,12 +37,12 @@ def cmd_workloads(args: argparse.Namespace, out: Console) -> int:
 def fission_facts(g: Any) -> dict:
     """F-Tree summary of the batch dimension and the simulated peak with its root split in 2
     (in a forest, the root that lowers it most)."""
-    from peakcut.fission import analyze, best_root_at_two
+    from peakcut.fission import best_root_at_two, find_ftree
     from peakcut.fission.loss import detach_loss
 
     t0 = time.perf_counter()
     g = detach_loss(g)  # exact; lets regions span forward, loss and backward
-    tree, dgraph = analyze(g, batch_only=True)
+    tree, dgraph = find_ftree(g, batch_only=True)
     facts: dict[str, Any] = {"ftree_levels": tree.levels(), "ftree_nodes_per_level": tree.nodes_per_level(),
                              "fission_root_peak_bytes": None}
     best = best_root_at_two(g, tree, dgraph)

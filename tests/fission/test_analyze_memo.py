@@ -1,4 +1,4 @@
-"""analyze on rewritten graphs: per-node caches of dimension rules and label lengths give
+"""find_ftree on rewritten graphs: per-node caches of dimension rules and label lengths give
 the same D-Graph and F-Tree as a fresh computation, and never a stale rule."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 import peakcut
 import peakcut.ir.dims.table as table
-from peakcut.fission import analyze, build_dgraph
+from peakcut.fission import build_dgraph, find_ftree
 from peakcut.fission.dgraph import DGraph
 from peakcut.fission.ftree import FTree
 from peakcut.fission.loss import detach_loss
@@ -59,8 +59,8 @@ def test_analyze_after_rewrites_matches_a_fresh_analysis(name: str,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     base = step(name)
     order = list(base.order)
-    first = analyze(base, order, 4, batch_only=True)
-    assert_same(first, analyze(fresh(base), order, 4, batch_only=True))
+    first = find_ftree(base, order, 4, batch_only=True)
+    assert_same(first, find_ftree(fresh(base), order, 4, batch_only=True))
     built = [0]
     build_rule = table.build_rule
 
@@ -74,11 +74,11 @@ def test_analyze_after_rewrites_matches_a_fresh_analysis(name: str,
     for site in sites[:4]:
         rw = RULES.apply_rewrite(base, order, site)
         built[0] = 0
-        got = analyze(rw.graph, list(rw.order), 4, batch_only=True)
+        got = find_ftree(rw.graph, list(rw.order), 4, batch_only=True)
         rebuilt = built[0]
         assert 0 < rebuilt < len(rw.graph.nodes) // 4, "unchanged nodes should reuse their rules"
-        assert_same(got, analyze(fresh(rw.graph), list(rw.order), 4, batch_only=True))
-        assert_same(got, analyze(rw.graph, list(rw.order), 4, batch_only=True))
+        assert_same(got, find_ftree(fresh(rw.graph), list(rw.order), 4, batch_only=True))
+        assert_same(got, find_ftree(rw.graph, list(rw.order), 4, batch_only=True))
 
 
 def _unary_batch_node(g: Graph) -> int:

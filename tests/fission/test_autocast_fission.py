@@ -8,7 +8,7 @@ import copy
 import torch
 
 import peakcut
-from peakcut.fission import analyze, expand
+from peakcut.fission import expand, find_ftree
 from peakcut.fission.loss import detach_loss
 from peakcut.workloads import get_workload
 from tests.tolerance import tolerance
@@ -25,7 +25,7 @@ def test_batch_fission_of_an_autocast_bert_checks_and_runs() -> None:
     g = detach_loss(peakcut.capture(model, inst.batch, loss_fn, None))
     stats = [g.tensors[n.outputs[1]].dtype for n in g.nodes.values() if n.op == "aten.native_layer_norm.default"]
     assert "float32" in stats
-    tree, dgraph = analyze(g, batch_only=True)
+    tree, dgraph = find_ftree(g, batch_only=True)
     root = tree.roots()[0]
     split = expand(g, g.order, tree.with_n(root, 2), dgraph)
     split.graph.check()

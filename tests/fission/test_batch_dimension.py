@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 import peakcut
 from peakcut.fission import (
     FTree,
-    analyze,
     batch_components,
     batch_fission_bound,
     build_dgraph,
     expand,
+    find_ftree,
 )
 from peakcut.fission.build import BATCH_STATISTICS, batch_component, best_root_at_two
 from peakcut.fission.loss import detach_loss
@@ -62,7 +62,7 @@ def test_a_transformer_has_one_batch_component_from_the_data_input() -> None:
 
 def test_unet_tail_from_the_last_batch_norm_through_the_loss_lowers_the_peak() -> None:
     g = step("unet")
-    tree, dgraph = analyze(g, batch_only=True)
+    tree, dgraph = find_ftree(g, batch_only=True)
     root, peak = best_root_at_two(g, tree, dgraph)
     ops = {g.nodes[v].op for v in tree.nodes[root].nodes}
     assert {"aten.nll_loss2d_forward.default", "aten.nll_loss2d_backward.default",
@@ -97,7 +97,7 @@ def test_convex_core_is_a_convex_connected_subset(seed: int, k: int) -> None:
 @pytest.mark.parametrize("name", ["resnet50", "unet", "unetpp", "bert-base"])
 def test_no_f_tree_node_goes_below_the_batch_fission_bound(name: str) -> None:
     g = step(name)
-    tree, dgraph = analyze(g, batch_only=True)
+    tree, dgraph = find_ftree(g, batch_only=True)
     bound = batch_fission_bound(g, dgraph)
     eager = simulate(g).peak_bytes
     assert 0 < bound.bytes <= eager

@@ -14,8 +14,9 @@ import pytest
 
 import peakcut
 from peakcut.cost import get_cost_model
-from peakcut.fission.build import analyze
-from peakcut.fission.expand import FissionError, expand
+from peakcut.fission.build import find_ftree
+from peakcut.fission.expand import expand
+from peakcut.fission.expanded import FissionError
 from peakcut.fission.ftree import FTree, divisors
 from peakcut.fission.loss import detach_loss
 from peakcut.memory import simulate
@@ -60,7 +61,7 @@ def test_compact_expansion_has_the_full_peak_and_latency_on_tiny_workloads(name:
     inst = get_workload(name).build("tiny")
     base = detach_loss(peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw"))
     order = list(base.order)
-    tree, dgraph = analyze(base, order, 4, batch_only=True)
+    tree, dgraph = find_ftree(base, order, 4, batch_only=True)
     if not tree.nodes:
         pytest.skip(f"{name}: no batch F-Tree node")
     checked = [assert_compact_matches(base, order, t, dgraph) for t in configs(tree)]
@@ -72,7 +73,7 @@ def test_compact_expansion_matches_at_paper_size(name: str) -> None:
     inst = get_workload(name).build("paper")
     base = detach_loss(peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw"))
     order = list(base.order)
-    tree, dgraph = analyze(base, order, 4, batch_only=True)
+    tree, dgraph = find_ftree(base, order, 4, batch_only=True)
     deepest = max(tree.nodes, key=lambda f: (f.parent is not None, -len(f.nodes))).id
     for t in (tree.with_n(0, 4), tree.with_n(deepest, 2), tree.with_n(0, 2).with_n(deepest, 2)):
         assert assert_compact_matches(base, order, t, dgraph)

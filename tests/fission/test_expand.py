@@ -22,7 +22,8 @@ from peakcut.codegen.program import Step
 from peakcut.cost import get_cost_model
 from peakcut.fission.build import batch_component
 from peakcut.fission.dgraph import Component, DGraph, build_dgraph
-from peakcut.fission.expand import Expanded, FissionError, expand
+from peakcut.fission.expand import expand
+from peakcut.fission.expanded import Expanded, FissionError
 from peakcut.fission.ftree import FNode, FTree
 from peakcut.fission.trans import why_not_valid
 from peakcut.ir.edit import GraphEditor

@@ -23,9 +23,10 @@ import pytest
 
 import peakcut
 from peakcut.cost import get_cost_model
-from peakcut.fission.build import analyze
+from peakcut.fission.build import find_ftree
 from peakcut.fission.dgraph import DGraph
-from peakcut.fission.expand import Expanded, expand
+from peakcut.fission.expand import expand
+from peakcut.fission.expanded import Expanded
 from peakcut.fission.ftree import FTree, divisors
 from peakcut.fission.loss import detach_loss
 from peakcut.fission.reuse import ExpansionCache
@@ -46,7 +47,7 @@ VIEW_ONLY = ("drop_identity", "cancel_transposes", "fold_views")
 def step(name: str) -> tuple[Graph, FTree, DGraph]:
     inst = get_workload(name).build("tiny")
     base = detach_loss(peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw"))
-    tree, dgraph = analyze(base, list(base.order), 4, batch_only=True)
+    tree, dgraph = find_ftree(base, list(base.order), 4, batch_only=True)
     return base, tree, dgraph
 
 

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 import peakcut
-from peakcut.fission.build import analyze
-from peakcut.fission.expand import Expanded, expand
+from peakcut.fission.build import find_ftree
+from peakcut.fission.expand import expand
+from peakcut.fission.expanded import Expanded
 from peakcut.fission.loss import detach_loss
 from peakcut.ir.check import check_graph
 from peakcut.ir.edit import GraphEditor
@@ -31,7 +32,7 @@ infer_module = importlib.import_module("peakcut.ir.infer")
 def _expand_root(name: str, *, check: bool = True) -> Expanded:
     inst = get_workload(name).build("tiny")
     g = detach_loss(peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw"))
-    tree, dgraph = analyze(g, batch_only=True)
+    tree, dgraph = find_ftree(g, batch_only=True)
     root = tree.roots()[0]
     return expand(g, list(g.order), tree.with_n(root, 2), dgraph, check=check)
 

@@ -9,7 +9,7 @@ that is zero up to rounding (attention key biases, which softmax cancels) gets a
 ~lr whose sign is rounding noise; AdamW fission is checked on the small models of
 test_expand.py.
 
-For each workload the F-Tree comes from peakcut.fission.build.analyze(g, batch_only=True) on the
+For each workload the F-Tree comes from peakcut.fission.build.find_ftree(g, batch_only=True) on the
 loss-detached step (peakcut.fission.loss, so regions may span forward, loss and backward), or
 from every D-Graph component when the batch dimension yields no F-Tree node. The CNNs'
 batch dimension is cut by each training-mode BatchNorm into stretches (build.batch_components);
@@ -38,7 +38,7 @@ import pytest
 
 import peakcut
 from peakcut.codegen.program import Step
-from peakcut.fission.build import analyze
+from peakcut.fission.build import find_ftree
 from peakcut.fission.dgraph import DGraph
 from peakcut.fission.expand import expand
 from peakcut.fission.ftree import FTree, divisors
@@ -55,12 +55,12 @@ RTOL, ATOL = 1e-7, 1e-9  # float64; rtol 1e-7 for the float32 loss BTLM computes
 
 def ftree_of(g: Graph, name: str) -> tuple[FTree, DGraph, str]:
     """The batch-only F-Tree, or the all-component one when that is empty; fails when both are."""
-    tree, dgraph = analyze(g, batch_only=True)
+    tree, dgraph = find_ftree(g, batch_only=True)
     if tree.nodes:
         return tree, dgraph, "batch component"
-    tree, dgraph = analyze(g)
+    tree, dgraph = find_ftree(g)
     if not tree.nodes:
-        pytest.fail(f"{name}: analyze() found no F-Tree node, neither on the batch component nor "
+        pytest.fail(f"{name}: find_ftree() found no F-Tree node, neither on the batch component nor "
                     f"on any of the {len(dgraph.components)} D-Graph components: look at the "
                     "dimension rules (peakcut.ir.dims), the D-Graph and trans.why_not_valid")
     return tree, dgraph, "all components"

@@ -9,8 +9,8 @@ from peakcut.fission import (
     FTree,
     FTreeError,
     MemoryView,
-    build_ftree,
     compute_scores,
+    ftree_from_components,
 )
 from peakcut.fission.analyzer import dominator_tree, select_dominators
 
@@ -73,7 +73,7 @@ def test_hand_worked_example_with_five_levels():
     assert scores.heat == {0: 5, 1: 5, 2: 4, 3: 3, 4: 2, 5: 1, 6: 0, 7: 0, 8: 0}
     assert scores.score == {0: 1.5, 1: 2.5, 2: 2.0, 3: 1.5, 4: 1.0, 5: 0.5}
     assert select_dominators(scores, levels=5) == [(5, 1), (4, 2), (3, 3), (2, 4), (1, 5)]
-    tree = build_ftree([comp], mem, levels=5)
+    tree = ftree_from_components([comp], mem, levels=5)
     regions = sorted((sorted(f.nodes) for f in tree.nodes), key=len)
     assert regions == [[5], [4, 5, 6], [3, 4, 5, 6, 7], [2, 3, 4, 5, 6, 7, 8]]
     assert tree.levels() == 4 and tree.nodes_per_level() == [1, 1, 1, 1]
@@ -86,7 +86,7 @@ def test_hand_worked_example_with_five_levels():
 
 def _chain_tree() -> FTree:
     comp, mem = example()
-    return build_ftree([comp], mem, levels=5)
+    return ftree_from_components([comp], mem, levels=5)
 
 
 def test_mutation_rules_follow_section_5_1():

@@ -22,7 +22,7 @@ import peakcut
 from peakcut.cost import get_cost_model, get_profile
 from peakcut.cost.analytic import AnalyticCostModel
 from peakcut.cost.calls import call_key
-from peakcut.fission.build import analyze
+from peakcut.fission.build import find_ftree
 from peakcut.fission.expand import expand
 from peakcut.fission.loss import detach_loss
 from peakcut.ir.edit import GraphEditor
@@ -86,7 +86,7 @@ def _fissioned(name: str, g: Graph) -> list[Case]:
     """The loss-detached graph with its largest top-level F-Tree node split in 2 and 4."""
     base = detach_loss(g)
     order = list(base.order)
-    tree, dgraph = analyze(base, order, 4, batch_only=True)
+    tree, dgraph = find_ftree(base, order, 4, batch_only=True)
     tops = sorted((f for f in tree.nodes if f.parent is None), key=lambda f: -len(f.nodes))
     cases: list[Case] = [(f"{name} detached", base, order)]
     for f in tops[:1]:

@@ -158,11 +158,12 @@ def region_heat_and_score(region: frozenset[int], mem: MemoryView, n: int = 2) -
     return heat, (1 - 1 / n) * heat - sum(mem.size[s] for s in inputs)
 
 
-def build_ftree(components: list[ComponentView], mem: MemoryView, levels: int = DEFAULT_LEVELS,
-                n: int = 2,
-                valid: Callable[[frozenset[int], ComponentView], frozenset[int] | None] | None = None,
-                extra: Sequence[tuple[frozenset[int], ComponentView, int]] = (),
-                ) -> FTree:
+def ftree_from_components(components: list[ComponentView], mem: MemoryView,
+                          levels: int = DEFAULT_LEVELS, n: int = 2,
+                          valid: Callable[[frozenset[int], ComponentView], frozenset[int] | None]
+                          | None = None,
+                          extra: Sequence[tuple[frozenset[int], ComponentView, int]] = (),
+                          ) -> FTree:
     """Algorithm 1: the F-Tree (all nodes disabled, n = 1) over every component.
 
     valid(S, D) returns the region to keep (S itself, or S normalised, e.g. without

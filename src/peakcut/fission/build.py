@@ -1,7 +1,9 @@
 """The F-Tree of a captured step: memory hot-spots + D-Graph components -> Algorithm 1.
 
-    tree, dgraph = analyze(g)                    # all components worth splitting
-    tree, dgraph = analyze(g, batch_only=True)   # only the batch dimension's components
+    tree, dgraph = find_ftree(g)                    # all components worth splitting
+    tree, dgraph = find_ftree(g, batch_only=True)   # only the batch dimension's components
+
+(peakcut.fission.analyzer.ftree_from_components is Algorithm 1 itself, on component views.)
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from peakcut.fission.analyzer import (
     DEFAULT_LEVELS,
     ComponentView,
     MemoryView,
-    build_ftree,
     dominator_tree,
+    ftree_from_components,
 )
 from peakcut.fission.dgraph import Component, DGraph, build_dgraph
 from peakcut.fission.expand import expand
@@ -162,8 +164,8 @@ def batch_component(g: Graph, dgraph: DGraph) -> tuple[Component, set[int]] | No
     return None
 
 
-def analyze(g: Graph, order: Sequence[int] | None = None, levels: int = DEFAULT_LEVELS,
-            batch_only: bool = False) -> tuple[FTree, DGraph]:
+def find_ftree(g: Graph, order: Sequence[int] | None = None, levels: int = DEFAULT_LEVELS,
+               batch_only: bool = False) -> tuple[FTree, DGraph]:
     """Algorithm 1 over the graph's D-Graph components (or only the batch one)."""
     dgraph = build_dgraph(g)
     if batch_only:
@@ -185,7 +187,7 @@ def analyze(g: Graph, order: Sequence[int] | None = None, levels: int = DEFAULT_
     profile = simulate(g, list(g.order if order is None else order))
     mem = memory_view(g, order, profile)
     extra = _peak_candidates(g, order, views, profile)
-    return build_ftree(views, mem, levels, valid=valid, extra=extra), dgraph
+    return ftree_from_components(views, mem, levels, valid=valid, extra=extra), dgraph
 
 
 def random_ftree(g: Graph, order: Sequence[int] | None = None, seed: int = 0, count: int = 8,
@@ -213,7 +215,7 @@ def random_ftree(g: Graph, order: Sequence[int] | None = None, seed: int = 0, co
     def keep(region: frozenset[int], view: ComponentView) -> frozenset[int] | None:
         return region
 
-    tree = build_ftree([], memory_view(g, order), valid=keep, extra=picks)
+    tree = ftree_from_components([], memory_view(g, order), valid=keep, extra=picks)
     return tree, dgraph
 
 

@@ -27,7 +27,7 @@ import torch
 from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
-from peakcut.ir.tensor import Role, TensorMeta
+from peakcut.ir.tensor import Role, TensorMeta, contiguous_strides
 
 EXACT_COUNT = 2**24  # float32 holds every integer up to here
 NLL_BACKWARD = ("aten.nll_loss_backward.default", "aten.nll_loss2d_backward.default")
@@ -54,7 +54,7 @@ def detach_loss(g: Graph) -> Graph:
             ignore = node.args[5]
             tw_old = new.tensors[node.args[6].id]
             mask_id = edit.new_id()
-            mask = TensorMeta(mask_id, meta.shape, _contiguous(meta.shape), "bool",
+            mask = TensorMeta(mask_id, meta.shape, contiguous_strides(meta.shape), "bool",
                               edit.add_storage(max(1, meta.numel)), 0, Role.ACTIVATION,
                               f"{meta.name or target.id}_counted")
             count_id = edit.new_id()
@@ -78,10 +78,3 @@ def detach_loss(g: Graph) -> Graph:
 def _unweighted_mean(node: Node) -> bool:
     return len(node.args) >= 7 and node.args[3] is None and node.args[4] == 1
 
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(strides))

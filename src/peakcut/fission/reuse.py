@@ -27,14 +27,23 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from peakcut.fission.dgraph import DGraph
 from peakcut.ir.dims import DimRule
 from peakcut.ir.graph import Graph
+from peakcut.ir.tags import Path
 
-Step = tuple[Any, ...]
-"""One region expansion: (F-Tree node id, n, path, original nodes, id of its labels, component)."""
+
+class ExpansionStep(NamedTuple):
+    """One region expansion, as snapshots are keyed by it: what decides how it expands."""
+
+    fnode: int                   # F-Tree node id
+    n: int
+    path: Path                   # enclosing (F-Tree node, part) pairs, outermost first
+    nodes: frozenset[int]        # the region's original nodes
+    labels: int                  # id() of the F-Tree node's labels (kept alive by the snapshot)
+    component: int
 
 SNAPSHOTS_KEPT = 16
 LINK_DEPTH = 2      # rewrites a snapshot is carried back through (see ExpansionCache.link)
@@ -49,7 +58,7 @@ class Snapshot:
     rules: dict[int, DimRule]
     regions: tuple[Any, ...]                      # ExpandedRegion records so far
     next_id: int
-    steps: tuple[Step, ...]
+    steps: tuple[ExpansionStep, ...]
     parts: tuple[tuple[dict[int, int], ...], ...]  # per step: per part, node -> copy
     held: tuple[Any, ...] = ()                    # objects the key names by id (kept alive)
 
@@ -92,7 +101,7 @@ class ExpansionCache:
         return (id(g), id(dgraph), compact, len(order))
 
     def longest(self, g: Graph, order: Sequence[int], dgraph: DGraph, compact: bool,
-                steps: Sequence[Step]) -> Snapshot | None:
+                steps: Sequence[ExpansionStep]) -> Snapshot | None:
         """The snapshot of the longest prefix of `steps` taken from this graph and order, or
         (compact) carried from the graph it was rewritten from (link) when that has a longer one."""
         found = self._find(g, order, dgraph, compact, steps, LINK_DEPTH)
@@ -102,7 +111,7 @@ class ExpansionCache:
             self.hits += 1
         return found
 
-    def _find(self, g: Graph, order: Sequence[int], dgraph: DGraph, compact: bool, steps: Sequence[Step],
+    def _find(self, g: Graph, order: Sequence[int], dgraph: DGraph, compact: bool, steps: Sequence[ExpansionStep],
               depth: int) -> Snapshot | None:
         found = self._local(g, order, dgraph, compact, steps)
         have = 0 if found is None else len(found.steps)
@@ -125,7 +134,7 @@ class ExpansionCache:
                                   older.parts), older.held[3])
 
     def _local(self, g: Graph, order: Sequence[int], dgraph: DGraph, compact: bool,
-               steps: Sequence[Step]) -> Snapshot | None:
+               steps: Sequence[ExpansionStep]) -> Snapshot | None:
         source = self._source(g, order, dgraph, compact)
         for m in range(len(steps), 0, -1):
             key = (*source, tuple(steps[:m]))

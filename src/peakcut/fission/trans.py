@@ -1,5 +1,7 @@
 """F-Trans f = (S, D, n) and its validity (MAGIS §4.2), plus the conditions our code generation needs.
 
+An F-Trans splits the nodes S along D-Graph component D into n parts (an F-Tree node holds one).
+
 The paper's conditions:
 1. G[S] is weakly connected;
 2. G[S] is convex: no path leaves S and comes back;
@@ -20,22 +22,18 @@ peakcut adds what the split program needs to be exact:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import rustworkx as rx
 
 from peakcut.fission.dgraph import Component, DGraph
 from peakcut.ir.graph import Graph
+from peakcut.ir.registry import OpKind, lookup
 
 
-@dataclass(frozen=True)
-class FTrans:
-    """Split the nodes S along component D into n parts; labels: per node, D's label there."""
-
-    nodes: frozenset[int]
-    component: int
-    labels: dict[int, str]
-    n: int
+def pure_view(g: Graph, nid: int) -> bool:
+    """A view op that writes nothing: running it again on a merged base gives the merged view."""
+    info = lookup(g.nodes[nid].op)
+    return info is not None and info.kind is OpKind.VIEW and not g.mutated_tensors(nid)
 
 
 def trim_views(g: Graph, nodes: Iterable[int]) -> frozenset[int]:
@@ -45,8 +43,6 @@ def trim_views(g: Graph, nodes: Iterable[int]) -> frozenset[int]:
     whole tensor, loses nothing, and the tensor S hands out is then the base
     its producer allocates, which the split program can merge into.
     """
-    from peakcut.ir.registry import OpKind, lookup
-
     S = set(nodes)
     outs = set(g.outputs)
     changed = True
@@ -108,12 +104,6 @@ def boundary_outputs(g: Graph, nodes: frozenset[int]) -> list[int]:
     return sorted(found)
 
 
-def boundary_inputs(g: Graph, nodes: frozenset[int]) -> list[int]:
-    """Tensors read in S that S does not produce."""
-    produced = {t for nid in nodes for t in g.nodes[nid].output_ids()}
-    return sorted({t for nid in nodes for t in g.nodes[nid].input_ids() if t not in produced})
-
-
 def why_not_valid(g: Graph, dgraph: DGraph, nodes: Iterable[int], component: Component,
                   n: int = 2) -> str | None:
     """The first condition (see module doc) that f = (S, D, n) breaks, or None when valid."""
@@ -158,7 +148,7 @@ def why_not_valid(g: Graph, dgraph: DGraph, nodes: Iterable[int], component: Com
         rule = dgraph.rules[v]
         label = component.labels[v][0]
         aliases = any(g.tensors[i].storage == g.tensors[t].storage for i in g.nodes[v].input_ids())
-        if aliases and not _pure_view(g, v):
+        if aliases and not pure_view(g, v):
             return f"output {g.tensors[t].name} of S is an in-place result"
         how = rule.combine(label)[g.nodes[v].outputs.index(t)]
         if how not in MERGEABLE:
@@ -168,13 +158,6 @@ def why_not_valid(g: Graph, dgraph: DGraph, nodes: Iterable[int], component: Com
 
 
 MERGEABLE = frozenset({"cat", "same", "sum", "mean", "nll_mean"})  # what fission.expand rebuilds
-
-
-def _pure_view(g: Graph, nid: int) -> bool:
-    from peakcut.ir.registry import OpKind, lookup
-
-    info = lookup(g.nodes[nid].op)
-    return info is not None and info.kind is OpKind.VIEW and not g.mutated_tensors(nid)
 
 
 def _leaves_and_returns(g: Graph, S: frozenset[int]) -> bool:

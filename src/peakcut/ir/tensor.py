@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -31,6 +32,16 @@ def dtype_from_name(name: str) -> torch.dtype:
         return _DTYPES[name]
     except KeyError:
         raise ValueError(f"unknown dtype name {name!r}; known: {sorted(_DTYPES)}") from None
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """The strides of a row-major (contiguous) tensor of `shape`, in elements."""
+    strides: list[int] = []
+    acc = 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
 
 
 class Role(str, Enum):

@@ -25,7 +25,7 @@ from peakcut.cost import get_cost_model
 from peakcut.cost.measured import MeasuredCostModel
 from peakcut.cost.protocol import CostModel
 from peakcut.fission.analyzer import DEFAULT_LEVELS
-from peakcut.fission.build import analyze, random_ftree
+from peakcut.fission.build import find_ftree, random_ftree
 from peakcut.fission.loss import detach_loss
 from peakcut.ir.graph import Graph
 from peakcut.optimizer.budget import BudgetedCost
@@ -130,7 +130,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         found = schedule(base, time_limit=max(0.05, REORDER_SHARE * time_budget), workspace=workspace)
         order = list(found.order)
     if naive_fission_seed is None:
-        tree, dgraph = analyze(base, order, levels, batch_only=fission_dims == "batch")
+        tree, dgraph = find_ftree(base, order, levels, batch_only=fission_dims == "batch")
     else:
         tree, dgraph = random_ftree(base, order, naive_fission_seed, batch_only=fission_dims == "batch")
     deriver = Deriver(cost, workspace, levels=levels, batch_only=fission_dims == "batch")

@@ -45,9 +45,10 @@ from dataclasses import dataclass, field, replace
 
 from peakcut.cost.protocol import CostModel
 from peakcut.fission.analyzer import DEFAULT_LEVELS
-from peakcut.fission.build import analyze
+from peakcut.fission.build import find_ftree
 from peakcut.fission.dgraph import DGraph
-from peakcut.fission.expand import FissionError, expand
+from peakcut.fission.expand import expand
+from peakcut.fission.expanded import FissionError
 from peakcut.fission.ftree import FTree
 from peakcut.fission.reuse import ExpansionCache
 from peakcut.ir.graph import Graph, GraphError
@@ -343,7 +344,7 @@ class Deriver:
         order = list(rw.order)
         kept = _kept_tree(base, rw, tree)
         if kept is None:
-            kept, dgraph = analyze(rw.graph, order, self.levels, batch_only=self.batch_only)
+            kept, dgraph = find_ftree(rw.graph, order, self.levels, batch_only=self.batch_only)
         found = Rebased(rw.graph, tuple(order), kept, dgraph, computation_hash(rw.graph, order))
         if digest:
             if len(self.rewritten) >= REBASED_KEPT:

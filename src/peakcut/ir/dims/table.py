@@ -20,6 +20,7 @@ from peakcut.ir.dims.rule import DimRule
 from peakcut.ir.graph import Graph
 from peakcut.ir.node_cache import NodeCache
 from peakcut.ir.ops import GATE_OP, LOAD_OP, STORE_OP
+from peakcut.ir.registry import REGISTRY
 
 BUILDERS: Mapping[str, Builder] = MappingProxyType({
     **views.BUILDERS, **pointwise.BUILDERS, **reductions.BUILDERS, **linalg.BUILDERS,
@@ -37,11 +38,7 @@ NO_RULE: Mapping[str, str] = MappingProxyType({
     STORE_OP: "swap-out: code generation emits the copy itself; never split",
     LOAD_OP: "swap-in: code generation emits the copy itself; never split",
     GATE_OP: "the GradScaler's skip-the-update decision: code generation emits it as an early return",
-    **{aten(n): _RANDOM for n in (
-        "native_dropout", "native_dropout_backward", "bernoulli.p", "bernoulli.default",
-        "bernoulli_.float", "bernoulli_.Tensor", "rand", "randn", "rand_like", "randn_like",
-        "randint", "randint_like", "normal_", "uniform_", "exponential_", "multinomial",
-        "randperm")},
+    **{name: _RANDOM for name, info in REGISTRY.items() if info.random},   # the registry's list
 })
 """Registry ops without a dimension rule, and why (dim_rule returns None for them)."""
 
