@@ -59,7 +59,7 @@ class Loop:
     n: int
     depth: int                         # 1 for an outermost loop
     parts: list[list[Item]]
-    key: tuple[int, tuple] = ()        # (fnode, enclosing path): the region instance
+    key: tuple[int, Path] | tuple[()] = ()   # (fnode, enclosing path): the region instance
     var: str = ""
     comment: str = ""
 
@@ -98,7 +98,7 @@ class LoopPlan:
 class _NotALoop(Exception):
     """A loop would not run the order exactly: its region is emitted unrolled instead."""
 
-    def __init__(self, reason: str, key: tuple[int, tuple] = ()) -> None:
+    def __init__(self, reason: str, key: tuple[int, Path] | tuple[()] = ()) -> None:
         super().__init__(reason)
         self.reason = reason
         self.key = key
@@ -111,7 +111,7 @@ def plan_loops(g: Graph, order: Sequence[int], frees: Mapping[int, list[int]],
     frees: node -> tensors the expanded order frees right after it (codegen.source.last_uses).
     refuse(nodes): a reason not to emit a region with these nodes as a loop, or None.
     """
-    unrolled: dict[tuple[int, tuple], str] = {}   # (fnode, enclosing path) -> reason
+    unrolled: dict[tuple[int, Path] | tuple[()], str] = {}   # (fnode, enclosing path) -> reason
     sizes: dict[tuple[int, tuple], int] = {}      # (fnode, enclosing path) -> its node count
     for nid in order:
         path = _path(g.nodes[nid])
@@ -134,7 +134,7 @@ def plan_loops(g: Graph, order: Sequence[int], frees: Mapping[int, list[int]],
 
 
 # ------------------------------------------------------------------ structure
-def _group(g: Graph, nodes: list[int], depth: int, unrolled: Mapping[tuple[int, tuple], str],
+def _group(g: Graph, nodes: list[int], depth: int, unrolled: Mapping[tuple[int, Path] | tuple[()], str],
            refuse: Callable[[list[int]], str | None] | None,
            sizes: Mapping[tuple[int, tuple], int]) -> list[Item]:
     """Items of a contiguous run of nodes, all inside `depth` enclosing regions."""
@@ -291,7 +291,7 @@ def _match_node(g: Graph, y: Node, x: Node, loop: Loop, k: int, plan: LoopPlan) 
     for ty, tx in zip(y.outputs, x.outputs, strict=True):
         if (ty is None) != (tx is None):
             raise _NotALoop(f"{y.name} and {x.name} differ in their outputs")
-        if ty is not None:
+        if ty is not None and tx is not None:
             plan.canonical[ty] = _canon(plan, tx)
     plan.same_as[y.id] = plan.same_as.get(x.id, x.id)
 

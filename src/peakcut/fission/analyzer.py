@@ -107,8 +107,9 @@ def compute_scores(comp: ComponentView, mem: MemoryView, n: int = 2, levels: int
     heat = dict.fromkeys(comp.nodes, 0)
     for v in reversed(order):  # children come after their parent in pre-order
         heat[v] += own_hot[v]
-        if idom[v] is not None:
-            heat[idom[v]] += heat[v]
+        parent = idom[v]
+        if parent is not None:
+            heat[parent] += heat[v]
     alloc_pos: dict[int, int] = {}
     for v in comp.nodes:
         for s in mem.allocs.get(v, {}):

@@ -118,10 +118,10 @@ def boundary(g: Graph, rules: Mapping[int, DimRule], nodes: frozenset[int], memb
         if label not in rule.labels():
             raise FissionError(f"{describe_node(g, v)} does not carry label {label!r} in its rule")
         combine = rule.combine(label)
-        for j, t in enumerate(node.outputs):
-            if t not in merged:
+        for j, out in enumerate(node.outputs):
+            if out is None or out not in merged:
                 continue
-            meta = g.tensors[t]
+            meta = g.tensors[out]
             kind = combine[j]
             if kind == "nll_mean":
                 if len(node.outputs) != 2 or j not in (0, 1):
@@ -129,17 +129,17 @@ def boundary(g: Graph, rules: Mapping[int, DimRule], nodes: frozenset[int], memb
                                        "(loss, total_weight)")
                 kind = "nll_mean" if j == 0 else "sum"   # total weights add up
             if kind not in SUPPORTED_MERGES:
-                raise FissionError(f"{describe_tensor(g, t)} of {describe_node(g, v)} leaves the region with "
+                raise FissionError(f"{describe_tensor(g, out)} of {describe_node(g, v)} leaves the region with "
                                    f"merge kind {kind!r}, which the expansion does not support")
             if meta.storage_offset != 0:
-                raise FissionError(f"{describe_tensor(g, t)} of {describe_node(g, v)} leaves the region at "
+                raise FissionError(f"{describe_tensor(g, out)} of {describe_node(g, v)} leaves the region at "
                                    "an offset in its storage: it cannot be preallocated")
             if meta.storage in seen_storages:
                 other = describe_tensor(g, seen_storages[meta.storage])
-                raise FissionError(f"{describe_tensor(g, t)} and {other} leave the region in one "
+                raise FissionError(f"{describe_tensor(g, out)} and {other} leave the region in one "
                                    "storage")
-            seen_storages[meta.storage] = t
+            seen_storages[meta.storage] = out
             writer = max([v, *writes.get(meta.storage, [])], key=position.__getitem__)
             dim = rule.outputs[j].index(label) if kind == CAT else None
-            outs.append(BoundaryOutput(t, v, j, kind, dim, writer))
+            outs.append(BoundaryOutput(out, v, j, kind, dim, writer))
     return outs, frozenset(replayed)

@@ -142,7 +142,7 @@ def _dim0_tensors(g: Graph, dgraph: DGraph, comp: Component) -> list[int]:
         node = g.nodes[nid]
         for t, dims in (*zip(node.input_ids(), rule.inputs, strict=False),
                         *zip(node.outputs, rule.outputs, strict=False)):
-            if dims and dims[0] in labels:
+            if t is not None and dims and dims[0] in labels:
                 out.append(t)
     return out
 
@@ -150,10 +150,11 @@ def _dim0_tensors(g: Graph, dgraph: DGraph, comp: Component) -> list[int]:
 def _through_statistics(g: Graph, nid: int) -> list[int]:
     """For a batch-statistics op: its output 0 and the inputs of the same shape."""
     node = g.nodes[nid]
-    if node.op not in BATCH_STATISTICS or not node.outputs:
+    first = node.outputs[0] if node.outputs else None
+    if node.op not in BATCH_STATISTICS or first is None:
         return []
-    shape = g.tensors[node.outputs[0]].shape
-    return [node.outputs[0], *(t for t in node.input_ids() if g.tensors[t].shape == shape)]
+    shape = g.tensors[first].shape
+    return [first, *(t for t in node.input_ids() if g.tensors[t].shape == shape)]
 
 
 def batch_component(g: Graph, dgraph: DGraph) -> tuple[Component, set[int]] | None:
@@ -219,7 +220,8 @@ def random_ftree(g: Graph, order: Sequence[int] | None = None, seed: int = 0, co
     return tree, dgraph
 
 
-def _dominated_by(idom: dict[int, int | None], u: int, v: int) -> bool:
+def _dominated_by(idom: dict[int, int | None], node: int, v: int) -> bool:
+    u: int | None = node
     while u is not None:
         if u == v:
             return True
@@ -257,5 +259,7 @@ def _peak_candidates(g: Graph, order: Sequence[int] | None, views: list[Componen
     order = list(g.order if order is None else order)
     if profile is None and order:
         profile = simulate(g, order)
-    peak = order[profile.peak_index] if order and profile is not None else None
+    if not order or profile is None:
+        return []
+    peak = order[profile.peak_index]
     return [(frozenset({peak}), view, peak) for view in views if peak in view.labels]

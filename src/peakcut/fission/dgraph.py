@@ -116,7 +116,9 @@ def build_dgraph(g: Graph, nodes: Iterable[int] | None = None) -> DGraph:
     for nid, rule in rules.items():
         for t, dims in zip(graph_nodes[nid].input_tuple, rule.inputs, strict=False):
             u = producer.get(t)
-            rule_u = None if u is None else rules.get(u)   # only members have rules
+            if u is None:
+                continue
+            rule_u = rules.get(u)   # only members have rules
             if rule_u is None:
                 continue
             k = graph_nodes[u].outputs.index(t)

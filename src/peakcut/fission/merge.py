@@ -25,7 +25,7 @@ from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, TensorRef
 from peakcut.ir.tags import FissionTag, Path
 from peakcut.ir.tensor import TensorMeta, contiguous_strides
-from peakcut.transform.rewrite import describe_tensor
+from peakcut.transform.rewrite import describe_node, describe_tensor
 
 
 class PartBuilder(Protocol):
@@ -66,14 +66,22 @@ def allocate(b: PartBuilder, outs: list[BoundaryOutput], fid: int,
         else:
             allocs.extend(_zeros(b, meta, tag, phase, module, existing=o.tensor))
         if o.kind == "nll_mean":
-            total = producer.outputs[1]
+            total = _total_weight(g, producer)
             if total in leaving:
                 totals[o.producer] = total
             else:
                 scratch = _zeros(b, g.tensors[total], tag, phase, module, existing=None)
                 allocs.extend(scratch)
-                totals[o.producer] = g.nodes[scratch[-1]].outputs[0]
+                totals[o.producer] = g.nodes[scratch[-1]].output_tuple[0]
     return allocs, totals
+
+
+def _total_weight(g: Graph, producer: Node) -> int:
+    """The total_weight output of an nll_loss (its second output; boundary checked there are two)."""
+    total = producer.outputs[1]
+    if total is None:
+        raise FissionError(f"{describe_node(g, producer.id)} returns no total_weight to divide by")
+    return total
 
 
 def _zeros(b: PartBuilder, meta: TensorMeta, tag: FissionTag, phase: Phase, module: str,
@@ -119,15 +127,15 @@ def write_part(b: PartBuilder, o: BoundaryOutput, part_of: Mapping[int, int],
             name=f"{base}_slice", what=what, phase=phase, module=module,
             tag=FissionTag(fid, "slice", here, k, n))
         block.append(view.id)
-        writes.append((o.tensor, (TensorRef(view.outputs[0]), TensorRef(part)),
+        writes.append((o.tensor, (TensorRef(view.output_tuple[0]), TensorRef(part)),
                        "aten.copy_.default"))
     elif o.kind == SAME:
         writes.append((o.tensor, (TensorRef(o.tensor), TensorRef(part)), "aten.copy_.default"))
     else:
         writes.append((o.tensor, (TensorRef(o.tensor), TensorRef(part)), "aten.add_.Tensor"))
-    if o.kind == "nll_mean" and totals[o.producer] != producer.outputs[1]:
+    if o.kind == "nll_mean" and totals[o.producer] != _total_weight(g, producer):
         scratch = totals[o.producer]
-        writes.append((scratch, (TensorRef(scratch), TensorRef(part_of[producer.outputs[1]])),
+        writes.append((scratch, (TensorRef(scratch), TensorRef(part_of[_total_weight(g, producer)])),
                        "aten.add_.Tensor"))
     for target, args, op in writes:
         node = b.add(op, args, {}, name=f"{g.tensors[target].name or target}_write",

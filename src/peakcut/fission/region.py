@@ -155,7 +155,7 @@ class RegionExpander:
                                   slices, block)
                 copy_of[v] = copy.id
                 for t, c in zip(g.nodes[v].outputs, copy.outputs, strict=True):
-                    if t is not None:
+                    if t is not None and c is not None:   # add() checked they come together
                         part_of[t] = c
                 for o in outs:
                     if o.writer == v:
@@ -248,7 +248,7 @@ class RegionExpander:
                         module=node.module,
                         tag=FissionTag(fid, "slice", here, k, n),
                         what=f"slice {k} of {describe_tensor(g, t)} for {describe_node(g, v)}")
-                    slices[(t, dim)] = view.outputs[0]
+                    slices[(t, dim)] = view.output_tuple[0]
                     block.append(view.id)
                 mapping[t] = slices[(t, dim)]
                 if t in call.contiguous:  # a kernel that misreads strided inputs (PartCall doc)
@@ -260,22 +260,22 @@ class RegionExpander:
                             module=node.module,
                             tag=FissionTag(fid, "contiguous", here, k, n),
                             what=f"contiguous slice {k} of {describe_tensor(g, t)} for {describe_node(g, v)}")
-                        slices[(t, -1 - dim)] = dense.outputs[0]
+                        slices[(t, -1 - dim)] = dense.output_tuple[0]
                         block.append(dense.id)
                     mapping[t] = slices[(t, -1 - dim)]
         expect: list[tuple[tuple[int, ...], str] | None] = []
         names: list[str] = []
         suffix = f"_p{k}"
-        for t, dims in zip(node.outputs, rule.outputs, strict=True):
-            if t is None:
+        for out, dims in zip(node.outputs, rule.outputs, strict=True):
+            if out is None:
                 expect.append(None)
                 names.append("")
                 continue
-            meta = g.tensors[t]
+            meta = g.tensors[out]
             shape = tuple(s // n if d == label else s
                           for s, d in zip(meta.shape, dims, strict=True))
             expect.append((shape, meta.dtype))
-            names.append(f"{meta.name or t}{suffix}")
+            names.append(f"{meta.name or out}{suffix}")
 
         def rewired(ref: TensorRef) -> TensorRef:
             return TensorRef(mapping.get(ref.id, ref.id))

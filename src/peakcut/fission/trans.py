@@ -144,13 +144,15 @@ def why_not_valid(g: Graph, dgraph: DGraph, nodes: Iterable[int], component: Com
     # 6. outputs: a fresh storage or a pure view of one (the view runs again on the merged
     #    base), and a way to rebuild them from the parts
     for t in boundary_outputs(g, S):
-        v = g.producer(t)
-        rule = dgraph.rules[v]
-        label = component.labels[v][0]
-        aliases = any(g.tensors[i].storage == g.tensors[t].storage for i in g.nodes[v].input_ids())
-        if aliases and not pure_view(g, v):
+        made_by = g.producer(t)
+        if made_by is None:   # never: a node of S outputs it
+            continue
+        rule = dgraph.rules[made_by]
+        label = component.labels[made_by][0]
+        aliases = any(g.tensors[i].storage == g.tensors[t].storage for i in g.nodes[made_by].input_ids())
+        if aliases and not pure_view(g, made_by):
             return f"output {g.tensors[t].name} of S is an in-place result"
-        how = rule.combine(label)[g.nodes[v].outputs.index(t)]
+        how = rule.combine(label)[g.nodes[made_by].outputs.index(t)]
         if how not in MERGEABLE:
             return (f"output {g.tensors[t].name} of S cannot be rebuilt from its parts "
                     f"(merge {how!r} along dimension {component.id})")

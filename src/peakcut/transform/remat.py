@@ -293,7 +293,8 @@ def deremat(g: Graph, order: Sequence[int], remat_node: int) -> Rewrite:
         raise RuleError(reason)
     n2 = g.nodes[remat_node]
     a = g.nodes[_original(n2)]
-    out_map = {t2: t for t, t2 in zip(a.outputs, n2.outputs, strict=True) if t2 is not None}
+    out_map = {t2: t for t, t2 in zip(a.outputs, n2.outputs, strict=True)
+               if t2 is not None and t is not None}   # the same outputs are None (checked)
     storage_map = {g.tensors[t2].storage: g.tensors[t].storage for t2, t in out_map.items()}
     readers = _readers(g, n2)
     moves = [StorageMove(s2, s, 0, tuple(v for v in alias_closure(g, s2, readers)

@@ -80,6 +80,14 @@ def _why_not_tensor(g: Graph, tensor: int) -> str | None:
     return _why_not_stale(g, tensor)
 
 
+def _producer(g: Graph, tensor: int) -> int:
+    """The node that makes `tensor` (the rules check it has one before they apply)."""
+    node = g.producer(tensor)
+    if node is None:
+        raise RuleError(f"internal: {describe_tensor(g, tensor)} has no producer")
+    return node
+
+
 def _why_not_stale(g: Graph, tensor: int) -> str | None:
     """A node writing the tensor's storage after its producer would make the host copy stale."""
     meta = g.tensors[tensor]
@@ -154,7 +162,7 @@ def swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> R
     if reason:
         raise RuleError(reason)
     meta = g.tensors[tensor]
-    prod = g.nodes[g.producer(tensor)]
+    prod = g.nodes[_producer(g, tensor)]
     users = sorted(users, key=order.index)   # order lists every node once (checked above)
     first = g.nodes[users[0]]
     capture_first = min(users, key=g.order.index)
@@ -251,7 +259,6 @@ def deswap(g: Graph, order: Sequence[int], load_node: int) -> Rewrite:
     meta = g.tensors[tensor]
     (host,) = load.input_ids()
     (loaded,) = load.output_ids()
-    store = g.producer(host)
     readers = list(g.users(loaded))
     loaded_storage = g.tensors[loaded].storage
     views = tuple(v for v in alias_closure(g, loaded_storage, readers) if v != loaded)
@@ -265,6 +272,7 @@ def deswap(g: Graph, order: Sequence[int], load_node: int) -> Rewrite:
     edit.remove_storages([loaded_storage])
     removed = [load_node]
     if not edit.graph.users(host):
+        store = _producer(g, host)
         edit.remove_node(store)
         edit.remove_storages([g.tensors[host].storage])
         removed.append(store)

@@ -297,10 +297,10 @@ class Edit:
                     keep.extend(self.replaced_by.get(p, ()))
             self._set_control(m, keep)
         for a, originals in self.inherit.items():
-            preds = [p for o in originals for p in self.g.control.get(o, ())]
-            preds = [p for p in preds if p not in removed and p != a]
-            if preds:
-                self._set_control(a, [*new.control.get(a, ()), *preds])
+            inherited = [p for o in originals for p in self.g.control.get(o, ())
+                         if p not in removed and p != a]
+            if inherited:
+                self._set_control(a, [*new.control.get(a, ()), *inherited])
         reads = {a: {new.tensors[t].storage for t in new.nodes[a].input_ids()}
                  for a in self.added}
         storages = set().union(*reads.values()) if reads else set()

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from peakcut.ir.graph import Graph
+from peakcut.ir.tags import TasoTag
 from peakcut.transform.rewrite import describe_node, positions
 from peakcut.transform.taso import matmul, matmul_merge, matmul_split
 from peakcut.transform.taso.edit import is_view_op
@@ -104,7 +105,7 @@ def split_sites(g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
     """Merged nodes (un-merge) in capture order, then the other matmuls, largest output first
     (stable): sorted on the cheap key first, validated one by one as they are pulled."""
     kind = "split_matmul"
-    merged: list[tuple[int, dict]] = []
+    merged: list[tuple[int, TasoTag]] = []
     plain: list[tuple[int, int, matmul.Matmul]] = []
     for nid in g.order:
         if g.nodes[nid].op not in matmul.MATMULS:
