@@ -41,6 +41,7 @@ def warm(g: Graph) -> None:
     g.storage_writers(0)
     g.storage_owner_of(0)
     g.is_host_storage(0)
+    g.next_id()
 
 
 def assert_caches_true(g: Graph) -> None:
@@ -52,6 +53,7 @@ def assert_caches_true(g: Graph) -> None:
     assert all(g.storage_writers(s) == fresh.storage_writers(s) for s in g.storages)
     assert g.storage_owner() == fresh.storage_owner()
     assert g.host_storages() == fresh.host_storages()
+    assert g.next_id() == max([*g.nodes, *g.tensors, *g.storages, 0]) + 1
 
 
 def edited(g: Graph, change: Callable[[GraphEditor], None]) -> Graph:
@@ -162,6 +164,8 @@ def test_add_op_takes_the_real_storage_of_views_and_in_place_results(graph):
     first = edit.add_op("aten.neg.default", (TensorRef(vt),), {}, name="m", phase=Phase.FORWARD,
                         module="", tensor_ids_first=True)
     assert edit.graph.tensors[first.outputs[0]].storage == first.outputs[0] + 1
+    g2 = edit.graph
+    assert g2.next_id() == max([*g2.nodes, *g2.tensors, *g2.storages]) + 1 == first.outputs[0] + 2
     with pytest.raises(InferenceError):
         edit.add_op("aten.mm.default", (TensorRef(x), TensorRef(x)), {}, name="bad",
                     phase=Phase.FORWARD, module="")

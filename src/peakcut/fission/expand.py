@@ -62,7 +62,7 @@ def expand(g: Graph, order: Sequence[int], tree: FTree, dgraph: DGraph, *,
     as without.
     """
     order = list(order)
-    if len(order) != len(g.nodes) or set(order) != set(g.nodes):
+    if len(order) != len(g.nodes) or g.nodes.keys() != set(order):
         raise FissionError(f"the order has {len(order)} nodes, the graph {len(g.nodes)} "
                            "(not a permutation of the graph's nodes)")
     enabled = tree.enabled()

@@ -45,7 +45,7 @@ def detach_loss(g: Graph) -> Graph:
                 id=nid, op="aten.scalar_tensor.default", args=(1.0,),
                 kwargs={"dtype": new.tensors[out].torch_dtype, "device": torch.device(g.device)},
                 outputs=node.outputs, module=node.module, phase=node.phase, name=node.name,
-                tags=replace(node.tags, rewritten_from="ones_like")))
+                tags=node.tags._replace(rewritten_from="ones_like")))
         elif node.op in NLL_BACKWARD and _unweighted_mean(node):
             target = node.args[2]
             meta = new.tensors[target.id]

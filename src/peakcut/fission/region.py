@@ -23,7 +23,6 @@ Every node made carries a FissionTag (role "part", "alloc", "slice", "contiguous
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -107,17 +106,18 @@ class RegionExpander:
                         raise FissionError(f"{what} cannot reproduce the layout of "
                                            f"{describe_tensor(g, outputs[j])}")
 
-        tags = NodeTags(fission=tag) if inherit is None else replace(inherit, fission=tag)
+        tags = NodeTags(fission=tag) if inherit is None else inherit.with_fission(tag)
         try:
             return self.edit.add_op(op, args, kwargs, name=name, phase=phase, module=module,
                                     tags=tags, multi_output=multi_output, names=names,
-                                    outputs=outputs, check=check)
+                                    outputs=outputs,
+                                    check=None if expect is None and outputs is None else check)
         except InferenceError as e:
             raise FissionError(f"{what} fails on its part inputs: {e.cause}") from None
 
     def wait(self, node: int, after: Iterable[int]) -> None:
         """Node `node` runs after the nodes `after` too (a control edge each)."""
-        deps = set(self.g.control.get(node, ())) | set(after)
+        deps = set(self.edit.graph.control.get(node, ())) | set(after)
         deps.discard(node)
         if deps:
             self.edit.set_control(node, tuple(sorted(deps)))

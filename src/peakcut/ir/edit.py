@@ -39,6 +39,7 @@ node is added, replaced or removed.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from peakcut.ir.graph import Graph, GraphError, StepSignature
@@ -71,6 +72,13 @@ def splice(order: Sequence[int], position: int, nodes: Sequence[int]) -> list[in
     return out
 
 
+def _drop(g: Graph, *caches: str) -> None:
+    """Forget these cached queries of g (the graph builds them again when asked)."""
+    for name in caches:
+        if getattr(g, name) is not None:   # most are None already: skip the write
+            object.__setattr__(g, name, None)
+
+
 def _writes(node: Node) -> bool:
     """The node writes a tensor in place (or its op is unknown, so it may)."""
     written = node._mutated
@@ -84,15 +92,17 @@ class GraphEditor:
                  memo: LayoutMemo | None = None) -> None:
         """next_id: the first id to hand out (default source.next_id()); memo: the layout
         memo add_op uses (peakcut.ir.infer; default: one of this editor's own)."""
+        start = source.next_id()      # cached on the source first: the copy takes the cache
         g = source.copy()
         for name in ("_producer", "_users", "_successors", "_writers", "_written", "_owner",
                      "_owner_order", "_host"):
             setattr(g, name, getattr(source, name))
         self.graph = g
-        self._next = source.next_id() if next_id is None else next_id
+        self._next = start if next_id is None else next_id
         self._memo = memo
         self._fakes: FakeStorages | None = None
         self._own_producer: dict[int, int] | None = None
+        self._holes = False        # something was deleted from the graph's dicts (see finish)
         self._finished = False
 
     # ------------------------------------------------------------ ids
@@ -112,6 +122,7 @@ class GraphEditor:
         """A new storage of `nbytes` bytes; its id."""
         storage = self.new_id()
         self._live()._storages[storage] = nbytes
+        self._used(storage)
         return storage
 
     def resize_storage(self, storage: int, nbytes: int) -> None:
@@ -126,7 +137,8 @@ class GraphEditor:
         """Remove storages no tensor lives in any more."""
         g = self._live()
         for s in storages:
-            g._storages.pop(s, None)
+            if g._storages.pop(s, None) is not None:
+                self._gone(s)
             self._forget_fake(s)
 
     def remove_unused_storages(self, candidates: Iterable[int] | None = None) -> None:
@@ -144,24 +156,33 @@ class GraphEditor:
     def add_node(self, node: Node, tensors: Iterable[TensorMeta] = ()) -> None:
         """Add `node` and its new output tensors (the order is not changed)."""
         g = self._live()
-        if node.id in g._nodes:
-            raise GraphError(f"node id {node.id} already exists")
+        nid = node.id
+        if nid in g._nodes:
+            raise GraphError(f"node id {nid} already exists")
+        top = nid
+        metas = g._tensors
         for meta in tensors:
-            g._tensors[meta.id] = meta
-        g._nodes[node.id] = node
+            metas[meta.id] = meta
+            top = max(top, meta.id)
+        g._nodes[nid] = node
+        # what follows runs for every node of a fission expansion: kept lean
+        if g._max_id is not None and top > g._max_id:
+            object.__setattr__(g, "_max_id", top)
         if g.workspace_cache:
-            g.forget_workspace(node.id)
-        if g._producer is not None:
-            producer = self._producer_to_change()
+            g.forget_workspace(nid)
+        producer = g._producer
+        if producer is not None:
+            if producer is not self._own_producer:
+                producer = self._producer_to_change()
             for t in node.output_tuple:
-                producer[t] = node.id
-        if _writes(node):
+                producer[t] = nid
+        written = node._mutated
+        if written is None or written:
             self._drop_writers()
         if node.op == STORE_OP and g._host is not None:
-            metas = g._tensors
             g._host = g._host | {metas[t].storage for t in node.output_tuple}
-        g._users = g._successors = None
-        g._owner = None
+        if g._users is not None or g._successors is not None or g._owner is not None:
+            _drop(g, "_users", "_successors", "_owner")
 
     def add_op(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, name: str,
                phase: Phase, module: str, tags: NodeTags = NO_TAGS, multi_output: bool = False,
@@ -180,7 +201,8 @@ class GraphEditor:
         output cannot stand for the given tensor.
         """
         g = self._live()
-        layouts = self.fakes.layouts(g, op, args, kwargs)
+        fakes = self._fakes if self._fakes is not None else self.fakes
+        layouts = fakes.layouts(g, op, args, kwargs)
         if check is not None:
             check(layouts)
         nid = self.new_id()
@@ -215,6 +237,8 @@ class GraphEditor:
             label = names[j] if names is not None else (name if len(layouts) == 1 else f"{name}_{j}")
             metas.append(TensorMeta(tid, shape, stride, dtype, storage, offset, Role.ACTIVATION, label))
             out_ids.append(tid)
+        if outputs is None and fresh:
+            self._used(max(fresh.values()))
         node = Node(id=nid, op=op, args=args, kwargs=kwargs, outputs=tuple(out_ids),
                     multi_output=multi_output, module=module, phase=phase, name=name, tags=tags)
         self.add_node(node, metas)
@@ -242,8 +266,8 @@ class GraphEditor:
         if old._mutated != node._mutated or old._mutated is None:
             self._drop_writers()
         if (old.op == STORE_OP) != (node.op == STORE_OP):
-            g._host = None
-        g._users = g._successors = None
+            _drop(g, "_host")
+        _drop(g, "_users", "_successors")
 
     def rewire(self, nid: int, mapping: Mapping[int, int]) -> bool:
         """Node `nid` reads mapping[t] in place of every tensor t it reads that is in `mapping`;
@@ -273,9 +297,11 @@ class GraphEditor:
         producer = self._producer_to_change() if g._producer is not None else None
         for nid in gone:
             node = g._nodes.pop(nid)
+            self._gone(nid)
             for t in node.output_tuple:
                 if t not in keep:
                     del g._tensors[t]
+                    self._gone(t)
                 if producer is not None and producer.get(t) == nid:
                     del producer[t]
             g._control.pop(nid, None)
@@ -284,23 +310,24 @@ class GraphEditor:
             if _writes(node):
                 self._drop_writers()
             if node.op == STORE_OP:
-                g._host = None
+                _drop(g, "_host")
         removed = set(gone)
         object.__setattr__(g, "order", [x for x in g.order if x not in removed])
-        g._users = g._successors = None
-        g._owner = None
+        _drop(g, "_users", "_successors", "_owner")
 
     def set_tensor(self, meta: TensorMeta) -> None:
         """Add or replace a tensor's meta (e.g. a view that moves to another storage)."""
         g = self._live()
         old = g._tensors.get(meta.id)
         g._tensors[meta.id] = meta
-        if old is not None and old.storage != meta.storage:
+        if old is None:
+            self._used(meta.id)
+        elif old.storage != meta.storage:
             if g._written is None or meta.id in g._written:
                 self._drop_writers()
             if g._host is not None and old.storage in g._host:
-                g._host = None
-            g._owner = None
+                _drop(g, "_host")
+            _drop(g, "_owner")
 
     # ------------------------------------------------------------ control edges
     def set_control(self, nid: int, after: Iterable[int]) -> None:
@@ -309,9 +336,9 @@ class GraphEditor:
         preds = tuple(after)
         if preds:
             g._control[nid] = preds
-        else:
-            g._control.pop(nid, None)
-        g._successors = None
+        elif g._control.pop(nid, None) is not None:
+            self._holes = True
+        _drop(g, "_successors")
 
     def add_control(self, nid: int, after: Iterable[int]) -> None:
         """Node `nid` also runs after the nodes `after` (kept in order, without repeats)."""
@@ -326,9 +353,7 @@ class GraphEditor:
         """The graph's own (capture) order becomes `order`."""
         g = self._live()
         object.__setattr__(g, "order", list(order))
-        g._users = None
-        self._drop_writers()
-        g._owner = None
+        _drop(g, "_users", "_writers", "_written", "_owner")
 
     def insert_in_order(self, position: int, nodes: Sequence[int]) -> None:
         """Insert `nodes` into the graph's own order at index `position` (see splice)."""
@@ -336,8 +361,7 @@ class GraphEditor:
         object.__setattr__(g, "order", splice(g.order, position, nodes))
         if any(_writes(g._nodes[n]) for n in nodes):
             self._drop_writers()
-        g._users = None
-        g._owner = None
+        _drop(g, "_users", "_owner")
 
     # ------------------------------------------------------------ the program's interface
     def set_interface(self, *, inputs: Sequence[int] | None = None,
@@ -351,7 +375,7 @@ class GraphEditor:
             if value is not None:
                 object.__setattr__(g, attr, list(value))
         if inputs is not None:
-            g._owner = None
+            _drop(g, "_owner")
 
     def set_signature(self, signature: StepSignature) -> None:
         object.__setattr__(self._live(), "signature", signature)
@@ -361,8 +385,20 @@ class GraphEditor:
 
     # ------------------------------------------------------------ finishing
     def finish(self) -> Graph:
-        """The edited graph; the editor takes no more edits."""
+        """The edited graph; the editor takes no more edits.
+
+        Dicts something was deleted from are copied once (in order): Python copies a dict
+        with holes item by item, so every later copy of the graph (each rule applied to it
+        makes one) would be several times slower.
+        """
         g = self._live()
+        if self._holes:
+            for name in ("_tensors", "_nodes", "_storages", "_control"):
+                compact = dict(getattr(g, name))
+                setattr(g, name, compact)
+                object.__setattr__(g, name[1:], MappingProxyType(compact))
+            if g._producer is not None:
+                g._producer = dict(g._producer)
         self._finished = True
         return g
 
@@ -381,7 +417,18 @@ class GraphEditor:
             self._own_producer = g._producer
         return g._producer
 
-    def _drop_writers(self) -> None:
+    def _used(self, new: int) -> None:
+        """Id `new` is now a node, tensor or storage of the graph (next_id's cache)."""
         g = self.graph
-        g._writers = None
-        g._written = None
+        if g._max_id is not None and new > g._max_id:
+            object.__setattr__(g, "_max_id", new)
+
+    def _gone(self, old: int) -> None:
+        """Id `old` was deleted from one of the graph's dicts."""
+        g = self.graph
+        self._holes = True
+        if g._max_id is not None and old >= g._max_id:
+            object.__setattr__(g, "_max_id", None)
+
+    def _drop_writers(self) -> None:
+        _drop(self.graph, "_writers", "_written")

@@ -18,8 +18,8 @@ from peakcut.ir.node import Node
 from peakcut.ir.registry import is_opaque
 from peakcut.ir.tensor import Role, TensorMeta
 
-
-_CACHES = ("_producer", "_users", "_successors", "_writers", "_written", "_owner", "_owner_order", "_host")
+_CACHES = ("_producer", "_users", "_successors", "_writers", "_written", "_owner", "_owner_order", "_host",
+           "_max_id")
 
 
 class GraphError(ValueError):
@@ -71,7 +71,7 @@ class Graph:
         "_tensors", "_nodes", "_storages", "_control",
         # caches, None until asked for (see GraphEditor for which edits keep which)
         "_producer", "_users", "_successors", "_writers", "_written", "_owner", "_owner_order",
-        "_host",
+        "_host", "_max_id",
     )
     tensors: Mapping[int, TensorMeta]
     nodes: Mapping[int, Node]
@@ -97,13 +97,16 @@ class Graph:
     _owner: dict[int, int] | None
     _owner_order: list[int] | None
     _host: frozenset[int] | None
+    _max_id: int | None                       # the largest node, tensor or storage id
 
     def __init__(self, tensors: dict[int, TensorMeta], nodes: dict[int, Node], inputs: list[int],
                  input_names: list[str], outputs: list[int], output_names: list[str],
                  storages: dict[int, int], order: list[int], control: dict[int, tuple[int, ...]],
                  device: str = "cpu", signature: StepSignature | None = None,
-                 workspace_cache: dict[Hashable, dict[int, int]] | None = None) -> None:
-        """The graph takes the given dicts and lists over (the caller must not change them)."""
+                 workspace_cache: dict[Hashable, dict[int, int]] | None = None, *,
+                 max_id: int | None = None) -> None:
+        """The graph takes the given dicts and lists over (the caller must not change them).
+        max_id: the largest id in them, when the caller knows it (next_id's cache)."""
         init = object.__setattr__
         init(self, "_tensors", tensors)
         init(self, "_nodes", nodes)
@@ -123,6 +126,7 @@ class Graph:
         init(self, "workspace_cache", {} if workspace_cache is None else workspace_cache)
         for name in _CACHES:
             init(self, name, None)
+        init(self, "_max_id", max_id)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if not name.startswith("_"):
@@ -162,6 +166,7 @@ class Graph:
             order=list(self.order), control=dict(self._control), device=self.device,
             signature=self.signature,
             workspace_cache={key: dict(values) for key, values in self.workspace_cache.items()},
+            max_id=self._max_id,
         )
 
     def with_order(self, order: Iterable[int]) -> Graph:
@@ -324,8 +329,12 @@ class Graph:
         return sum(self._storages[s] for s in {t.storage for t in self.tensors_with_role(Role.PARAM)})
 
     def next_id(self) -> int:
-        """A fresh id, unused by any node, tensor or storage (they share one numbering)."""
-        return max(max(self._nodes, default=0), max(self._tensors, default=0), max(self._storages, default=0)) + 1
+        """A fresh id, unused by any node, tensor or storage (they share one numbering): the
+        largest one used, plus one (cached until the graph changes)."""
+        if self._max_id is None:
+            self._max_id = max(max(self._nodes, default=0), max(self._tensors, default=0),
+                               max(self._storages, default=0))
+        return self._max_id + 1
 
     # ---------------------------------------------------------------- checks and (de)serialization
     def check(self) -> None:

@@ -389,7 +389,7 @@ class Edit:
 # ------------------------------------------------------------------ checks
 def order_problem(g: Graph, order: Sequence[int]) -> str | None:
     """Why `order` is not a topological order of g (None when it is)."""
-    if len(order) != len(g.nodes) or set(order) != set(g.nodes):
+    if len(order) != len(g.nodes) or g.nodes.keys() != set(order):
         return f"the order has {len(order)} nodes, the graph {len(g.nodes)}"
     pos = positions(order)
     producer = g.producer_map()
