@@ -48,6 +48,7 @@ class RegionExpander:
                  memo: LayoutMemo | None = None, *, next_id: int | None = None,
                  regions: Sequence[ExpandedRegion] = ()) -> None:
         self.edit = GraphEditor(g, next_id=next_id, memo={} if memo is None else memo)
+        self.g = self.edit.graph     # the graph being expanded (edit.finish() returns it)
         self.compact = compact
         self.order = list(order)
         self.rules: dict[int, DimRule] = dict(rules)
@@ -58,11 +59,6 @@ class RegionExpander:
         """An expander going on from a snapshot (its graph copied: snapshots stay as they are)."""
         return cls(snap.graph, list(snap.order), snap.rules, compact, memo, next_id=snap.next_id,
                    regions=snap.regions)
-
-    @property
-    def g(self) -> Graph:
-        """The graph being expanded."""
-        return self.edit.graph
 
     def snapshot(self, steps: tuple[ExpansionStep, ...],
                  parts: tuple[tuple[dict[int, int], ...], ...]) -> Snapshot:
@@ -117,7 +113,7 @@ class RegionExpander:
 
     def wait(self, node: int, after: Iterable[int]) -> None:
         """Node `node` runs after the nodes `after` too (a control edge each)."""
-        deps = set(self.edit.graph.control.get(node, ())) | set(after)
+        deps = set(self.g.control.get(node, ())) | set(after)
         deps.discard(node)
         if deps:
             self.edit.set_control(node, tuple(sorted(deps)))

@@ -155,7 +155,9 @@ class GraphEditor:
     # ------------------------------------------------------------ nodes and tensors
     def add_node(self, node: Node, tensors: Iterable[TensorMeta] = ()) -> None:
         """Add `node` and its new output tensors (the order is not changed)."""
-        g = self._live()
+        if self._finished:
+            self._live()
+        g = self.graph
         nid = node.id
         if nid in g._nodes:
             raise GraphError(f"node id {nid} already exists")
@@ -163,7 +165,8 @@ class GraphEditor:
         metas = g._tensors
         for meta in tensors:
             metas[meta.id] = meta
-            top = max(top, meta.id)
+            if meta.id > top:
+                top = meta.id
         g._nodes[nid] = node
         # what follows runs for every node of a fission expansion: kept lean
         if g._max_id is not None and top > g._max_id:
@@ -200,7 +203,9 @@ class GraphEditor:
         peakcut.ir.infer.InferenceError when the op fails on its inputs, GraphError when an
         output cannot stand for the given tensor.
         """
-        g = self._live()
+        if self._finished:
+            self._live()
+        g = self.graph
         fakes = self._fakes if self._fakes is not None else self.fakes
         layouts = fakes.layouts(g, op, args, kwargs)
         if check is not None:
@@ -295,13 +300,14 @@ class GraphEditor:
         gone = list(nids)
         keep = set(keep_tensors)
         producer = self._producer_to_change() if g._producer is not None else None
+        top = -1        # the largest id deleted
         for nid in gone:
             node = g._nodes.pop(nid)
-            self._gone(nid)
+            top = nid if nid > top else top
             for t in node.output_tuple:
                 if t not in keep:
                     del g._tensors[t]
-                    self._gone(t)
+                    top = t if t > top else top
                 if producer is not None and producer.get(t) == nid:
                     del producer[t]
             g._control.pop(nid, None)
@@ -311,6 +317,8 @@ class GraphEditor:
                 self._drop_writers()
             if node.op == STORE_OP:
                 _drop(g, "_host")
+        if top >= 0:
+            self._gone(top)
         removed = set(gone)
         object.__setattr__(g, "order", [x for x in g.order if x not in removed])
         _drop(g, "_users", "_successors", "_owner")
