@@ -16,7 +16,7 @@ from peakcut.ir.infer import InferenceError
 from peakcut.ir.node import Node, Phase, TensorRef
 from peakcut.ir.ops import LOAD_OP, STORE_OP
 from peakcut.ir.tensor import Role, TensorMeta
-from peakcut.transform import hotspot_candidates
+from peakcut.rules import RULES
 from tests.conftest import cnn_loss
 
 
@@ -27,7 +27,7 @@ def graph(small_cnn) -> Graph:
     g = peakcut.capture(model, batch, cnn_loss, "adamw")
     order = list(g.order)
     for kind in ("swap", "remat"):
-        c = hotspot_candidates(g, order, limit=1, kinds=(kind,))[0]
+        c = RULES.hotspot_candidates(g, order, limit=1, kinds=(kind,))[0]
         rw = c.apply(g, order)
         g, order = rw.graph, rw.order
     return g

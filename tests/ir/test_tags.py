@@ -20,7 +20,7 @@ from peakcut.ir.tags import (
     tags_from_json,
     tags_to_json,
 )
-from peakcut.transform import hotspot_candidates
+from peakcut.rules import RULES
 from tests.conftest import cnn_loss
 
 EXAMPLES = {
@@ -90,7 +90,7 @@ def rewritten(small_cnn):
     g = peakcut.capture(model, batch, cnn_loss, "adamw")
     order = list(g.order)
     for kind in ("swap", "remat"):
-        (c,) = hotspot_candidates(g, order, limit=1, kinds=(kind,))[:1]
+        (c,) = RULES.hotspot_candidates(g, order, limit=1, kinds=(kind,))[:1]
         rw = c.apply(g, order)
         g, order = rw.graph, rw.order
     return g

@@ -41,7 +41,7 @@ def test_touches_spans_and_bytes_of_a_chain() -> None:
 
 def test_host_storages_never_count() -> None:
     g, a, exp, dot = swap_chain(between=4)
-    store, load = insert_swap(g, a, exp, dot, [dot])
+    g, store, load = insert_swap(g, a, exp, dot, [dot])
     touches = storage_touches(g, g.order)
     host = g.host_storages()
     assert host and not host & set(touches.storages)

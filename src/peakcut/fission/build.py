@@ -45,7 +45,7 @@ def memory_view(g: Graph, order: Sequence[int] | None = None,
             allocs.setdefault(order[first], {})[s] = g.storages[s]
     reads = {nid: frozenset(g.tensors[t].storage for t in g.nodes[nid].input_ids()) for nid in order}
     hot = frozenset(s for s, (a, f) in profile.storage_lifetime.items() if a <= profile.peak_index <= f)
-    return MemoryView(allocs, reads, hot, g.storages.copy())
+    return MemoryView(allocs, reads, hot, dict(g.storages))
 
 
 def component_view(g: Graph, comp: Component, sources: set[int] | None = None) -> ComponentView:

@@ -116,8 +116,7 @@ class Node(_WeakReferable):
     for hot loops that only read them) and the tensors it writes in place
     (mutated_ids). Values other modules compute for a node live in their own
     caches (peakcut.ir.node_cache.NodeCache), keyed by the node object and what
-    else they read. `memo` is the workspace model's until it moves to
-    peakcut.memory; nothing else uses it.
+    else they read.
     """
 
     id: int
@@ -132,7 +131,6 @@ class Node(_WeakReferable):
     tags: NodeTags = NO_TAGS
     input_tuple: tuple[int, ...] = field(init=False, repr=False, compare=False)
     output_tuple: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    memo: dict[str, Any] = field(init=False, repr=False, compare=False)
     _mutated: tuple[int, ...] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -144,7 +142,6 @@ class Node(_WeakReferable):
             seen.setdefault(ref.id)
         object.__setattr__(self, "input_tuple", tuple(seen))
         object.__setattr__(self, "output_tuple", tuple(t for t in self.outputs if t is not None))
-        object.__setattr__(self, "memo", {})
         try:
             mutated: tuple[int, ...] | None = _mutated_refs(self.op, self.args, self.kwargs)
         except Exception:
@@ -153,7 +150,7 @@ class Node(_WeakReferable):
 
     def __getstate__(self) -> tuple[Any, ...]:
         # pickles (and copies) hold what the node was built from; the derived facts and the
-        # memo are made again on the other side
+        # caches keyed by the node object hold nothing for the copy
         return tuple(getattr(self, f) for f in _INIT_FIELDS)
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
