@@ -24,8 +24,6 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 SRC = Path(__file__).resolve().parents[1] / "src"
 ROOT = "peakcut"
 
@@ -201,26 +199,6 @@ def test_checker_finds_module_and_function_level_cycles(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ the source tree
-# Cycles in modules other parts of issue 15 are restructuring right now (ir/). Once they are
-# gone, test_no_import_cycle_in_peakcut passes, its strict xfail fails, and the mark and this
-# list go.
-KNOWN_CYCLES = (
-    # Graph.check, Graph.to_json / from_json (ir/graph.py)
-    "peakcut.ir.check -> peakcut.ir.graph -> peakcut.ir.check",
-    "peakcut.ir.graph -> peakcut.ir.serialize -> peakcut.ir.graph",
-    # the registry's resolve_op lives in ir/node.py, which reads the registry
-    "peakcut.ir.node -> peakcut.ir.registry -> peakcut.ir.node",
-)
-
-
-def test_no_new_import_cycle() -> None:
-    """Whatever cycles are still known, no other one appears."""
-    new = sorted(set(import_cycles(import_graph())) - set(KNOWN_CYCLES))
-    assert not new, "new import cycles in src/peakcut:\n" + "\n".join(new)
-
-
-@pytest.mark.xfail(strict=True, reason="known import cycles, to be removed by the memory, edit "
-                   "and rules parts of issue 15: " + "; ".join(KNOWN_CYCLES))
 def test_no_import_cycle_in_peakcut() -> None:
     cycles = import_cycles(import_graph())
     assert not cycles, "import cycles in src/peakcut:\n" + "\n".join(cycles)

@@ -12,6 +12,7 @@ from torch.func import functional_call
 import peakcut
 from peakcut.capture import capture_with_gradients, describe_optimizer
 from peakcut.ir import Phase
+from peakcut.ir.check import check_graph
 from peakcut.memory import simulate
 
 
@@ -38,7 +39,7 @@ def _autograd_gradients(model: torch.nn.Module) -> Callable[..., Any]:
 def test_inputs_outputs_and_phases() -> None:
     model, batch = _mlp()
     g = capture_with_gradients(model, batch, _autograd_gradients(model), describe_optimizer(model, "adamw"))
-    g.check()
+    check_graph(g)
     params = [f"param:{n}" for n, _ in model.named_parameters()]
     states = [f"state:{n[6:]}.{s}" for n in params for s in ("exp_avg", "exp_avg_sq")]
     assert g.input_names[:len(params)] == params

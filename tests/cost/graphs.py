@@ -7,8 +7,9 @@ from typing import Any
 import torch
 
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import Node, TensorRef, resolve_op
+from peakcut.ir.node import Node, TensorRef
 from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.ir.registry import resolve_op
 from peakcut.ir.tensor import Role, TensorMeta, dtype_name
 
 

@@ -10,6 +10,7 @@ import torch
 import peakcut
 from peakcut.fission import expand, find_ftree
 from peakcut.fission.loss import detach_loss
+from peakcut.ir.check import check_graph
 from peakcut.workloads import get_workload
 from tests.tolerance import tolerance
 
@@ -28,7 +29,7 @@ def test_batch_fission_of_an_autocast_bert_checks_and_runs() -> None:
     tree, dgraph = find_ftree(g, batch_only=True)
     root = tree.roots()[0]
     split = expand(g, g.order, tree.with_n(root, 2), dgraph)
-    split.graph.check()
+    check_graph(split.graph)
     ours = copy.deepcopy(model)
     loss = peakcut.Step(split.graph, split.order)(ours, inst.batch)
     ref = loss_fn(model, inst.batch)

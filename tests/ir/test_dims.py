@@ -42,8 +42,8 @@ from peakcut.ir.dims import (
     split_node_args,
 )
 from peakcut.ir.dims.call import Call
-from peakcut.ir.node import Node, TensorRef, map_refs, resolve_op
-from peakcut.ir.registry import REGISTRY, OpKind
+from peakcut.ir.node import Node, TensorRef, map_refs
+from peakcut.ir.registry import REGISTRY, OpKind, resolve_op
 from peakcut.ir.tensor import dtype_name
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 from tests.conftest import SmallCNN, cnn_loss

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import torch
 
+from peakcut.ir.check import check_graph
 from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, TensorRef, map_refs
@@ -145,7 +146,7 @@ def insert_swap(g: Graph, tensor: int, store_after: int, load_before: int,
     order.insert(order.index(load_before), load_id)
     edit.set_order(order)
     new = edit.finish()
-    new.check()
+    check_graph(new)
     return new, store_id, load_id
 
 
@@ -160,5 +161,5 @@ def swap_chain(between: int = 6, numel: int = 1024) -> tuple[Graph, int, int, in
         h = b.op("aten.sin.default", h, shape=(numel,), name=f"h{i}")
     out = b.op("aten.dot.default", a, h, shape=(), name="out")
     b.output(out)
-    b.g.check()
+    check_graph(b.g)
     return b.g, a, b.g.producer(a), b.g.producer(out)

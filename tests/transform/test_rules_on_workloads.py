@@ -18,6 +18,7 @@ import pytest
 import peakcut
 from peakcut.codegen.program import Step
 from peakcut.codegen.swap import simulated_host_peak
+from peakcut.ir.check import check_graph
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Phase
 from peakcut.ir.ops import STORE_OP
@@ -49,7 +50,7 @@ def apply_plan(g: Graph, name: str) -> tuple[Graph, list[int], list[tuple[str, R
             pytest.fail(f"{name}: no applicable {left} candidate at the peak after "
                         f"{[r.description for _, r in done]}")
         r = found[0].apply(g, order)
-        r.graph.check()
+        check_graph(r.graph)
         g, order = r.graph, r.order
         done.append((kind, r))
     return g, order, done

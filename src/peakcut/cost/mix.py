@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from peakcut.cost.inputs import RealCall
-from peakcut.ir.node import resolve_op
+from peakcut.ir.registry import resolve_op
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ _CACHES = ("_producer", "_users", "_successors", "_writers", "_written", "_owner
 
 
 class GraphError(ValueError):
-    """The graph breaks one of the IR's rules (raised by Graph.check and loaders)."""
+    """The graph breaks one of the IR's rules (raised by ir.check.check_graph and the loaders)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,24 +335,6 @@ class Graph:
             self._max_id = max(max(self._nodes, default=0), max(self._tensors, default=0),
                                max(self._storages, default=0))
         return self._max_id + 1
-
-    # ---------------------------------------------------------------- checks and (de)serialization
-    def check(self) -> None:
-        """Validate the graph; raises GraphError naming the first problem found."""
-        from peakcut.ir.check import check_graph
-
-        check_graph(self)
-
-    def to_json(self) -> str:
-        from peakcut.ir.serialize import graph_to_json
-
-        return graph_to_json(self)
-
-    @staticmethod
-    def from_json(text: str) -> Graph:
-        from peakcut.ir.serialize import graph_from_json
-
-        return graph_from_json(text)
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -28,8 +28,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import TensorRef, iter_refs, map_refs, resolve_op
+from peakcut.ir.node import TensorRef, iter_refs, map_refs
 from peakcut.ir.real_dtypes import with_real_dtypes
+from peakcut.ir.registry import resolve_op
 
 Source = tuple[Any, ...]
 """("in", storage id): an input's storage; ("fresh", i, nbytes): the call's i-th new storage

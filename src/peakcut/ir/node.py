@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from peakcut.ir.registry import argument_names, mutated_arguments
+from peakcut.ir.registry import argument_names, mutated_arguments, resolve_op
 from peakcut.ir.tags import NO_TAGS, NodeTags
 
 
@@ -81,19 +81,6 @@ def map_refs(value: Any, fn: Any) -> Any:
     if isinstance(value, dict):
         return {k: map_refs(v, fn) for k, v in value.items()}
     return value
-
-
-def resolve_op(name: str) -> torch._ops.OpOverload:
-    """'aten.mm.default' -> torch.ops.aten.mm.default; clear error if it does not exist."""
-    parts = name.split(".")
-    if len(parts) != 3:
-        raise ValueError(f"op name {name!r} is not of the form 'namespace.op.overload'")
-    ns, op, overload = parts
-    try:
-        found: torch._ops.OpOverload = getattr(getattr(getattr(torch.ops, ns), op), overload)
-    except (AttributeError, RuntimeError) as e:
-        raise ValueError(f"op {name!r} is not registered with PyTorch ({e})") from None
-    return found
 
 
 class _WeakReferable:

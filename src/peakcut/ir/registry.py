@@ -29,6 +29,19 @@ from torch.utils.flop_counter import flop_registry
 aten = torch.ops.aten
 
 
+def resolve_op(name: str) -> torch._ops.OpOverload:
+    """'aten.mm.default' -> torch.ops.aten.mm.default; clear error if it does not exist."""
+    parts = name.split(".")
+    if len(parts) != 3:
+        raise ValueError(f"op name {name!r} is not of the form 'namespace.op.overload'")
+    ns, op, overload = parts
+    try:
+        found: torch._ops.OpOverload = getattr(getattr(getattr(torch.ops, ns), op), overload)
+    except (AttributeError, RuntimeError) as e:
+        raise ValueError(f"op {name!r} is not registered with PyTorch ({e})") from None
+    return found
+
+
 class OpKind(str, Enum):
     """Coarse class of an op, used for cost and (later) rule matching."""
 
@@ -137,7 +150,6 @@ _UNDECLARED_WRITES: Mapping[str, frozenset[str]] = MappingProxyType({
 @cache
 def mutated_arguments(op: str) -> frozenset[str]:
     """Names of the op's arguments it writes in place: the schema's, plus known undeclared ones."""
-    from peakcut.ir.node import resolve_op
 
     schema = resolve_op(op)._schema
     declared = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
@@ -161,7 +173,6 @@ def bind_arguments(schema_args: Sequence[Any], args: Sequence[Any], kwargs: Mapp
 
 @cache
 def argument_names(op: str) -> tuple[str, ...]:
-    from peakcut.ir.node import resolve_op
 
     return tuple(a.name for a in resolve_op(op)._schema.arguments)
 
@@ -192,7 +203,6 @@ def bytes_moved(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor])
 
 @cache
 def _overload(op: str) -> torch._ops.OpOverload | None:
-    from peakcut.ir.node import resolve_op
 
     try:
         return resolve_op(op)

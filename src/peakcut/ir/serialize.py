@@ -1,7 +1,7 @@
 """Versioned JSON (de)serialization of a Graph.
 
 Format: {"format": "peakcut.graph", "version": 2, ...}. Loading checks the
-format tag and version, decodes every field strictly and runs Graph.check(),
+format tag and version, decodes every field strictly and runs check_graph(),
 so a corrupt or foreign file is rejected with a message that says why.
 
 Version 2 writes a node's typed tags (peakcut.ir.tags) as "tags"; version 1 (what plans
@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from peakcut.ir.check import check_graph
 from peakcut.ir.graph import Graph, GraphError, StepSignature
 from peakcut.ir.node import Hyper, Node, Phase, TensorRef
 from peakcut.ir.tags import NO_TAGS, NodeTags, tags_from_extra, tags_from_json, tags_to_json
@@ -149,7 +150,7 @@ def graph_from_json(text: str) -> Graph:
         raise
     except (KeyError, TypeError, ValueError) as e:
         raise GraphError(f"corrupt peakcut graph: {type(e).__name__}: {e}") from None
-    g.check()
+    check_graph(g)
     return g
 
 

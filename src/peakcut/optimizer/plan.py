@@ -21,6 +21,7 @@ from torch.utils import _pytree as pytree
 
 from peakcut.codegen.program import Step, StepBindingError
 from peakcut.ir.graph import Graph
+from peakcut.ir.serialize import graph_from_json, graph_to_json
 from peakcut.units import format_bytes, format_seconds
 
 PLAN_FILES = ("graph.json", "order.json", "report.json", "program.py")
@@ -138,7 +139,7 @@ class Plan:
                                       "plan again with peakcut.optimize after loading your checkpoint")
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "graph.json").write_text(self.graph.to_json())
+        (out / "graph.json").write_text(graph_to_json(self.graph))
         (out / "order.json").write_text(json.dumps(self.order))
         (out / "report.json").write_text(json.dumps(self.report, indent=2, default=str))
         (out / "program.py").write_text(self.source)
@@ -166,7 +167,7 @@ def load_plan(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.O
     missing = [name for name in PLAN_FILES[:3] if not (src / name).exists()]
     if missing:
         raise FileNotFoundError(f"{src} is not a saved plan: missing {', '.join(missing)}")
-    graph = Graph.from_json((src / "graph.json").read_text())
+    graph = graph_from_json((src / "graph.json").read_text())
     order = json.loads((src / "order.json").read_text())
     report = json.loads((src / "report.json").read_text())
     if sorted(order) != sorted(graph.nodes):

@@ -24,8 +24,8 @@ import torch
 from peakcut.ir.dims.rule import DimRule, Dims, Label
 from peakcut.ir.dims.shapes import Shape
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import TensorRef, resolve_op
-from peakcut.ir.registry import bind_arguments
+from peakcut.ir.node import TensorRef
+from peakcut.ir.registry import bind_arguments, resolve_op
 
 
 def aten(name: str) -> str:

@@ -22,8 +22,9 @@ import torch
 from peakcut.ir.dims.call import schema_arguments
 from peakcut.ir.dims.rule import CAT, SAME, DimRule, Label
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import TensorRef, map_refs, resolve_op
+from peakcut.ir.node import TensorRef, map_refs
 from peakcut.ir.node_cache import NodeCache
+from peakcut.ir.registry import resolve_op
 
 _NLL_SUM = 2  # at::Reduction::Sum
 

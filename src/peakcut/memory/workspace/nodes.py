@@ -26,7 +26,8 @@ import numpy.typing as npt
 import torch
 
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import Node, TensorRef, resolve_op
+from peakcut.ir.node import Node, TensorRef
+from peakcut.ir.registry import resolve_op
 from peakcut.ir.tensor import dtype_from_name
 from peakcut.memory.workspace.machine import CpuMachine
 from peakcut.memory.workspace.rules import cpu_workspace_bytes, workspace_ops
