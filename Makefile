@@ -27,7 +27,7 @@ bench-quick: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy --follow-imports=silent -p peakcut.ir -p peakcut.memory -p peakcut.schedule  # strict (pyproject [tool.mypy])
+	$(VENV)/bin/mypy src/peakcut  # default checks everywhere, strict on ir, memory, schedule (pyproject [tool.mypy])
 
 clean:
 	rm -rf $(VENV) out .pytest_cache
