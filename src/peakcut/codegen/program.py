@@ -66,7 +66,13 @@ class Step:
         self.path = target
         self._fn = _load(target)
         sig = graph.signature
-        self.update = UpdateInputs(OptimizerSpec.from_dict(sig.optimizer), sig.grad_scaler)
+        names = dict(zip(graph.inputs, graph.input_names, strict=True))
+        host_state = frozenset(names[t] for t in graph.host_inputs() if names[t].startswith("state:"))
+        other = [names[t] for t in graph.host_inputs() if not names[t].startswith("state:")]
+        if other:
+            raise StepBindingError(f"input {other[0]!r} is kept in host memory by the plan; a step binds "
+                                   "only optimizer state there so far")
+        self.update = UpdateInputs(OptimizerSpec.from_dict(sig.optimizer), sig.grad_scaler, host_state)
         self.update.attach(optimizer, scaler)
         self._hypers = bool(hyper_names(graph))
         self._prepared = Prepared()

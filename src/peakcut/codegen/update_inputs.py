@@ -19,6 +19,7 @@ from torch.optim.optimizer import _get_scalar_dtype
 
 from peakcut.capture.optimizers import SUPPORTED, GroupSpec, OptimizerSpec, describe
 from peakcut.capture.update import scalars
+from peakcut.ir.ops import HOST_DEVICE
 
 
 class StepBindingError(ValueError):
@@ -37,9 +38,14 @@ class Prepared:
 class UpdateInputs:
     """Binds a captured update to a torch.optim optimizer (and GradScaler) at run time."""
 
-    def __init__(self, spec: OptimizerSpec | None, grad_scaler: bool) -> None:
+    def __init__(self, spec: OptimizerSpec | None, grad_scaler: bool,
+                 host_state: frozenset[str] = frozenset()) -> None:
+        """host_state: the 'state:<param>.<slot>' inputs the plan keeps in host memory between
+        steps (Graph.host_inputs): created there, and moved there when found on the device
+        (e.g. after optimizer.load_state_dict, which puts state beside its parameter)."""
         self.spec = spec
         self.grad_scaler = grad_scaler
+        self.host_state = host_state
         self.optimizer: torch.optim.Optimizer | None = None
         self.scaler: Any = None
 
@@ -180,25 +186,48 @@ class UpdateInputs:
             if group.hyper["momentum"] != 0:
                 state = opt.state[p]
                 if state.get("momentum_buffer") is None:
-                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["momentum_buffer"] = self._zeros(name, "momentum_buffer", p)
                     out.created.append((p, "momentum_buffer"))
                     first[name] = True
-                _check_like(name, "momentum_buffer", state["momentum_buffer"], p)
+                state["momentum_buffer"] = self._placed(name, "momentum_buffer", state["momentum_buffer"], p)
             return
         state = opt.state[p]
         if "step" not in state:
             state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype())
             out.created.append((p, "step"))
             for slot in spec.slots(group):
-                state[slot] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state[slot] = self._zeros(name, slot, p)
                 out.created.append((p, slot))
         for slot in spec.slots(group):
             if slot not in state:
                 raise StepBindingError(f"optimizer state of {name!r} has no {slot!r} (saved without amsgrad?)")
-            _check_like(name, slot, state[slot], p)
+            state[slot] = self._placed(name, slot, state[slot], p)
         step = state["step"]
         steps[name] = (step + 1).item()       # torch.optim: step_t += 1; step = step_t.item()
         out.advanced.append(step)
+
+
+    def _on_host(self, name: str, slot: str) -> bool:
+        return f"state:{name}.{slot}" in self.host_state
+
+    def _zeros(self, name: str, slot: str, p: torch.Tensor) -> torch.Tensor:
+        """New state for p, as torch.optim makes it; in (pinned) host memory when the plan keeps
+        it there."""
+        if not self._on_host(name, slot):
+            return torch.zeros_like(p, memory_format=torch.preserve_format)
+        return torch.zeros_like(p, memory_format=torch.preserve_format, device=HOST_DEVICE,
+                                pin_memory=p.is_cuda)
+
+    def _placed(self, name: str, slot: str, t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """The state tensor t, checked against p, in the memory the plan keeps it in (a state the
+        plan keeps in host memory and found on the device is copied there once)."""
+        on_host = self._on_host(name, slot)
+        _check_like(name, slot, t, p, host_ok=on_host)
+        if not on_host or t.device.type == HOST_DEVICE:
+            return t
+        moved = torch.empty_like(t, device=HOST_DEVICE, pin_memory=t.is_cuda)
+        moved.copy_(t)
+        return moved
 
 
 def _structure(g: GroupSpec) -> tuple[Any, ...]:
@@ -212,7 +241,9 @@ def _what_changed(was: GroupSpec, now: GroupSpec) -> str:
     return f"options {list(was.flags)} -> {list(now.flags)}"
 
 
-def _check_like(name: str, slot: str, t: torch.Tensor, p: torch.Tensor) -> None:
-    if t.shape != p.shape or t.dtype != p.dtype or t.device != p.device:
+def _check_like(name: str, slot: str, t: torch.Tensor, p: torch.Tensor, host_ok: bool = False) -> None:
+    """t has p's shape and dtype, and lives on p's device (or in host memory, when host_ok)."""
+    placed = t.device == p.device or (host_ok and t.device.type == HOST_DEVICE)
+    if t.shape != p.shape or t.dtype != p.dtype or not placed:
         raise StepBindingError(f"optimizer state {name}.{slot}: {tuple(t.shape)} {t.dtype} on {t.device}, the "
                                f"parameter is {tuple(p.shape)} {p.dtype} on {p.device}")

@@ -15,7 +15,7 @@ import torch
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import TensorRef, map_refs
-from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.ir.ops import COPY_DIRECTION, copied_argument, is_host_copy
 from peakcut.ir.registry import OpKind, bytes_moved, flops, lookup
 from peakcut.ir.tensor import TensorMeta
 
@@ -63,17 +63,19 @@ def copy_key(nbytes: int, direction: str) -> str:
 
 
 def is_swap(g: Graph, nid: int) -> bool:
-    """True for peakcut.store / peakcut.load nodes."""
-    return g.nodes[nid].op in (STORE_OP, LOAD_OP)
+    """True for host copy nodes (peakcut.store / load / writeback)."""
+    return is_host_copy(g.nodes[nid].op)
 
 
 def swap_transfer(g: Graph, nid: int) -> tuple[int, str]:
-    """(bytes copied, "d2h" | "h2d") of a peakcut.store / peakcut.load node."""
+    """(bytes copied, "d2h" | "h2d") of a host copy node (peakcut.store / load / writeback)."""
     node = g.nodes[nid]
-    if node.op not in (STORE_OP, LOAD_OP):
-        raise ValueError(f"node {nid} ({node.op}) is not a swap node")
-    moved = sum(g.tensors[t].nbytes for t in node.input_ids())
-    return moved, "d2h" if node.op == STORE_OP else "h2d"
+    if not is_host_copy(node.op):
+        raise ValueError(f"node {nid} ({node.op}) is not a host copy node")
+    source = node.args[copied_argument(node.op)]
+    if not isinstance(source, TensorRef):
+        raise ValueError(f"node {nid} ({node.op}): argument {copied_argument(node.op)} is not a tensor")
+    return g.tensors[source.id].nbytes, COPY_DIRECTION[node.op]
 
 
 @dataclass(frozen=True)

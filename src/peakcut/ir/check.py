@@ -6,7 +6,8 @@ import rustworkx as rx
 import torch
 
 from peakcut.ir.graph import Graph, GraphError
-from peakcut.ir.node import map_refs
+from peakcut.ir.node import TensorRef, map_refs
+from peakcut.ir.ops import LOAD_OP, WRITEBACK_OP
 from peakcut.ir.real_dtypes import with_real_dtypes
 from peakcut.ir.tensor import Role, TensorMeta
 
@@ -16,6 +17,7 @@ def check_graph(g: Graph, infer_shapes: bool = True) -> None:
     _check_references(g)
     _check_roles_and_storages(g)
     _check_order(g)
+    _check_host_copies(g)
     if infer_shapes:
         _check_shapes(g)
 
@@ -79,6 +81,29 @@ def _check_roles_and_storages(g: Graph) -> None:
             s = g.tensors[tid].storage
             if s in param_storages and g.nodes[nid].phase.value not in ("optimizer",):
                 raise GraphError(f"{_describe(g, nid)} writes a parameter outside the optimizer update")
+
+
+def _check_host_copies(g: Graph) -> None:
+    """Loads read host memory; a program input kept in host memory (Graph.host_inputs) is
+    read only by loads and written only by writebacks, whose source is device memory."""
+    host = g.host_storages()
+    host_inputs = set(g.host_inputs())
+    for nid in g.order:
+        n = g.nodes[nid]
+        if n.op == LOAD_OP:
+            if any(g.tensors[t].storage not in host for t in n.input_ids()):
+                raise GraphError(f"{_describe(g, nid)} loads a tensor that is not in host memory")
+            continue
+        if n.op == WRITEBACK_OP:
+            target, source = (a.id if isinstance(a, TensorRef) else None for a in n.args[:2])
+            if target not in host_inputs or source is None or g.tensors[source].storage in host:
+                raise GraphError(f"{_describe(g, nid)} must copy a device tensor into a program "
+                                 "input kept in host memory")
+            continue
+        read = host_inputs.intersection(n.input_ids())
+        if read:
+            raise GraphError(f"{_describe(g, nid)} reads program input {min(read)}, which lives in "
+                             "host memory: only loads read it")
 
 
 def _check_order(g: Graph) -> None:

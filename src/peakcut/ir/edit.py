@@ -29,8 +29,8 @@ caches it leaves true and drops the others, which the graph rebuilds when next a
     storages, interface      kept        kept        kept       dropped (7) kept
 
 (1) unless a node added, removed or placed writes in place; (2) by the storages of a store's
-outputs; (3) the new node must have the old one's outputs; (4) when both write the same
-tensors; (5) unless a store comes or goes; (6) a tensor moved to another storage drops the
+outputs; dropped by a load (it may read a program input kept in host memory); (3) the new node must have the old one's outputs; (4) when both write the same
+tensors; (5) unless a store or a load comes or goes; (6) a tensor moved to another storage drops the
 writers when it is written in place, the owners, and the host storages when it left one;
 (7) owners only when the inputs change. A node's cached workspace is dropped whenever the
 node is added, replaced or removed.
@@ -45,9 +45,12 @@ from typing import Any
 from peakcut.ir.graph import Graph, GraphError, StepSignature
 from peakcut.ir.infer import FakeStorages, Layout, LayoutMemo
 from peakcut.ir.node import Node, Phase, TensorRef, map_refs
-from peakcut.ir.ops import STORE_OP
+from peakcut.ir.ops import LOAD_OP, STORE_OP
 from peakcut.ir.tags import NO_TAGS, NodeTags
 from peakcut.ir.tensor import Role, TensorMeta
+
+_HOST_MAKERS = (STORE_OP, LOAD_OP)
+"""Nodes that decide which storages are in host memory (Graph.host_storages)."""
 
 LayoutCheck = Callable[[list[Layout | None]], None]
 """add_op's hook: sees the inferred layouts before anything is added, raises to refuse."""
@@ -184,6 +187,8 @@ class GraphEditor:
             self._drop_writers()
         if node.op == STORE_OP and g._host is not None:
             g._host = g._host | {metas[t].storage for t in node.output_tuple}
+        elif node.op == LOAD_OP:
+            _drop(g, "_host")        # it may bring in a program input that lives in host memory
         if g._users is not None or g._successors is not None or g._owner is not None:
             _drop(g, "_users", "_successors", "_owner")
 
@@ -270,7 +275,7 @@ class GraphEditor:
             g.forget_workspace(node.id)
         if old._mutated != node._mutated or old._mutated is None:
             self._drop_writers()
-        if (old.op == STORE_OP) != (node.op == STORE_OP):
+        if old.op in _HOST_MAKERS or node.op in _HOST_MAKERS:
             _drop(g, "_host")
         _drop(g, "_users", "_successors")
 
@@ -315,7 +320,7 @@ class GraphEditor:
                 g.forget_workspace(nid)
             if _writes(node):
                 self._drop_writers()
-            if node.op == STORE_OP:
+            if node.op in _HOST_MAKERS:
                 _drop(g, "_host")
         if top >= 0:
             self._gone(top)

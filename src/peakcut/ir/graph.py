@@ -281,14 +281,28 @@ class Graph:
         return {self._tensors[t].storage for t in self.inputs}
 
     def host_storages(self) -> set[int]:
-        """Storages in host memory: the outputs of swap-out (peakcut.store) nodes."""
-        from peakcut.ir.ops import STORE_OP
+        """Storages in host memory: the outputs of swap-out (peakcut.store) nodes, and the
+        program inputs that live in host memory between steps (host_inputs)."""
+        from peakcut.ir.ops import LOAD_OP, STORE_OP
 
         if self._host is None:
             tensors = self._tensors
-            self._host = frozenset({tensors[t].storage for n in self._nodes.values() if n.op == STORE_OP
-                                    for t in n.output_tuple})
+            inputs = set(self.inputs)
+            host: set[int] = set()
+            for n in self._nodes.values():
+                if n.op == STORE_OP:
+                    host.update(tensors[t].storage for t in n.output_tuple)
+                elif n.op == LOAD_OP:
+                    host.update(tensors[t].storage for t in n.input_tuple if t in inputs)
+            self._host = frozenset(host)
         return set(self._host)
+
+    def host_inputs(self) -> list[int]:
+        """Program inputs that live in host memory between steps: the ones a load
+        (peakcut.load) brings to the device. Only loads read them and only writebacks
+        (peakcut.writeback) write them (ir.check); the caller keeps them in host memory."""
+        host = self.host_storages()
+        return [t for t in self.inputs if self._tensors[t].storage in host]
 
     def is_host_storage(self, storage: int) -> bool:
         """storage in host_storages(), without building the set (cached until the graph changes)."""

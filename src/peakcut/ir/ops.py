@@ -1,7 +1,10 @@
-"""peakcut's own ops: the two halves of a swap, registered with PyTorch.
+"""peakcut's own ops: the copies between device and host memory, registered with PyTorch.
 
-`peakcut::store(x)` copies a device tensor to host memory (swap-out) and
-`peakcut::load(host, device)` copies it back (swap-in). They are real
+`peakcut::store(x)` copies a device tensor to host memory (swap-out),
+`peakcut::load(host, device)` copies a host tensor to the device (swap-in, or bringing in a
+program input that lives in host memory between steps) and `peakcut::writeback(host, x)`
+copies a device tensor into an existing host tensor in place (a host-resident input's new
+value, e.g. offloaded optimizer state after its update). They are real
 `torch.library` custom ops, so graphs holding them resolve, re-derive shapes
 under FakeTensors and run eagerly like any ATen op. Generated programs do not
 call them: codegen emits the side-stream copies directly (see
@@ -46,8 +49,37 @@ def _load_fake(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=device)
 
 
+WRITEBACK_OP = "peakcut.writeback.default"
+
+
+@torch.library.custom_op("peakcut::writeback", mutates_args=("host",))
+def writeback(host: torch.Tensor, x: torch.Tensor) -> None:
+    """Copy `x` into the host tensor `host` (same shape and dtype), in place."""
+    host.copy_(x)
+
+
+@writeback.register_fake
+def _writeback_fake(host: torch.Tensor, x: torch.Tensor) -> None:
+    return None
+
+
+COPY_DIRECTION = {STORE_OP: "d2h", LOAD_OP: "h2d", WRITEBACK_OP: "d2h"}
+"""The host copy ops and the way each copies ("d2h": device to host, "h2d": host to device)."""
+
+
 def is_swap_op(op: str) -> bool:
+    """A swap's store or load (the swap rule's own pair)."""
     return op in (STORE_OP, LOAD_OP)
+
+
+def is_host_copy(op: str) -> bool:
+    """A copy between device and host memory: store, load or writeback (copy streams)."""
+    return op in COPY_DIRECTION
+
+
+def copied_argument(op: str) -> int:
+    """Position of the argument whose bytes a host copy op moves (writeback: its source)."""
+    return 1 if op == WRITEBACK_OP else 0
 
 
 GATE_OP = "peakcut.skip_update_if.default"

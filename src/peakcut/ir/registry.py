@@ -55,7 +55,7 @@ class OpKind(str, Enum):
     FACTORY = "factory"        # creates a tensor from nothing (zeros, full, arange)
     RANDOM = "random"
     OPTIMIZER = "optimizer"    # in-place updates typical of optimizer steps
-    SWAP = "swap"              # peakcut.store / peakcut.load: copies between device and host
+    SWAP = "swap"              # peakcut.store / load / writeback: copies between device and host
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +105,9 @@ def _build() -> Mapping[str, OpInfo]:
     ):
         for name in _with_default(names):
             table[name] = OpInfo(name, kind)
-    from peakcut.ir.ops import GATE_OP, LOAD_OP, STORE_OP
+    from peakcut.ir.ops import COPY_DIRECTION, GATE_OP
 
-    for name in (STORE_OP, LOAD_OP):
+    for name in COPY_DIRECTION:
         table[name] = OpInfo(name, OpKind.SWAP)
     table[GATE_OP] = OpInfo(GATE_OP, OpKind.OPTIMIZER)
     return MappingProxyType(table)

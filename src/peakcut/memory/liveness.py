@@ -5,7 +5,8 @@ memory curve of peakcut.simulate and the scheduler's Problem):
 
 - a storage of a program input (batch, parameters, buffers, optimizer state) is held by
   the caller for the whole step: it counts in the baseline, never allocated nor freed;
-- a host storage (an output of a swap-out, peakcut.store) is not device memory: never counted;
+- a host storage (an output of a swap-out, peakcut.store, or a program input kept in host
+  memory between steps, Graph.host_inputs) is not device memory: never counted;
 - every other storage is allocated when the first node that touches it (reads or writes
   a tensor in it) runs, and freed after the last node that touches it; views and in-place
   results share their base's storage and add nothing;
@@ -45,7 +46,7 @@ class StorageTouches:
     bytes; to_end[k]: a program output storage, live to the end. touch_storage[j] /
     touch_node[j]: the j-th touch (a node reading or writing a tensor in a storage), in
     node order (a node may touch a storage more than once). held: caller-held storages
-    (the set Graph.caller_held_storages returns); baseline: their bytes.
+    (Graph.caller_held_storages less the host storages); baseline: their bytes.
     """
 
     n: int
@@ -62,9 +63,10 @@ class StorageTouches:
 def storage_touches(g: Graph, nodes: Sequence[int]) -> StorageTouches:
     """Which of the graph's nodes `nodes` (node ids; named 0..len-1 by position) touch which
     device storage the step allocates (see the module docstring for what counts)."""
-    held = g.caller_held_storages()
+    host = g.host_storages()
+    held = g.caller_held_storages() - host        # host-resident inputs take no device memory
     index: dict[int, int] = dict.fromkeys(held, -1)   # storage id -> k, or -1: never counted
-    index.update(dict.fromkeys(g.host_storages(), -1))
+    index.update(dict.fromkeys(host, -1))
     storages: list[int] = []
     owner: list[int] = []
     touched: list[int] = []

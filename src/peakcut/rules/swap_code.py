@@ -50,6 +50,7 @@ class SwapCode:
         self.g = g
         self.names = names
         self.cuda = torch.device(g.device).type == "cuda"
+        self._inputs = frozenset(g.inputs)    # a load of a program input is not a swap's
         self._events: dict[int, str] = {}      # host/loaded tensor -> its event's name
         self._wait_before: dict[int, list[int]] = {}   # consumer node -> loads to wait for
         self._host_kept: set[int] = set()      # host tensors deleted after a wait, not at use
@@ -62,12 +63,12 @@ class SwapCode:
         last_load: dict[int, int] = {}
         for nid in order:
             node = self.g.nodes[nid]
-            if node.op == LOAD_OP:
+            if self._is_swap_load(node):
                 (h,) = node.input_ids()
                 last_load[h] = nid
         for nid in order:
             node = self.g.nodes[nid]
-            if node.op != LOAD_OP:
+            if not self._is_swap_load(node):
                 continue
             (y,) = node.output_ids()
             consumers = sorted(self.g.users(y), key=pos.__getitem__)
@@ -78,6 +79,10 @@ class SwapCode:
             self._host_kept.add(h)
             if last_load[h] == nid:
                 self._del_after_wait.setdefault(nid, []).append(h)
+
+    def _is_swap_load(self, node: Node) -> bool:
+        """A load of a swapped-out copy (not of a program input kept in host memory)."""
+        return node.op == LOAD_OP and node.input_tuple[0] not in self._inputs
 
     # ---------------------------------------------------------------- program parts
     def signature_extra(self) -> str:
@@ -117,10 +122,10 @@ class SwapCode:
         return lines
 
     def emit(self, node: Node) -> list[str] | None:
-        """The lines of a store or a load; None for any other node."""
+        """The lines of a store or of a load of its copy; None for any other node."""
         if node.op == STORE_OP:
             return self._store(node)
-        if node.op == LOAD_OP:
+        if self._is_swap_load(node):
             return self._load(node)
         return None
 

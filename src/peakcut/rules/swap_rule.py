@@ -19,8 +19,8 @@ from peakcut.transform.swap import swap, why_not_swap
 
 
 def has_swaps(g: Graph) -> bool:
-    """True when g holds a store or a load."""
-    return any(n.op in (STORE_OP, LOAD_OP) for n in g.nodes.values())
+    """True when g holds a swap (a store; its loads come with it)."""
+    return any(n.op == STORE_OP for n in g.nodes.values())
 
 
 class SwapRule(ProgramRule):
@@ -43,20 +43,23 @@ class SwapRule(ProgramRule):
 
     def placements(self, g: Graph) -> Iterable[tuple[int, Placement]]:
         early, hidden = Placement.EARLY, Placement.HIDDEN
+        inputs = set(g.inputs)       # a load of a program input is another rule's
         return [(nid, early if node.op == STORE_OP else hidden) for nid, node in g.nodes.items()
-                if node.op == STORE_OP or node.op == LOAD_OP]
+                if node.op == STORE_OP or (node.op == LOAD_OP and node.input_tuple[0] not in inputs)]
 
     def loop_refusal(self, g: Graph) -> LoopRefusal | None:
         """Regions holding swap code (or reading a swapped-in tensor) are not loops: swap code
         is written at the top level only."""
         if not has_swaps(g):
             return None
-        loaded = {t for n in g.nodes.values() if n.op == LOAD_OP for t in n.output_ids()}
+        inputs = set(g.inputs)
+        loads = {nid for nid, n in g.nodes.items() if n.op == LOAD_OP and n.input_tuple[0] not in inputs}
+        loaded = {t for nid in loads for t in g.nodes[nid].output_ids()}
 
         def refuse(nodes: Sequence[int]) -> str | None:
             for nid in nodes:
                 node = g.nodes[nid]
-                if node.op in (STORE_OP, LOAD_OP) or loaded.intersection(node.input_ids()):
+                if node.op == STORE_OP or nid in loads or loaded.intersection(node.input_ids()):
                     return "it holds swap code, which is emitted at the top level only"
             return None
 

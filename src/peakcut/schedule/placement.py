@@ -20,7 +20,7 @@ from enum import Enum
 
 from peakcut.cost.protocol import CostModel
 from peakcut.ir.graph import Graph, GraphError
-from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.ir.ops import is_host_copy
 
 
 class Placement(Enum):
@@ -142,7 +142,7 @@ class _Placing:
         covered = 0.0
         while index > earliest and covered < hide_seconds:
             prev = order[index - 1] if index - 1 < at else order[index]   # rest[index - 1]
-            if g.nodes[prev].op in (STORE_OP, LOAD_OP):
+            if is_host_copy(g.nodes[prev].op):
                 index -= 1
                 continue
             covered += cost.node_seconds(g, prev) if cost is not None else 0.0

@@ -15,7 +15,7 @@ import numpy as np
 
 from peakcut.cost.protocol import CostModel
 from peakcut.ir.graph import Graph
-from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.ir.ops import COPY_DIRECTION
 from peakcut.simulate.order import IssueOrder
 
 COMPUTE = "compute"
@@ -47,12 +47,10 @@ class StreamTiming:
 
 def node_stream(op: str, overlap_copies: bool) -> str:
     """The stream a node with op `op` runs on."""
-    if overlap_copies:
-        if op == STORE_OP:
-            return D2H
-        if op == LOAD_OP:
-            return H2D
-    return COMPUTE
+    direction = COPY_DIRECTION.get(op) if overlap_copies else None
+    if direction is None:
+        return COMPUTE
+    return D2H if direction == "d2h" else H2D
 
 
 def node_seconds(g: Graph, order: tuple[int, ...], cost: CostModel) -> np.ndarray:
@@ -75,9 +73,8 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
     overlap = bool(cost.overlap_copies)
     n = len(issued.order)
     times = node_seconds(g, issued.order, cost)
-    swap_ops = (STORE_OP, LOAD_OP)
     ops = [g.nodes[nid].op for nid in issued.order]
-    copies = np.fromiter((op in swap_ops for op in ops), dtype=bool, count=n)
+    copies = np.fromiter((op in COPY_DIRECTION for op in ops), dtype=bool, count=n)
     if not (overlap and copies.any()):
         # one stream: each node starts when the one before ends (cumsum adds in order, as the
         # loop below would); inline copies are exposed for their whole time
@@ -101,7 +98,7 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
     no_waits: list[int] = []
     for i, op in enumerate(ops):
         preds = waits.get(i, no_waits)
-        stream = node_stream(op, overlap) if op in swap_ops else COMPUTE
+        stream = node_stream(op, overlap) if op in COPY_DIRECTION else COMPUTE
         compute_free = stream_free[COMPUTE]
         if stream == COMPUTE:
             # compute predecessors ran earlier on this stream: only copies can hold it back
@@ -110,7 +107,7 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
                 if on_copy_stream[p] and end[p] > begin:
                     begin = end[p]
             exposed += begin - compute_free
-            if not overlap and op in swap_ops:
+            if not overlap and op in COPY_DIRECTION:
                 exposed += seconds[i]
         else:
             # issued once the compute node before it in order has finished
