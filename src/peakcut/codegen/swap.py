@@ -1,4 +1,5 @@
-"""The host memory of swapped-out tensors (peakcut.store / peakcut.load nodes), at run time.
+"""Host memory at run time: swapped-out tensors (peakcut.store / peakcut.load nodes) and the
+buffers of program inputs a plan keeps in host memory (codegen.update_inputs).
 
 The code that stores and loads them is the swap rule's (peakcut.rules.swap_code).
 
@@ -53,23 +54,9 @@ class HostPool:
         pinned=False: numpy-backed, outside PyTorch's CPU allocator (invisible to its
         profiler events); pinned=True: page-locked via PyTorch, for async CUDA copies.
         """
-        if detect_fake_mode() is not None:
-            raise NotImplementedError(
-                "host copies under FakeTensors: the fake-tracker measurement does not yet keep "
-                "swapped-out copies apart from device memory; measure programs with swaps on a "
-                "real device (method 'cpu-profiler' or 'cuda')")
-        numel = 1
-        for s in shape:
-            numel *= s
-        nbytes = numel * dtype.itemsize
-        if pinned:
-            tensor = torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device="cpu",
-                                         pin_memory=True)
-            self._track(tensor.untyped_storage(), nbytes)
-            return tensor
-        raw = np.empty(nbytes, dtype=np.uint8)
-        self._track(raw, nbytes)
-        return torch.from_numpy(raw).view(dtype).as_strided(tuple(shape), tuple(stride))
+        tensor, owner, nbytes = host_empty_strided(shape, stride, dtype, pinned)
+        self._track(owner, nbytes)
+        return tensor
 
     def _track(self, owner: Any, nbytes: int) -> None:
         self.live_bytes += nbytes
@@ -78,6 +65,34 @@ class HostPool:
 
     def _release(self, nbytes: int) -> None:
         self.live_bytes -= nbytes
+
+
+def host_empty_strided(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
+                       pinned: bool) -> tuple[torch.Tensor, Any, int]:
+    """(tensor, the object owning its memory, bytes): an uninitialized host tensor with this
+    layout kept apart from device memory (module docstring): numpy-backed, or pinned."""
+    if detect_fake_mode() is not None:
+        raise NotImplementedError(
+            "host memory under FakeTensors: the fake-tracker measurement does not yet keep "
+            "host copies and host-kept state apart from device memory; measure such programs "
+            "on a real device (method 'cpu-profiler' or 'cuda')")
+    numel = 1
+    for s in shape:
+        numel *= s
+    nbytes = numel * dtype.itemsize
+    if pinned:
+        tensor = torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device="cpu",
+                                     pin_memory=True)
+        return tensor, tensor.untyped_storage(), nbytes
+    raw = np.empty(nbytes, dtype=np.uint8)
+    return torch.from_numpy(raw).view(dtype).as_strided(tuple(shape), tuple(stride)), raw, nbytes
+
+
+def host_copy(t: torch.Tensor, pinned: bool) -> torch.Tensor:
+    """A copy of t (dense, non-overlapping) in host memory kept apart from device memory."""
+    out, _, _ = host_empty_strided(t.shape, t.stride(), t.dtype, pinned)
+    out.copy_(t)
+    return out
 
 
 def simulated_host_peak(g: Graph, order: Sequence[int]) -> int:

@@ -19,6 +19,7 @@ from torch.optim.optimizer import _get_scalar_dtype
 
 from peakcut.capture.optimizers import SUPPORTED, GroupSpec, OptimizerSpec, describe
 from peakcut.capture.update import scalars
+from peakcut.codegen.swap import host_copy
 from peakcut.ir.ops import HOST_DEVICE
 
 
@@ -46,6 +47,7 @@ class UpdateInputs:
         self.spec = spec
         self.grad_scaler = grad_scaler
         self.host_state = host_state
+        self._kept: dict[tuple[int, str], torch.Tensor] = {}   # (id(param), slot) -> host buffer
         self.optimizer: torch.optim.Optimizer | None = None
         self.scaler: Any = None
 
@@ -211,23 +213,24 @@ class UpdateInputs:
         return f"state:{name}.{slot}" in self.host_state
 
     def _zeros(self, name: str, slot: str, p: torch.Tensor) -> torch.Tensor:
-        """New state for p, as torch.optim makes it; in (pinned) host memory when the plan keeps
-        it there."""
-        if not self._on_host(name, slot):
-            return torch.zeros_like(p, memory_format=torch.preserve_format)
-        return torch.zeros_like(p, memory_format=torch.preserve_format, device=HOST_DEVICE,
-                                pin_memory=p.is_cuda)
+        """New state for p, as torch.optim makes it (the plan may move it to host memory:
+        _placed)."""
+        return torch.zeros_like(p, memory_format=torch.preserve_format)
 
     def _placed(self, name: str, slot: str, t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-        """The state tensor t, checked against p, in the memory the plan keeps it in (a state the
-        plan keeps in host memory and found on the device is copied there once)."""
+        """The state tensor t, checked against p, in the memory the plan keeps it in. State the
+        plan keeps in host memory lives in a host buffer apart from device memory (pinned when
+        p is on CUDA; numpy-backed on CPU, outside the allocator that measurements see:
+        codegen.swap); a tensor found elsewhere (new, or put back beside its parameter by
+        optimizer.load_state_dict) is copied into one once."""
         on_host = self._on_host(name, slot)
         _check_like(name, slot, t, p, host_ok=on_host)
-        if not on_host or t.device.type == HOST_DEVICE:
+        key = (id(p), slot)
+        if not on_host or self._kept.get(key) is t:
             return t
-        moved = torch.empty_like(t, device=HOST_DEVICE, pin_memory=t.is_cuda)
-        moved.copy_(t)
-        return moved
+        kept = host_copy(t, pinned=p.is_cuda)
+        self._kept[key] = kept
+        return kept
 
 
 def _structure(g: GroupSpec) -> tuple[Any, ...]:
