@@ -4,7 +4,8 @@
 - "cpu-profiler": PyTorch has no CPU peak API, so the c10 CPU allocator's
   alloc/free events recorded by torch.profiler (profile_memory=True) are summed
   in order; the peak of that running sum plus the bytes of the step's inputs
-  (held by the caller before the call) is the peak.
+  (held by the caller before the call; those a plan keeps in host memory, Graph.host_inputs,
+  are not device bytes) is the peak.
 - "fake-tracker": the generated program runs over FakeTensors (no memory) under
   a dispatch mode that follows storage allocation and release (weakref
   finalizers on storages), for paper-size models; transient op workspace is
@@ -126,7 +127,9 @@ def measure(
     created = step.ensure_state(model)       # state a first step would create: removed afterwards
     with _restored(step, model, restore):
         inputs = step.bind(model, batch)
-        input_bytes = _storage_bytes(inputs)
+        host = set(step.graph.host_inputs())      # kept in host memory: not device bytes
+        input_bytes = _storage_bytes([x for x, t in zip(inputs, step.graph.inputs, strict=True)
+                                      if t not in host])
         dev = step.device_of(inputs)
         step.run(inputs, dev)  # warm-up: first-call effects excluded
         times = []
@@ -219,8 +222,10 @@ def fake_tracked_peak(step: Step) -> Measurement:
                 base = torch.empty(g.storages[meta.storage], dtype=torch.uint8, device=g.device)
                 storages[meta.storage] = base
             inputs.append(_view_of(base, meta))
-    for t in inputs:
-        tracker.track(t)
+    host = set(g.host_inputs())            # kept in host memory: not device bytes
+    for t, tid in zip(inputs, g.inputs, strict=True):
+        if tid not in host:
+            tracker.track(t)
     input_bytes = tracker.live
     t0 = time.perf_counter()
     with fake_mode, tracker:
