@@ -14,6 +14,8 @@ from peakcut.transform import why_not_remat
 from peakcut.workloads import get_workload
 from tests.transform.conftest import random_topological_order
 
+IDLE_RULES = ("swap", "remat")   # the rules tried at storages idle across the peak (this file's subject)
+
 
 @pytest.fixture
 def graphs(cnn_graph, cnn_train_graph, inplace_graph, dropout_graph, empty_like_graph):
@@ -26,7 +28,7 @@ def test_candidates_sit_across_the_peak_and_apply(cnn_train_graph):
     profile = simulate(g, g.order)
     peak = profile.peak_index
     pos = {n: i for i, n in enumerate(g.order)}
-    cands = RULES.hotspot_candidates(g, g.order, profile, limit=50)
+    cands = RULES.hotspot_candidates(g, g.order, profile, limit=50, kinds=IDLE_RULES)
     assert {c.kind for c in cands} == {"swap", "remat"}
     assert [c.score for c in cands] == sorted((c.score for c in cands), reverse=True)
     for c in cands:
@@ -48,7 +50,7 @@ def test_never_swaps_parameters_or_optimizer_state(graphs):
                                                     "adamw")}
     for name, g in graphs.items():
         for order in (g.order, random_topological_order(g, seed=1)):
-            for c in RULES.hotspot_candidates(g, order, limit=100):
+            for c in RULES.hotspot_candidates(g, order, limit=100, kinds=IDLE_RULES):
                 meta = g.tensors[c.tensor]
                 assert not meta.role.caller_held, (name, c)
                 assert meta.storage not in g.caller_held_storages(), (name, c)
@@ -71,13 +73,13 @@ def test_random_ops_are_never_remat_candidates(dropout_graph):
 def test_no_candidates_when_only_gradients_are_live(cnn_graph):
     """With gradients kept as outputs the small CNN peaks at its last backward op, where
     everything live is a gradient (a program output) or caller-held: nothing to try."""
-    assert RULES.hotspot_candidates(cnn_graph, cnn_graph.order) == []
+    assert RULES.hotspot_candidates(cnn_graph, cnn_graph.order, kinds=IDLE_RULES) == []
 
 
 def test_limit_and_kinds(cnn_train_graph):
     g = cnn_train_graph
     assert RULES.hotspot_candidates(g, g.order, limit=0) == []
-    one = RULES.hotspot_candidates(g, g.order, limit=1)
+    one = RULES.hotspot_candidates(g, g.order, limit=1, kinds=IDLE_RULES)
     assert sorted(c.kind for c in one) == ["remat", "swap"]
     assert {c.kind for c in RULES.hotspot_candidates(g, g.order, kinds=("swap",))} == {"swap"}
     with pytest.raises(ValueError, match="unknown candidate kinds"):
