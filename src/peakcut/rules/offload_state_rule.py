@@ -1,0 +1,213 @@
+"""Optimizer-state offload: a state tensor (an Adam moment, a momentum buffer) lives in host
+memory between steps and comes to the device only for its own update.
+
+On a program whose state input x (storage S) is read by its update nodes:
+
+    before                                  after
+    lerp_(x, g, ..)  -> x1 (in S)           x_dev = peakcut.load(x)                (new storage S')
+    mul_(x1, ..)     -> x2 (in S)           lerp_(x_dev, g, ..) -> x1 (now in S')
+    ...                                     mul_(x1, ..)        -> x2 (in S')
+                                            ...
+                                            peakcut.writeback(x, x2)   after every write of S'
+
+x is then a host-resident input (Graph.host_inputs): device memory holds S' only from the load
+to its last use instead of the whole step, and the step binding keeps the optimizer's state
+tensor in (pinned) host memory. The update's numbers do not change: it runs on the same values
+in another buffer, and the writeback puts the result where the optimizer keeps it.
+
+Sites: the optimizer-state inputs still on the device whose update window (load to last write)
+lies away from the memory peak, largest first; score = bytes x the distance from the peak to
+the window. The load goes as late as its copy can be hidden, the writeback right after the last
+write. Generated code copies on the compute stream (correct on any device; the timeline prices
+the copies on the copy streams, so a simulated latency assumes overlap the code does not have
+yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from peakcut.ir.edit import GraphEditor
+from peakcut.ir.graph import Graph
+from peakcut.ir.node import Node, Phase, TensorRef
+from peakcut.ir.ops import LOAD_OP, WRITEBACK_OP
+from peakcut.ir.tensor import Role, TensorMeta
+from peakcut.rules.hotspot import Hotspot, HotspotSite
+from peakcut.rules.protocol import LoopRefusal, Names, NodeCode, ProgramRule, Site
+from peakcut.schedule.placement import Placement
+from peakcut.transform.rewrite import (
+    Rewrite,
+    RuleError,
+    StorageMove,
+    alias_closure,
+    apply_moves,
+    describe_tensor,
+    program_output_storages,
+)
+
+
+def _offload_nodes(g: Graph) -> dict[int, Node]:
+    """This rule's nodes in g: loads of program inputs and writebacks."""
+    inputs = set(g.inputs)
+    return {nid: n for nid, n in g.nodes.items()
+            if n.op == WRITEBACK_OP or (n.op == LOAD_OP and n.input_tuple[0] in inputs)}
+
+
+def _aliases(g: Graph, tensor: int) -> list[int]:
+    """The tensors the step makes in `tensor`'s storage (in-place results and views of it)."""
+    return alias_closure(g, g.tensors[tensor].storage, g.users(tensor))
+
+
+def _window(g: Graph, pos: dict[int, int], tensor: int) -> tuple[list[int], list[int]]:
+    """(readers of `tensor`, nodes writing its storage in place), each by position `pos`."""
+    readers = sorted(g.users(tensor), key=pos.__getitem__)
+    writers = sorted(g.storage_writers(g.tensors[tensor].storage), key=pos.__getitem__)
+    return readers, writers
+
+
+class OffloadStateRule(ProgramRule):
+    """Keep an optimizer-state tensor in host memory between steps (module docstring)."""
+
+    kind = "offload_state"
+
+    def sites(self, spot: Hotspot) -> Iterable[HotspotSite]:
+        g, peak = spot.g, spot.profile.peak_index
+        pos = {nid: i for i, nid in enumerate(spot.order)}
+        host = g.host_storages()
+        found = []
+        for t in g.inputs:
+            meta = g.tensors[t]
+            if meta.role is not Role.OPT_STATE or meta.storage in host or not g.users(t):
+                continue    # (why_not has the full list of refusals)
+            readers, writers = _window(g, pos, t)
+            start = pos[readers[0]]
+            end = max(pos[readers[-1]], pos[writers[-1]] if writers else 0)
+            gap = start - peak if peak < start else peak - end
+            if gap > 0:
+                size = g.storages[meta.storage]
+                found.append(HotspotSite(t, readers[0], tuple(readers), size, size * gap))
+        found.sort(key=lambda s: (-s.score, s.tensor))
+        return found
+
+    def why_not(self, g: Graph, order: Sequence[int], site: Site) -> str | None:
+        t = site.tensor
+        if t not in g.tensors or t not in g.inputs:
+            return f"tensor {t} is not a program input"
+        meta = g.tensors[t]
+        what = describe_tensor(g, t)
+        if meta.role is not Role.OPT_STATE or not g.input_names[g.inputs.index(t)].startswith("state:"):
+            return f"{what} is not optimizer state ({meta.role.value})"   # e.g. a GradScaler's scale
+        if meta.storage in g.host_storages():
+            return f"{what} is kept in host memory already"
+        if not g.users(t):
+            return f"{what} is not read by the step"
+        if meta.storage in program_output_storages(g):
+            return f"{what} shares its storage with a program output"
+        others = [i for i in g.inputs if i != t and g.tensors[i].storage == meta.storage]
+        if others:
+            return f"{what} shares its storage with another program input ({describe_tensor(g, others[0])})"
+        phases = {g.nodes[n].phase for n in (*g.users(t), *g.storage_writers(meta.storage))}
+        if phases - {Phase.OPTIMIZER}:
+            return f"{what} is read or written outside the optimizer update"
+        return None
+
+    def apply(self, g: Graph, order: Sequence[int], site: Site) -> Rewrite:
+        reason = self.why_not(g, order, site)
+        if reason:
+            raise RuleError(reason)
+        t = site.tensor
+        meta = g.tensors[t]
+        readers, writers = _window(g, {nid: i for i, nid in enumerate(order)}, t)
+        edit = GraphEditor(g)
+        label = meta.name or str(t)
+        storage = edit.add_storage(g.storages[meta.storage])
+        device_copy = TensorMeta(edit.new_id(), meta.shape, meta.stride, meta.dtype, storage,
+                                 meta.storage_offset, Role.ACTIVATION, f"{label}_device")
+        load = Node(id=edit.new_id(), op=LOAD_OP, args=(TensorRef(t),),
+                    kwargs={"device": torch.device(g.device)}, outputs=(device_copy.id,),
+                    phase=Phase.OPTIMIZER, name=f"load_{label}")
+        edit.add_node(load, [device_copy])
+        apply_moves(edit, [StorageMove(meta.storage, storage, 0, tuple(_aliases(g, t)))])
+        for nid in readers:
+            edit.rewire(nid, {t: device_copy.id})
+        new_order = list(order)
+        added = [load.id]
+        if writers:
+            # the writeback reads what the last write leaves (its result, when it returns one)
+            last = g.nodes[writers[-1]]
+            results = [x for x in last.output_tuple if g.tensors[x].storage == meta.storage]
+            source = results[0] if results else device_copy.id
+            back = Node(id=edit.new_id(), op=WRITEBACK_OP, args=(TensorRef(t), TensorRef(source)),
+                        kwargs={}, outputs=(None,), phase=Phase.OPTIMIZER, name=f"writeback_{label}")
+            edit.add_node(back)
+            edit.set_control(back.id, writers)
+            capture_last = max(writers, key=edit.graph.order.index)
+            edit.insert_in_order(edit.graph.order.index(capture_last) + 1, [back.id])
+            new_order.insert(new_order.index(writers[-1]) + 1, back.id)
+            added.append(back.id)
+        capture_first = min(readers, key=g.order.index)
+        edit.insert_in_order(edit.graph.order.index(capture_first), [load.id])
+        new_order.insert(new_order.index(readers[0]), load.id)
+        return Rewrite(graph=edit.finish(), order=new_order, added=tuple(added),
+                       changed=tuple(readers), removed=(), description=self.describe(g, site))
+
+    def describe(self, g: Graph, site: Site) -> str:
+        return f"keep {describe_tensor(g, site.tensor)} in host memory, on the device for its update only"
+
+    def placements(self, g: Graph) -> Iterable[tuple[int, Placement]]:
+        return [(nid, Placement.HIDDEN if n.op == LOAD_OP else Placement.EARLY)
+                for nid, n in _offload_nodes(g).items()]
+
+    def loop_refusal(self, g: Graph) -> LoopRefusal | None:
+        mine = set(_offload_nodes(g))
+        if not mine:
+            return None
+
+        def refuse(nodes: Sequence[int]) -> str | None:
+            if mine.intersection(nodes):
+                return "it holds optimizer-state copies, which are emitted at the top level only"
+            return None
+
+        return refuse
+
+    def code(self, g: Graph, order: Sequence[int], names: Names) -> NodeCode | None:
+        return OffloadCode(g, names) if _offload_nodes(g) else None
+
+
+class OffloadCode:
+    """The lines of this rule's loads and writebacks (copies on the compute stream)."""
+
+    def __init__(self, g: Graph, names: Names) -> None:
+        self.g = g
+        self.names = names
+        self.mine = _offload_nodes(g)
+        self.async_copy = ", non_blocking=True" if torch.device(g.device).type == "cuda" else ""
+
+    def signature_extra(self) -> str:
+        return ""
+
+    def prologue(self) -> list[str]:
+        return []
+
+    def keeps(self, tensor: int) -> bool:
+        return False
+
+    def before(self, nid: int, pad: str) -> list[str]:
+        return []
+
+    def emit(self, node: Node) -> list[str] | None:
+        if node.id not in self.mine:
+            return None
+        name = self.names.by_tensor
+        if node.op == LOAD_OP:
+            (host,) = node.input_ids()
+            (dev,) = node.output_ids()
+            meta = self.g.tensors[dev]
+            layout = f"{tuple(meta.shape)!r}, {tuple(meta.stride)!r}"
+            return [f"    # optimizer state {name[host]} lives in host memory: copy it in for its update",
+                    f"    {name[dev]} = torch.empty_strided({layout}, dtype={meta.torch_dtype}, device=device)",
+                    f"    {name[dev]}.copy_({name[host]}{self.async_copy})"]
+        host, source = node.input_ids()
+        return [f"    {name[host]}.copy_({name[source]})  # the updated state back to host memory"]
