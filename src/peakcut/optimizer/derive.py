@@ -54,6 +54,7 @@ from peakcut.fission.reuse import ExpansionCache
 from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.node import Node, TensorRef, map_refs
 from peakcut.memory import simulate
+from peakcut.memory.workspace import WorkspaceSpec
 from peakcut.optimizer.compact import RepeatedCost
 from peakcut.optimizer.state import PendingRebase, Recipe, State, computation_hash
 from peakcut.rules import RULES, Registry
@@ -87,7 +88,7 @@ class Deriver:
     """What every derivation needs: the cost model, the rules, how F-Trees are built, timing stats."""
 
     cost: CostModel
-    workspace: str | None = "cpu"
+    workspace: WorkspaceSpec = "cpu"
     reschedule: bool = True
     levels: int = DEFAULT_LEVELS
     batch_only: bool = True
