@@ -24,3 +24,22 @@ def cross_entropy_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.
     """loss_fn for (inputs, class labels) batches."""
     x, y = batch
     return torch.nn.functional.cross_entropy(model(x), y)
+
+
+class MLP(torch.nn.Module):
+    """Linear, LayerNorm, ReLU, Linear: the small model of the training-loop tests."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.norm = torch.nn.LayerNorm(16)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.norm(self.fc1(x))))
+
+
+def make_mlp() -> tuple[MLP, tuple[torch.Tensor, torch.Tensor]]:
+    """A seeded MLP and a batch of 6 rows, 4 classes."""
+    torch.manual_seed(0)
+    return MLP(), (torch.randn(6, 8), torch.randint(0, 4, (6,)))

@@ -19,29 +19,14 @@ from torch import nn
 
 import peakcut
 from peakcut.codegen.update_inputs import StepBindingError
+from tests.helpers import cross_entropy_loss, make_mlp
 from tests.tolerance import tolerance
 
 STEPS = 4
 
 
-class MLP(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(8, 16)
-        self.norm = nn.LayerNorm(16)
-        self.fc2 = nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.norm(self.fc1(x))))
-
-
-def loss_fn(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    return nn.functional.cross_entropy(model(batch[0]), batch[1])
-
-
-def make() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
-    torch.manual_seed(0)
-    return MLP(), (torch.randn(6, 8), torch.randint(0, 4, (6,)))
+loss_fn = cross_entropy_loss
+make = make_mlp
 
 
 def two_groups(model: nn.Module) -> list[dict[str, Any]]:

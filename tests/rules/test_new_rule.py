@@ -14,7 +14,6 @@ import peakcut
 from peakcut.codegen.source import generate_source
 from peakcut.cost import get_cost_model
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import Node
 from peakcut.optimizer import Objective, optimize_graph
 from peakcut.optimizer.children import MoveSettings, children
 from peakcut.optimizer.derive import Deriver
@@ -35,24 +34,15 @@ class MarkedRemat(RematRule):
         return _Marks(g) if any(n.tags.remat is not None for n in g.nodes.values()) else None
 
 
-class _Marks:
+class _Marks(NodeCode):
     def __init__(self, g: Graph) -> None:
         self.g = g
-
-    def signature_extra(self) -> str:
-        return ""
 
     def prologue(self) -> list[str]:
         return ["    # this step has marked recomputes"]
 
-    def keeps(self, tensor: int) -> bool:
-        return False
-
     def before(self, nid: int, pad: str) -> list[str]:
         return [f"{pad}# marked"] if self.g.nodes[nid].tags.remat is not None else []
-
-    def emit(self, node: Node) -> list[str] | None:
-        return None
 
 
 WITH_MARKED = Registry(regions=RULES.regions, programs=(*RULES.programs, MarkedRemat()),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from peakcut.rules import RULES
 from peakcut.rules.hotspot import HotspotSite
 from peakcut.rules.offload_state_rule import OffloadStateRule
 from peakcut.schedule.placement import Placement
+from tests.helpers import cross_entropy_loss, make_mlp
 from tests.tolerance import tolerance
 
 RULE = OffloadStateRule()
@@ -31,24 +31,8 @@ STEPS = 3
 TOL = tolerance(torch.float32, 16, STEPS)
 
 
-class MLP(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(8, 16)
-        self.norm = nn.LayerNorm(16)
-        self.fc2 = nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.norm(self.fc1(x))))
-
-
-def loss_fn(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    return nn.functional.cross_entropy(model(batch[0]), batch[1])
-
-
-def make() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
-    torch.manual_seed(0)
-    return MLP(), (torch.randn(6, 8), torch.randint(0, 4, (6,)))
+loss_fn = cross_entropy_loss
+make = make_mlp
 
 
 def site(g: Graph, tensor: int) -> HotspotSite:
@@ -123,6 +107,16 @@ OPTIMIZERS: dict[str, Callable[[nn.Module], torch.optim.Optimizer]] = {
 }
 
 
+def eager_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor]
+               ) -> torch.Tensor:
+    """The user's eager loop for one batch; returns the loss."""
+    loss = loss_fn(model, batch)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.detach()
+
+
 def assert_close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     torch.testing.assert_close(a, b, rtol=TOL, atol=TOL, msg=lambda m: f"{what}: {m}")
 
@@ -137,12 +131,7 @@ def test_an_offloaded_step_keeps_eager_numbers(name: str) -> None:
     step = peakcut.build(g, order, optimizer=opt)
     assert "lives in host memory" in step.source and "torch.ops.peakcut" not in step.source
     for k in range(STEPS):
-        loss = step(model, batch)
-        ref_loss = loss_fn(ref, batch)
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        assert_close(loss, ref_loss.detach(), f"loss at step {k}")
+        assert_close(step(model, batch), eager_step(ref, ref_opt, batch), f"loss at step {k}")
         for (pname, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
             assert_close(p, q, f"{pname} at step {k}")
     ours, theirs = opt.state_dict()["state"], ref_opt.state_dict()["state"]
@@ -162,16 +151,13 @@ def test_a_checkpoint_saved_and_loaded_around_an_offloaded_step() -> None:
     step = peakcut.build(g, order, optimizer=opt)
     for _ in range(2):
         step(model, batch)
-        loss_fn(ref, batch).backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
+        eager_step(ref, ref_opt, batch)
     saved = copy.deepcopy(opt.state_dict())
     opt2 = torch.optim.AdamW(model.parameters(), lr=1e-2)
     opt2.load_state_dict(saved)
     step2 = peakcut.build(g, order, optimizer=opt2)
     step2(model, batch)
-    loss_fn(ref, batch).backward()
-    ref_opt.step()
+    eager_step(ref, ref_opt, batch)
     for (pname, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         assert_close(p, q, pname)
 
@@ -190,12 +176,7 @@ def test_the_search_chooses_it_under_a_memory_limit() -> None:
     assert best.program.host_inputs()
     step = peakcut.build(best.program, list(best.order), optimizer=opt)
     for k in range(STEPS):
-        loss = step(model, batch)
-        ref_loss = loss_fn(ref, batch)
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        assert_close(loss, ref_loss.detach(), f"loss at step {k}")
+        assert_close(step(model, batch), eager_step(ref, ref_opt, batch), f"loss at step {k}")
 
 
 def test_measured_device_memory_drops_by_the_state_kept_in_host_memory() -> None:

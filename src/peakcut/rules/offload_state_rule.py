@@ -176,7 +176,7 @@ class OffloadStateRule(ProgramRule):
         return OffloadCode(g, names) if _offload_nodes(g) else None
 
 
-class OffloadCode:
+class OffloadCode(NodeCode):
     """The lines of this rule's loads and writebacks (copies on the compute stream)."""
 
     def __init__(self, g: Graph, names: Names) -> None:
@@ -184,18 +184,6 @@ class OffloadCode:
         self.names = names
         self.mine = _offload_nodes(g)
         self.async_copy = ", non_blocking=True" if torch.device(g.device).type == "cuda" else ""
-
-    def signature_extra(self) -> str:
-        return ""
-
-    def prologue(self) -> list[str]:
-        return []
-
-    def keeps(self, tensor: int) -> bool:
-        return False
-
-    def before(self, nid: int, pad: str) -> list[str]:
-        return []
 
     def emit(self, node: Node) -> list[str] | None:
         if node.id not in self.mine:

@@ -57,27 +57,30 @@ class Names(Protocol):
 
 class NodeCode(Protocol):
     """What a program rule writes into the generated step for the nodes it added, for one
-    program (made by ProgramRule.code)."""
+    program (made by ProgramRule.code).
+
+    Subclass it to inherit the defaults (nothing extra anywhere) and write only the hooks a
+    rule needs."""
 
     def signature_extra(self) -> str:
         """Keyword parameters the step takes for this rule's code (e.g. ', host'), or ''."""
-        ...
+        return ""
 
     def prologue(self) -> list[str]:
         """Lines at the top of the step's body."""
-        ...
+        return []
 
     def keeps(self, tensor: int) -> bool:
         """True when the step must not `del` this tensor at its last use (this code does)."""
-        ...
+        return False
 
     def before(self, nid: int, pad: str) -> list[str]:
         """Lines right before node nid's own lines (pad: the indentation at that point)."""
-        ...
+        return []
 
     def emit(self, node: Node) -> list[str] | None:
         """The node's own lines when this rule writes them, else None (an ordinary ATen call)."""
-        ...
+        return None
 
 
 class ProgramRule(Protocol):

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import Node
 from peakcut.rules.hotspot import Hotspot, HotspotSite
 from peakcut.rules.protocol import Names, NodeCode, ProgramRule, Site
 from peakcut.schedule.placement import Placement
@@ -43,20 +42,11 @@ class RematRule(ProgramRule):
         return RecomputeComments(g)
 
 
-class RecomputeComments:
+class RecomputeComments(NodeCode):
     """A `# recompute of <name>` line before every recompute (the call itself is ordinary)."""
 
     def __init__(self, g: Graph) -> None:
         self.g = g
-
-    def signature_extra(self) -> str:
-        return ""
-
-    def prologue(self) -> list[str]:
-        return []
-
-    def keeps(self, tensor: int) -> bool:
-        return False
 
     def before(self, nid: int, pad: str) -> list[str]:
         tag = self.g.nodes[nid].tags.remat
@@ -66,6 +56,3 @@ class RecomputeComments:
         if original in self.g.nodes:
             return [f"{pad}# recompute of {self.g.nodes[original].name or original}"]
         return [f"{pad}# recompute of node {original}"]
-
-    def emit(self, node: Node) -> list[str] | None:
-        return None
