@@ -7,8 +7,6 @@ report says why.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from torch import nn
@@ -27,13 +25,13 @@ def _two_layers() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
 
 
 def test_a_small_model_returns_well_before_its_budget() -> None:
+    """The search ends because it stalled or ran out of states, not because the clock ran out
+    (the reason is the behaviour; how many seconds that takes depends on the machine and its
+    load, so it is not checked here)."""
     model, batch = _two_layers()
-    t0 = time.perf_counter()
     plan = peakcut.optimize(model, batch, cross_entropy_loss, "sgd", time_budget=30)
-    took = time.perf_counter() - t0
     search = plan.report["search"]
     assert search["stopped"] in ("stalled", "queue empty"), search
-    assert took < 10, (took, search)
     assert torch.isfinite(plan.step(batch))
 
 
@@ -53,10 +51,8 @@ def test_a_stalled_search_is_reproducible(monkeypatch: pytest.MonkeyPatch) -> No
 def test_nothing_left_to_try_ends_the_search_at_once() -> None:
     torch.manual_seed(0)
     model, x = nn.Linear(8, 4), torch.randn(2, 8)
-    t0 = time.perf_counter()
     plan = peakcut.optimize(model, (x,), None, None, time_budget=30)
-    assert plan.report["search"]["stopped"] == "queue empty"
-    assert time.perf_counter() - t0 < 10
+    assert plan.report["search"]["stopped"] == "queue empty"    # not "time budget"
     with torch.no_grad():
         torch.testing.assert_close(plan.step((x,)), model(x))
 
