@@ -21,7 +21,7 @@ from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.node import TensorRef, iter_refs
 from peakcut.ir.ops import LOAD_OP, STORE_OP, is_swap_op
 from peakcut.ir.registry import argument_names, mutated_arguments
-from peakcut.memory import Hotspot, MemoryProfile
+from peakcut.memory import MemoryProfile, PeakStorage
 from peakcut.simulate.streams import COMPUTE, STREAMS, StreamTiming, node_seconds, node_stream
 from peakcut.simulate.timeline import Timeline
 from peakcut.transform.rewrite import (
@@ -261,7 +261,7 @@ def simulate(g: Graph, order: list[int] | None = None, workspace: str | None = "
             t = owner_tensor.get(s)
             meta = g.tensors[t] if t is not None else None
             prod = producer.get(t) if t is not None else None
-            hot.append(Hotspot(
+            hot.append(PeakStorage(
                 storage=s, bytes=g.storages[s], tensor=meta.name if meta else str(s),
                 module=g.nodes[prod].module if prod is not None else "",
                 role=meta.role.value if meta else "",
@@ -425,7 +425,7 @@ def memory_curve(g: Graph, schedule: tuple, timing: StreamTiming, workspace: str
     return MemoryCurve(curve_times, curve, int(baseline), point[:n], point[n:], lives)
 
 
-def hotspots(g: Graph, schedule: tuple, curve: MemoryCurve, k: int) -> tuple[Hotspot, ...]:
+def hotspots(g: Graph, schedule: tuple, curve: MemoryCurve, k: int) -> tuple[PeakStorage, ...]:
     order, _, _, outputs, _ = schedule
     owner: dict[int, int] = {}
     for t in g.inputs:
@@ -445,7 +445,7 @@ def hotspots(g: Graph, schedule: tuple, curve: MemoryCurve, k: int) -> tuple[Hot
         meta = g.tensors[t] if t is not None else None
         a = curve.lives.alloc.get(s)
         producer = g.nodes[order[a]] if a is not None else None
-        spots.append(Hotspot(
+        spots.append(PeakStorage(
             storage=s, bytes=g.storages[s], tensor=meta.name if meta else str(s),
             module=producer.module if producer else "", role=meta.role.value if meta else "",
             phase=producer.phase.value if producer else "",

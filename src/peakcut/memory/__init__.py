@@ -9,7 +9,7 @@ scheduler's Problem. hotspots.py describes what is live at a peak; workspace/ mo
 transient scratch of each op (per machine).
 """
 
-from peakcut.memory.hotspots import Hotspot
+from peakcut.memory.hotspots import PeakStorage
 from peakcut.memory.step import MemoryProfile, simulate, tensor_lifetimes
 
-__all__ = ["Hotspot", "MemoryProfile", "simulate", "tensor_lifetimes"]
+__all__ = ["PeakStorage", "MemoryProfile", "simulate", "tensor_lifetimes"]

@@ -14,7 +14,7 @@ from peakcut.ir.graph import Graph
 
 
 @dataclass(frozen=True)
-class Hotspot:
+class PeakStorage:
     """A storage live at the peak."""
 
     storage: int
@@ -34,7 +34,7 @@ def input_owners(g: Graph) -> dict[int, int]:
     return owner
 
 
-def hotspots(g: Graph, live: Iterable[int], allocated: Mapping[int, tuple[int, int]]) -> tuple[Hotspot, ...]:
+def hotspots(g: Graph, live: Iterable[int], allocated: Mapping[int, tuple[int, int]]) -> tuple[PeakStorage, ...]:
     """The storages `live`, largest first (ties keep the order of `live`).
 
     allocated: storage id -> (tensor that allocated it, node that produced that tensor) for
@@ -52,17 +52,17 @@ def hotspots(g: Graph, live: Iterable[int], allocated: Mapping[int, tuple[int, i
             meta = tensors[made[0]]
             producer = nodes[made[1]]
             # Enum._value_ is what .value returns, without the descriptor's cost
-            spots.append(Hotspot(storage=s, bytes=sizes[s], tensor=meta.name, module=producer.module,
+            spots.append(PeakStorage(storage=s, bytes=sizes[s], tensor=meta.name, module=producer.module,
                                  role=meta.role._value_, phase=producer.phase._value_))
             continue
         if held_owner is None:
             held_owner = input_owners(g)
         t = held_owner.get(s)
         if t is None:
-            spots.append(Hotspot(storage=s, bytes=sizes[s], tensor=str(s), module="", role=""))
+            spots.append(PeakStorage(storage=s, bytes=sizes[s], tensor=str(s), module="", role=""))
         else:
             meta = tensors[t]
-            spots.append(Hotspot(storage=s, bytes=sizes[s], tensor=meta.name, module="",
+            spots.append(PeakStorage(storage=s, bytes=sizes[s], tensor=meta.name, module="",
                                  role=meta.role._value_, phase=""))
     spots.sort(key=lambda h: -h.bytes)
     return tuple(spots)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from peakcut.ir.graph import Graph, GraphError
-from peakcut.memory.hotspots import Hotspot, hotspots
+from peakcut.memory.hotspots import PeakStorage, hotspots
 from peakcut.memory.liveness import Int64Array, live_bytes, spans, storage_touches
 from peakcut.memory.workspace import WorkspaceSpec, order_workspace
 
@@ -33,7 +33,7 @@ class MemoryProfile:
     baseline_bytes: int             # caller-held bytes (live all step)
     storage_lifetime: dict[int, tuple[int, int]]  # storage -> (alloc index, free index), -1/len for held
     workspace: Int64Array           # transient workspace bytes per step
-    hotspots: tuple[Hotspot, ...] = field(default=())
+    hotspots: tuple[PeakStorage, ...] = field(default=())
 
     @property
     def peak_node(self) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from peakcut.ir.graph import Graph
-from peakcut.memory.hotspots import Hotspot, hotspots
+from peakcut.memory.hotspots import PeakStorage, hotspots
 from peakcut.memory.liveness import (
     FloatArray,
     Int64Array,
@@ -104,7 +104,7 @@ def live_allocated(curve: MemoryCurve, k: int) -> list[int]:
     return np.flatnonzero(allocated & ~gone).tolist()
 
 
-def curve_hotspots(g: Graph, issued: IssueOrder, curve: MemoryCurve, k: int) -> tuple[Hotspot, ...]:
+def curve_hotspots(g: Graph, issued: IssueOrder, curve: MemoryCurve, k: int) -> tuple[PeakStorage, ...]:
     """Storages live at curve point k with their bytes and origin, largest first: caller-held
     ones, then those allocated and not yet freed."""
     touches = curve.touches

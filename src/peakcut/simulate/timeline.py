@@ -13,7 +13,7 @@ import numpy as np
 
 from peakcut.cost.protocol import CostModel
 from peakcut.ir.graph import Graph
-from peakcut.memory import Hotspot
+from peakcut.memory import PeakStorage
 from peakcut.memory.workspace import WorkspaceSpec
 from peakcut.simulate.memory import curve_hotspots, memory_curve
 from peakcut.simulate.order import issue_order
@@ -43,7 +43,7 @@ class Timeline:
     peak_time: float
     peak_node: int | None
     baseline_bytes: int
-    hotspots: tuple[Hotspot, ...]
+    hotspots: tuple[PeakStorage, ...]
     exposed_copy_seconds: float
     position: dict[int, int] = field(repr=False)
     start_index: np.ndarray = field(repr=False)   # curve point right after each node starts

@@ -178,7 +178,7 @@ _WORKLOADS: tuple[Workload, ...] = (
         tiny={"batch": 4, "input": "seq 32", "dtype": "fp32", "layers": 2, "hidden": 64},
         title="BTLM-3B-8K",
         make=btlm.make_btlm_3b,
-        loss=btlm.causal_lm_loss,
+        loss=btlm.btlm_loss,
     ),
 )
 

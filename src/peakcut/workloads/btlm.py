@@ -201,7 +201,7 @@ def make_btlm_3b(size: str, batch_size: int) -> tuple[nn.Module, Batch]:
     return model, (input_ids, attention_mask, input_ids.clone())
 
 
-def causal_lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+def btlm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     """Next-token cross-entropy of the BTLM logits."""
     input_ids, attention_mask, labels = batch
     return shifted_lm_loss(model(input_ids, attention_mask), labels)
