@@ -104,10 +104,11 @@ def computation_hash(g: Graph, order: list[int] | None = None) -> str:
     nodes = g.nodes
     control = g.control
     blake2b = hashlib.blake2b
-    hashed_get = _HASHED.get
+    entry_of = _HASHED.entries().get      # id(node) -> (depends, value, ref): the hot loop's lookup
     for nid in order:
         node = nodes[nid]
-        hashed = hashed_get(node)
+        entry = entry_of(id(node))
+        hashed = entry[1] if entry is not None else None     # put with no depends and no slot
         if hashed is None:
             hashed = _Hashed(_hash_template(node))
             _HASHED.put(node, hashed)

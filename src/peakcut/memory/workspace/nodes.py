@@ -5,9 +5,13 @@
 
 A workspace spec is "cpu" (the CPU model for this process's machine: CpuMachine.current()),
 a CpuWorkspace (the CPU model for a given, e.g. calibrated, machine) or None (no workspace).
-Values are cached twice, both keyed by the machine they were computed for:
+Values are cached three times, all keyed by the machine they were computed for:
 - per graph, by node id, in g.workspace_cache[machine] (Graph.copy copies it; node edits
   drop the node's entry): the simulators' hot path;
+- per node object, with the metas of its tensors and the machine as the key (NODE_BYTES, a
+  NodeCache): graphs derived from one another share unchanged node objects (part copies of
+  a reused expansion, rewritten programs), and the metas are all a node's value reads from
+  its graph;
 - per call content (op, non-tensor arguments, shape/stride/dtype of every tensor argument
   and output, machine) in a bounded LRU cache shared by every graph: a node of a new graph
   that computes what an earlier one did (fission parts, rewritten programs) is not
@@ -27,6 +31,7 @@ import torch
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
+from peakcut.ir.node_cache import NodeCache
 from peakcut.ir.registry import resolve_op
 from peakcut.ir.tensor import dtype_from_name
 from peakcut.memory.workspace.machine import CpuMachine
@@ -70,7 +75,23 @@ def node_workspace(g: Graph, nid: int, workspace: WorkspaceSpec = "cpu") -> int:
     cache = g.workspace_cache.setdefault(model.key, {})
     value = cache.get(nid)
     if value is None:
-        value = cache[nid] = _node_bytes(g, g.nodes[nid], model.machine)
+        value = cache[nid] = _cached_node_bytes(g, g.nodes[nid], model.machine)
+    return value
+
+
+NODE_BYTES: NodeCache[int] = NodeCache()
+"""Workspace bytes per node object, valid for (machine, metas of its inputs and outputs)."""
+
+
+def _cached_node_bytes(g: Graph, node: Node, machine: CpuMachine) -> int:
+    """_node_bytes through NODE_BYTES (module doc)."""
+    tensors = g.tensors
+    depends = (machine, tuple(map(tensors.__getitem__, node.input_tuple)),
+               tuple(map(tensors.__getitem__, node.output_tuple)))
+    value = NODE_BYTES.get(node, depends)
+    if value is None:
+        value = _node_bytes(g, node, machine)
+        NODE_BYTES.put(node, value, depends)
     return value
 
 
@@ -90,7 +111,7 @@ def order_workspace(g: Graph, order: Sequence[int], workspace: WorkspaceSpec) ->
         if node.op in ops:
             value = cache.get(nid)
             if value is None:
-                value = cache[nid] = _node_bytes(g, node, model.machine)
+                value = cache[nid] = _cached_node_bytes(g, node, model.machine)
             ws[i] = value
     return ws
 
