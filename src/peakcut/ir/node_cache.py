@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Hashable, Mapping
-from types import MappingProxyType
 from typing import Generic, TypeVar
 
 from peakcut.ir.node import Node
@@ -48,10 +47,11 @@ class NodeCache(Generic[V]):
         return len(self._entries)
 
     def entries(self) -> Mapping[Hashable, tuple[object, V, object]]:
-        """The entries, read-only, for hot loops that look up many nodes: id(node) (or
-        (id(node), slot)) -> (depends, value, weak reference to the node). An entry found
-        under id(node) is that node's while the caller holds the node."""
-        return MappingProxyType(self._entries)
+        """The entries, for hot loops that look up many nodes (read them only: the table
+        itself, not a read-only view, whose lookups cost more): id(node) (or (id(node), slot))
+        -> (depends, value, weak reference to the node). An entry found under id(node) is
+        that node's while the caller holds the node."""
+        return self._entries
 
     def get(self, node: Node, depends: object = None, slot: Hashable = None) -> V | None:
         """The value put for this node object (and slot) with an equal `depends`, else None."""
