@@ -33,7 +33,7 @@ outputs; dropped by a load (it may read a program input kept in host memory); (3
 tensors; (5) unless a store or a load comes or goes; (6) a tensor moved to another storage drops the
 writers when it is written in place, the owners, and the host storages when it left one;
 (7) owners only when the inputs change. A node's cached workspace is dropped whenever the
-node is added, replaced or removed.
+node is added, replaced or removed; the set of node ids whenever a node comes or goes.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class GraphEditor:
         start = source.next_id()      # cached on the source first: the copy takes the cache
         g = source.copy()
         for name in ("_producer", "_users", "_successors", "_writers", "_written", "_owner",
-                     "_owner_order", "_host"):
+                     "_owner_order", "_host", "_ids"):
             setattr(g, name, getattr(source, name))
         self.graph = g
         self._next = start if next_id is None else next_id
@@ -172,6 +172,8 @@ class GraphEditor:
                 top = meta.id
         g._nodes[nid] = node
         # what follows runs for every node of a fission expansion: kept lean
+        if g._ids is not None:
+            object.__setattr__(g, "_ids", None)
         if g._max_id is not None and top > g._max_id:
             object.__setattr__(g, "_max_id", top)
         if g.workspace_cache:
@@ -324,6 +326,7 @@ class GraphEditor:
                 _drop(g, "_host")
         if top >= 0:
             self._gone(top)
+        _drop(g, "_ids")
         removed = set(gone)
         object.__setattr__(g, "order", [x for x in g.order if x not in removed])
         _drop(g, "_users", "_successors", "_owner")

@@ -19,7 +19,7 @@ from peakcut.ir.registry import is_opaque
 from peakcut.ir.tensor import Role, TensorMeta
 
 _CACHES = ("_producer", "_users", "_successors", "_writers", "_written", "_owner", "_owner_order", "_host",
-           "_max_id")
+           "_ids", "_max_id")
 
 
 class GraphError(ValueError):
@@ -71,7 +71,7 @@ class Graph:
         "_tensors", "_nodes", "_storages", "_control",
         # caches, None until asked for (see GraphEditor for which edits keep which)
         "_producer", "_users", "_successors", "_writers", "_written", "_owner", "_owner_order",
-        "_host", "_max_id",
+        "_host", "_ids", "_max_id",
     )
     tensors: Mapping[int, TensorMeta]
     nodes: Mapping[int, Node]
@@ -97,6 +97,7 @@ class Graph:
     _owner: dict[int, int] | None
     _owner_order: list[int] | None
     _host: frozenset[int] | None
+    _ids: frozenset[int] | None              # the node ids
     _max_id: int | None                       # the largest node, tensor or storage id
 
     def __init__(self, tensors: dict[int, TensorMeta], nodes: dict[int, Node], inputs: list[int],
@@ -341,6 +342,13 @@ class Graph:
 
     def param_bytes(self) -> int:
         return sum(self._storages[s] for s in {t.storage for t in self.tensors_with_role(Role.PARAM)})
+
+    def node_ids(self) -> frozenset[int]:
+        """The ids of the graph's nodes (cached until nodes come or go; a set built from the
+        read-only `nodes` view costs several times more than from a dict)."""
+        if self._ids is None:
+            self._ids = frozenset(self._nodes)
+        return self._ids
 
     def next_id(self) -> int:
         """A fresh id, unused by any node, tensor or storage (they share one numbering): the

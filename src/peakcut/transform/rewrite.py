@@ -100,7 +100,7 @@ def positions(order: Sequence[int]) -> dict[int, int]:
 
 def check_order_matches(g: Graph, order: Sequence[int]) -> str | None:
     """Why `order` cannot be an order of `g` (None when it is a permutation of g's nodes)."""
-    if len(order) != len(g.nodes) or g.nodes.keys() != set(order):
+    if len(order) != len(g.nodes) or set(order) != g.node_ids():
         return f"the order has {len(order)} nodes but the graph has {len(g.nodes)} (a stale order?)"
     return None
 
