@@ -12,10 +12,12 @@ from torch import nn
 import peakcut
 from peakcut.codegen.update_inputs import StepBindingError
 from peakcut.ir.ops import GATE_OP
-from tests.loop.test_user_optimizer import MLP, loss_fn, make
+from tests.helpers import MLP, cross_entropy_loss, make_mlp
 from tests.tolerance import tolerance
 
 TOL = tolerance(torch.float32, 16, 4)
+loss_fn = cross_entropy_loss
+make = make_mlp
 
 
 def params_close(a: nn.Module, b: nn.Module) -> None:
