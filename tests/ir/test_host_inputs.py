@@ -17,8 +17,9 @@ from peakcut.ir.ops import LOAD_OP, WRITEBACK_OP
 from peakcut.ir.serialize import graph_from_json, graph_to_json
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.memory import simulate
-from peakcut.simulate.streams import D2H, H2D, node_stream
-from tests.simulate.helpers import GraphBuilder
+from peakcut.simulate import simulate_timeline
+from peakcut.simulate.streams import COMPUTE, D2H, H2D, node_stream
+from tests.simulate.helpers import FakeCost, GraphBuilder, constant
 
 NUMEL = 1024
 
@@ -114,3 +115,14 @@ def test_the_binding_accepts_host_state_only_where_the_plan_keeps_it() -> None:
     _check_like("w", "exp_avg", on_host, p, host_ok=True)
     with pytest.raises(StepBindingError, match="on cpu, the parameter is"):
         _check_like("w", "exp_avg", on_host, p)
+
+
+def test_a_host_inputs_copies_are_timed_on_the_compute_stream() -> None:
+    """The code of a load of a program input and of a writeback copies on the compute stream
+    (rules/offload_state_rule.py), so the timeline times them there, exposed."""
+    g, _ = _state_graph(offloaded=True)
+    timeline = simulate_timeline(g, g.order, FakeCost(constant(1.0), copy=3.0), None)
+    copies = [n for n in g.order if g.nodes[n].op in (LOAD_OP, WRITEBACK_OP)]
+    assert [timeline.stream_of(n) for n in copies] == [COMPUTE, COMPUTE]
+    assert timeline.exposed_copy_seconds == 6.0
+    assert timeline.latency_seconds == 3.0 + 1.0 + 1.0 + 3.0

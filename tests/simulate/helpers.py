@@ -13,13 +13,14 @@ from peakcut.ir.check import check_graph
 from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, TensorRef, map_refs
-from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.ir.ops import COPY_DIRECTION, LOAD_OP, STORE_OP
 from peakcut.ir.tensor import Role, TensorMeta
 
 
 @dataclasses.dataclass
 class FakeCost:
-    """A CostModel: `seconds(g, nid)` for every node, or `copy` seconds for stores and loads."""
+    """A CostModel: `seconds(g, nid)` for every node, or `copy` seconds for host copies (stores,
+    loads, writebacks)."""
 
     seconds: Callable[[Graph, int], float]
     overlap_copies: bool = True
@@ -27,7 +28,7 @@ class FakeCost:
     name: str = "fake"
 
     def node_seconds(self, g: Graph, nid: int) -> float:
-        if g.nodes[nid].op in (STORE_OP, LOAD_OP):
+        if g.nodes[nid].op in COPY_DIRECTION:
             return self.copy
         return self.seconds(g, nid)
 

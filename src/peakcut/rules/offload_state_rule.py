@@ -18,9 +18,8 @@ in another buffer, and the writeback puts the result where the optimizer keeps i
 Sites: the optimizer-state inputs still on the device whose update window (load to last write)
 lies away from the memory peak, largest first; score = bytes x the distance from the peak to
 the window. The load goes as late as its copy can be hidden, the writeback right after the last
-write. Generated code copies on the compute stream (correct on any device; the timeline prices
-the copies on the copy streams, so a simulated latency assumes overlap the code does not have
-yet).
+write. Generated code copies on the compute stream (correct on any device, not overlapped with
+compute yet), and the timeline times the copies there (simulate.streams.inline_copies).
 """
 
 from __future__ import annotations

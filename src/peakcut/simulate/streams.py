@@ -9,13 +9,15 @@ node, copies included, runs on the compute stream in issue order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from peakcut.cost.protocol import CostModel
 from peakcut.ir.graph import Graph
-from peakcut.ir.ops import COPY_DIRECTION
+from peakcut.ir.ops import COPY_DIRECTION, LOAD_OP, WRITEBACK_OP
 from peakcut.simulate.order import IssueOrder
 
 COMPUTE = "compute"
@@ -53,6 +55,21 @@ def node_stream(op: str, overlap_copies: bool) -> str:
     return D2H if direction == "d2h" else H2D
 
 
+def inline_copies(g: Graph, order: Sequence[int], host_copies: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+    """Which nodes of `order` are host copies the generated code runs on the compute stream:
+    loads of program inputs kept in host memory, and writebacks (the offload rule's code,
+    rules/offload_state_rule.py, copies there). They are timed there, exposed, so that a
+    simulated latency is that of the code; swaps' stores and loads run on copy streams."""
+    inline = np.zeros(len(order), dtype=bool)
+    if not host_copies.any():
+        return inline
+    inputs = set(g.inputs)
+    for i in np.flatnonzero(host_copies).tolist():
+        node = g.nodes[order[i]]
+        inline[i] = node.op == WRITEBACK_OP or (node.op == LOAD_OP and node.input_tuple[0] in inputs)
+    return inline
+
+
 def node_seconds(g: Graph, order: tuple[int, ...], cost: CostModel) -> np.ndarray:
     """The cost model's latency of each node in order, checked to be finite and >= 0."""
     seconds = np.fromiter((cost.node_seconds(g, nid) for nid in order), dtype=np.float64,
@@ -74,15 +91,16 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
     n = len(issued.order)
     times = node_seconds(g, issued.order, cost)
     ops = [g.nodes[nid].op for nid in issued.order]
-    copies = np.fromiter((op in COPY_DIRECTION for op in ops), dtype=bool, count=n)
+    host_copies = np.fromiter((op in COPY_DIRECTION for op in ops), dtype=bool, count=n)
+    inline = inline_copies(g, issued.order, host_copies)
+    copies = host_copies & ~inline      # the copies that may run on a copy stream
     if not (overlap and copies.any()):
         # one stream: each node starts when the one before ends (cumsum adds in order, as the
         # loop below would); inline copies are exposed for their whole time
         ends = np.cumsum(np.concatenate(([0.0], times)))
         exposed = 0.0
-        if not overlap:
-            for s in times[copies].tolist():
-                exposed += s
+        for s in times[host_copies if not overlap else inline].tolist():
+            exposed += s
         return StreamTiming(start=ends[:-1].copy(), end=ends[1:].copy(), stream=(COMPUTE,) * n,
                             exposed_copy_seconds=float(exposed))
     seconds = times.tolist()
@@ -98,7 +116,7 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
     no_waits: list[int] = []
     for i, op in enumerate(ops):
         preds = waits.get(i, no_waits)
-        stream = node_stream(op, overlap) if op in COPY_DIRECTION else COMPUTE
+        stream = node_stream(op, overlap) if copies[i] else COMPUTE
         compute_free = stream_free[COMPUTE]
         if stream == COMPUTE:
             # compute predecessors ran earlier on this stream: only copies can hold it back
@@ -107,7 +125,7 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
                 if on_copy_stream[p] and end[p] > begin:
                     begin = end[p]
             exposed += begin - compute_free
-            if not overlap and op in COPY_DIRECTION:
+            if host_copies[i] and (inline[i] or not overlap):
                 exposed += seconds[i]
         else:
             # issued once the compute node before it in order has finished
