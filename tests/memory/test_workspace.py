@@ -164,19 +164,21 @@ CONV_CASES: list[tuple[str, torch._ops.OpOverload, Make]] = [
 ]
 
 
-@pytest.mark.parametrize(("label", "op", "make"), CASES, ids=[c[0] for c in CASES])
-def test_model_matches_allocator(label: str, op: torch._ops.OpOverload, make: Make) -> None:
+def _check_case(op: torch._ops.OpOverload, make: Make) -> None:
     torch.manual_seed(0)
     args, kwargs = make()
     assert_close(*measure(op, args, kwargs))
+
+
+@pytest.mark.parametrize(("label", "op", "make"), CASES, ids=[c[0] for c in CASES])
+def test_model_matches_allocator(label: str, op: torch._ops.OpOverload, make: Make) -> None:
+    _check_case(op, make)
 
 
 @onednn
 @pytest.mark.parametrize(("label", "op", "make"), CONV_CASES, ids=[c[0] for c in CONV_CASES])
 def test_convolution_matches_allocator(label: str, op: torch._ops.OpOverload, make: Make) -> None:
-    torch.manual_seed(0)
-    args, kwargs = make()
-    assert_close(*measure(op, args, kwargs))
+    _check_case(op, make)
 
 
 @onednn

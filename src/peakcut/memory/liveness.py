@@ -78,28 +78,18 @@ def storage_touches(g: Graph, nodes: Sequence[int]) -> StorageTouches:
     tensors = g.tensors
     for v, nid in enumerate(nodes):
         node = node_of[nid]
-        for t in node.output_tuple:
-            s = tensors[t].storage
-            k = get(s)
-            if k is None:
-                k = index[s] = len(storages)
-                storages.append(s)
-                owner.append(t)
-            elif k < 0:
-                continue
-            add_storage(k)
-            add_node(v)
-        for t in node.input_tuple:
-            s = tensors[t].storage
-            k = get(s)
-            if k is None:
-                k = index[s] = len(storages)
-                storages.append(s)
-                owner.append(t)
-            elif k < 0:
-                continue
-            add_storage(k)
-            add_node(v)
+        for touched_tensors in (node.output_tuple, node.input_tuple):   # outputs first: owners
+            for t in touched_tensors:
+                s = tensors[t].storage
+                k = get(s)
+                if k is None:
+                    k = index[s] = len(storages)
+                    storages.append(s)
+                    owner.append(t)
+                elif k < 0:
+                    continue
+                add_storage(k)
+                add_node(v)
     sizes = g.storages
     outs = g.output_storages()
     count = len(storages)
