@@ -18,7 +18,7 @@ from peakcut.ir.node import Node
 from peakcut.ir.registry import is_opaque
 from peakcut.ir.tensor import Role, TensorMeta
 
-_CACHES = ("_producer", "_users", "_successors", "_writers", "_written", "_owner", "_owner_order", "_host",
+_CACHES = ("_producer", "_users", "_successors", "_writers", "_written", "_owner", "_host",
            "_ids", "_max_id")
 
 
@@ -70,7 +70,7 @@ class Graph:
         "output_names", "order", "device", "signature", "workspace_cache",
         "_tensors", "_nodes", "_storages", "_control",
         # caches, None until asked for (see GraphEditor for which edits keep which)
-        "_producer", "_users", "_successors", "_writers", "_written", "_owner", "_owner_order",
+        "_producer", "_users", "_successors", "_writers", "_written", "_owner",
         "_host", "_ids", "_max_id",
     )
     tensors: Mapping[int, TensorMeta]
@@ -95,7 +95,6 @@ class Graph:
     _writers: dict[int, list[int]] | None
     _written: frozenset[int] | None          # tensors some node writes in place (with _writers)
     _owner: dict[int, int] | None
-    _owner_order: list[int] | None
     _host: frozenset[int] | None
     _ids: frozenset[int] | None              # the node ids
     _max_id: int | None                       # the largest node, tensor or storage id
@@ -159,7 +158,7 @@ class Graph:
 
     # ---------------------------------------------------------------- copying
     def copy(self) -> Graph:
-        """A variant with its own dicts and lists (no caches yet)."""
+        """A variant with its own dicts and lists (no cached queries but the largest id)."""
         return Graph(
             tensors=dict(self._tensors), nodes=dict(self._nodes), inputs=list(self.inputs),
             input_names=list(self.input_names), outputs=list(self.outputs),
@@ -298,6 +297,15 @@ class Graph:
             self._host = frozenset(host)
         return set(self._host)
 
+    def is_input_copy(self, node: Node) -> bool:
+        """A copy of a program input kept in host memory: a load of a program input, or a
+        writeback (peakcut.ir.ops); the swap rule's stores and loads are not."""
+        from peakcut.ir.ops import LOAD_OP, WRITEBACK_OP
+
+        if node.op == WRITEBACK_OP:
+            return True
+        return node.op == LOAD_OP and self.producer(node.input_tuple[0]) is None   # an input
+
     def host_inputs(self) -> list[int]:
         """Program inputs that live in host memory between steps: the ones a load
         (peakcut.load) brings to the device. Only loads read them and only writebacks
@@ -325,8 +333,8 @@ class Graph:
         return self._owners().get(storage)
 
     def _owners(self) -> dict[int, int]:
-        # cached until the graph changes or self.order is assigned another list
-        if self._owner is None or self._owner_order is not self.order:
+        # cached until an edit changes the nodes, the order or the inputs (the editor drops it)
+        if self._owner is None:
             held = self.caller_held_storages()
             nodes = self._nodes
             tensors = self._tensors
@@ -337,7 +345,6 @@ class Graph:
                     if s not in held and s not in owner:
                         owner[s] = nid
             self._owner = owner
-            self._owner_order = self.order
         return self._owner
 
     def param_bytes(self) -> int:

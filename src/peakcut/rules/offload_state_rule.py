@@ -24,7 +24,7 @@ compute yet), and the timeline times the copies there (simulate.streams.inline_c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
@@ -42,16 +42,16 @@ from peakcut.transform.rewrite import (
     StorageMove,
     alias_closure,
     apply_moves,
+    check_order_matches,
     describe_tensor,
-    program_output_storages,
+    positions,
 )
+from peakcut.transform.swap import is_dense
 
 
 def _offload_nodes(g: Graph) -> dict[int, Node]:
     """This rule's nodes in g: loads of program inputs and writebacks."""
-    inputs = set(g.inputs)
-    return {nid: n for nid, n in g.nodes.items()
-            if n.op == WRITEBACK_OP or (n.op == LOAD_OP and n.input_tuple[0] in inputs)}
+    return {nid: n for nid, n in g.nodes.items() if n.op in (LOAD_OP, WRITEBACK_OP) and g.is_input_copy(n)}
 
 
 def _aliases(g: Graph, tensor: int) -> list[int]:
@@ -59,11 +59,14 @@ def _aliases(g: Graph, tensor: int) -> list[int]:
     return alias_closure(g, g.tensors[tensor].storage, g.users(tensor))
 
 
-def _window(g: Graph, pos: dict[int, int], tensor: int) -> tuple[list[int], list[int]]:
-    """(readers of `tensor`, nodes writing its storage in place), each by position `pos`."""
+def _window(g: Graph, pos: Mapping[int, int], tensor: int) -> tuple[list[int], list[int], int]:
+    """(readers of `tensor`, nodes writing its storage in place, each by position `pos`; the
+    last position at which the storage is touched: by them or by a reader of an alias)."""
     readers = sorted(g.users(tensor), key=pos.__getitem__)
     writers = sorted(g.storage_writers(g.tensors[tensor].storage), key=pos.__getitem__)
-    return readers, writers
+    alias_readers = (u for a in _aliases(g, tensor) for u in g.users(a))
+    end = max((pos[n] for n in (*readers, *writers, *alias_readers)), default=-1)
+    return readers, writers, end
 
 
 class OffloadStateRule(ProgramRule):
@@ -73,16 +76,14 @@ class OffloadStateRule(ProgramRule):
 
     def sites(self, spot: Hotspot) -> Iterable[HotspotSite]:
         g, peak = spot.g, spot.profile.peak_index
-        pos = {nid: i for i, nid in enumerate(spot.order)}
-        host = g.host_storages()
+        pos = positions(spot.order)
         found = []
         for t in g.inputs:
             meta = g.tensors[t]
-            if meta.role is not Role.OPT_STATE or meta.storage in host or not g.users(t):
+            if meta.role is not Role.OPT_STATE or g.is_host_storage(meta.storage) or not g.users(t):
                 continue    # (why_not has the full list of refusals)
-            readers, writers = _window(g, pos, t)
+            readers, _, end = _window(g, pos, t)
             start = pos[readers[0]]
-            end = max(pos[readers[-1]], pos[writers[-1]] if writers else 0)
             gap = start - peak if peak < start else peak - end
             if gap > 0:
                 size = g.storages[meta.storage]
@@ -94,15 +95,20 @@ class OffloadStateRule(ProgramRule):
         t = site.tensor
         if t not in g.tensors or t not in g.inputs:
             return f"tensor {t} is not a program input"
+        stale = check_order_matches(g, order)
+        if stale:
+            return stale
         meta = g.tensors[t]
         what = describe_tensor(g, t)
         if meta.role is not Role.OPT_STATE or not g.input_names[g.inputs.index(t)].startswith("state:"):
             return f"{what} is not optimizer state ({meta.role.value})"   # e.g. a GradScaler's scale
-        if meta.storage in g.host_storages():
+        if g.is_host_storage(meta.storage):
             return f"{what} is kept in host memory already"
         if not g.users(t):
             return f"{what} is not read by the step"
-        if meta.storage in program_output_storages(g):
+        if not is_dense(meta.shape, meta.stride) or meta.storage_offset or g.storages[meta.storage] != meta.nbytes:
+            return f"{what} is not a dense tensor filling its storage (the host copy holds just it)"
+        if meta.storage in g.output_storages():
             return f"{what} shares its storage with a program output"
         others = [i for i in g.inputs if i != t and g.tensors[i].storage == meta.storage]
         if others:
@@ -118,12 +124,13 @@ class OffloadStateRule(ProgramRule):
             raise RuleError(reason)
         t = site.tensor
         meta = g.tensors[t]
-        readers, writers = _window(g, {nid: i for i, nid in enumerate(order)}, t)
+        readers, writers, _ = _window(g, positions(order), t)
+        in_capture = positions(g.order)
         edit = GraphEditor(g)
         label = meta.name or str(t)
-        storage = edit.add_storage(g.storages[meta.storage])
-        device_copy = TensorMeta(edit.new_id(), meta.shape, meta.stride, meta.dtype, storage,
-                                 meta.storage_offset, Role.ACTIVATION, f"{label}_device")
+        storage = edit.add_storage(meta.nbytes)
+        device_copy = TensorMeta(edit.new_id(), meta.shape, meta.stride, meta.dtype, storage, 0,
+                                 Role.ACTIVATION, f"{label}_device")
         load = Node(id=edit.new_id(), op=LOAD_OP, args=(TensorRef(t),),
                     kwargs={"device": torch.device(g.device)}, outputs=(device_copy.id,),
                     phase=Phase.OPTIMIZER, name=f"load_{label}")
@@ -134,19 +141,16 @@ class OffloadStateRule(ProgramRule):
         new_order = list(order)
         added = [load.id]
         if writers:
-            # the writeback reads what the last write leaves (its result, when it returns one)
-            last = g.nodes[writers[-1]]
-            results = [x for x in last.output_tuple if g.tensors[x].storage == meta.storage]
-            source = results[0] if results else device_copy.id
-            back = Node(id=edit.new_id(), op=WRITEBACK_OP, args=(TensorRef(t), TensorRef(source)),
+            # the whole copy goes back once every write is done (control edges order it)
+            back = Node(id=edit.new_id(), op=WRITEBACK_OP, args=(TensorRef(t), TensorRef(device_copy.id)),
                         kwargs={}, outputs=(None,), phase=Phase.OPTIMIZER, name=f"writeback_{label}")
             edit.add_node(back)
             edit.set_control(back.id, writers)
-            capture_last = max(writers, key=edit.graph.order.index)
+            capture_last = max(writers, key=in_capture.__getitem__)
             edit.insert_in_order(edit.graph.order.index(capture_last) + 1, [back.id])
             new_order.insert(new_order.index(writers[-1]) + 1, back.id)
             added.append(back.id)
-        capture_first = min(readers, key=g.order.index)
+        capture_first = min(readers, key=in_capture.__getitem__)
         edit.insert_in_order(edit.graph.order.index(capture_first), [load.id])
         new_order.insert(new_order.index(readers[0]), load.id)
         return Rewrite(graph=edit.finish(), order=new_order, added=tuple(added),

@@ -50,7 +50,6 @@ class SwapCode:
         self.g = g
         self.names = names
         self.cuda = torch.device(g.device).type == "cuda"
-        self._inputs = frozenset(g.inputs)    # a load of a program input is not a swap's
         self._events: dict[int, str] = {}      # host/loaded tensor -> its event's name
         self._wait_before: dict[int, list[int]] = {}   # consumer node -> loads to wait for
         self._host_kept: set[int] = set()      # host tensors deleted after a wait, not at use
@@ -82,7 +81,7 @@ class SwapCode:
 
     def _is_swap_load(self, node: Node) -> bool:
         """A load of a swapped-out copy (not of a program input kept in host memory)."""
-        return node.op == LOAD_OP and node.input_tuple[0] not in self._inputs
+        return node.op == LOAD_OP and not self.g.is_input_copy(node)
 
     # ---------------------------------------------------------------- program parts
     def signature_extra(self) -> str:

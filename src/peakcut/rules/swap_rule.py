@@ -43,17 +43,15 @@ class SwapRule(ProgramRule):
 
     def placements(self, g: Graph) -> Iterable[tuple[int, Placement]]:
         early, hidden = Placement.EARLY, Placement.HIDDEN
-        inputs = set(g.inputs)       # a load of a program input is another rule's
         return [(nid, early if node.op == STORE_OP else hidden) for nid, node in g.nodes.items()
-                if node.op == STORE_OP or (node.op == LOAD_OP and node.input_tuple[0] not in inputs)]
+                if node.op == STORE_OP or (node.op == LOAD_OP and not g.is_input_copy(node))]
 
     def loop_refusal(self, g: Graph) -> LoopRefusal | None:
         """Regions holding swap code (or reading a swapped-in tensor) are not loops: swap code
         is written at the top level only."""
         if not has_swaps(g):
             return None
-        inputs = set(g.inputs)
-        loads = {nid for nid, n in g.nodes.items() if n.op == LOAD_OP and n.input_tuple[0] not in inputs}
+        loads = {nid for nid, n in g.nodes.items() if n.op == LOAD_OP and not g.is_input_copy(n)}
         loaded = {t for nid in loads for t in g.nodes[nid].output_ids()}
 
         def refuse(nodes: Sequence[int]) -> str | None:

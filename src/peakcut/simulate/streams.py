@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from peakcut.cost.protocol import CostModel
 from peakcut.ir.graph import Graph
-from peakcut.ir.ops import COPY_DIRECTION, LOAD_OP, WRITEBACK_OP
+from peakcut.ir.ops import COPY_DIRECTION
 from peakcut.simulate.order import IssueOrder
 
 COMPUTE = "compute"
@@ -61,12 +61,8 @@ def inline_copies(g: Graph, order: Sequence[int], host_copies: npt.NDArray[np.bo
     rules/offload_state_rule.py, copies there). They are timed there, exposed, so that a
     simulated latency is that of the code; swaps' stores and loads run on copy streams."""
     inline = np.zeros(len(order), dtype=bool)
-    if not host_copies.any():
-        return inline
-    inputs = set(g.inputs)
     for i in np.flatnonzero(host_copies).tolist():
-        node = g.nodes[order[i]]
-        inline[i] = node.op == WRITEBACK_OP or (node.op == LOAD_OP and node.input_tuple[0] in inputs)
+        inline[i] = g.is_input_copy(g.nodes[order[i]])
     return inline
 
 
@@ -116,7 +112,7 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
     no_waits: list[int] = []
     for i, op in enumerate(ops):
         preds = waits.get(i, no_waits)
-        stream = node_stream(op, overlap) if copies[i] else COMPUTE
+        stream = node_stream(op, True) if copies[i] else COMPUTE     # (here copies overlap)
         compute_free = stream_free[COMPUTE]
         if stream == COMPUTE:
             # compute predecessors ran earlier on this stream: only copies can hold it back
@@ -125,7 +121,7 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
                 if on_copy_stream[p] and end[p] > begin:
                     begin = end[p]
             exposed += begin - compute_free
-            if host_copies[i] and (inline[i] or not overlap):
+            if inline[i]:
                 exposed += seconds[i]
         else:
             # issued once the compute node before it in order has finished

@@ -68,6 +68,8 @@ def _why_not_tensor(g: Graph, tensor: int) -> str | None:
     prod = g.producer(tensor)
     if prod is None:
         return f"{what} has no producer"
+    if g.is_input_copy(g.nodes[prod]):
+        return f"{what} is the device copy of a program input kept in host memory ({describe_node(g, prod)})"
     if is_swap_op(g.nodes[prod].op):
         return f"{what} is made by a swap op ({describe_node(g, prod)}): de-swap instead"
     if tensor in g.outputs or meta.storage in program_output_storages(g):
