@@ -24,15 +24,16 @@ caches it leaves true and drops the others, which the graph rebuilds when next a
     remove_node(s)           shrunk      dropped     kept (1)   dropped   kept (5)
     set_tensor               kept        kept        kept (6)   kept (6)  kept (6)
     set_control              kept        successors  kept       kept      kept
-    insert_in_order          kept        dropped     kept (1)   dropped   kept
-    set_order                kept        dropped     dropped    dropped   kept
-    storages, interface      kept        kept        kept       dropped (7) kept
+    insert_in_order          kept        users (8)   kept (1)   dropped   kept
+    set_order                kept        users (8)   dropped    dropped   kept
+    storages, interface      kept        kept        kept       dropped (7) dropped (7)
 
 (1) unless a node added, removed or placed writes in place; (2) by the storages of a store's
-outputs; dropped by a load (it may read a program input kept in host memory); (3) the new node must have the old one's outputs; (4) when both write the same
+outputs; dropped by a load of anything else (a program input kept in host memory); (3) the new node must have the old one's outputs; (4) when both write the same
 tensors; (5) unless a store or a load comes or goes; (6) a tensor moved to another storage drops the
 writers when it is written in place, the owners, and the host storages when it left one;
-(7) owners only when the inputs change. A node's cached workspace is dropped whenever the
+(7) owners and host storages only when the inputs change; (8) users are listed in order,
+successors do not depend on it. A node's cached workspace is dropped whenever the
 node is added, replaced or removed; the set of node ids whenever a node comes or goes.
 """
 
@@ -42,15 +43,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from peakcut.ir.graph import Graph, GraphError, StepSignature
+from peakcut.ir.graph import _CACHES, Graph, GraphError, StepSignature
 from peakcut.ir.infer import FakeStorages, Layout, LayoutMemo
 from peakcut.ir.node import Node, Phase, TensorRef, map_refs
-from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.ir.ops import LOAD_OP, STORE_OP, is_swap_op
 from peakcut.ir.tags import NO_TAGS, NodeTags
 from peakcut.ir.tensor import Role, TensorMeta
-
-_HOST_MAKERS = (STORE_OP, LOAD_OP)
-"""Nodes that decide which storages are in host memory (Graph.host_storages)."""
 
 LayoutCheck = Callable[[list[Layout | None]], None]
 """add_op's hook: sees the inferred layouts before anything is added, raises to refuse."""
@@ -97,8 +95,7 @@ class GraphEditor:
         memo add_op uses (peakcut.ir.infer; default: one of this editor's own)."""
         start = source.next_id()      # cached on the source first: the copy takes the cache
         g = source.copy()
-        for name in ("_producer", "_users", "_successors", "_writers", "_written", "_owner",
-                     "_owner_order", "_host", "_ids"):
+        for name in _CACHES:           # shared: see the module docstring
             setattr(g, name, getattr(source, name))
         self.graph = g
         self._next = start if next_id is None else next_id
@@ -189,8 +186,9 @@ class GraphEditor:
             self._drop_writers()
         if node.op == STORE_OP and g._host is not None:
             g._host = g._host | {metas[t].storage for t in node.output_tuple}
-        elif node.op == LOAD_OP:
-            _drop(g, "_host")        # it may bring in a program input that lives in host memory
+        elif node.op == LOAD_OP and g._host is not None and not g._host.issuperset(
+                metas[t].storage for t in node.input_tuple):
+            _drop(g, "_host")        # it brings in a program input that lives in host memory
         if g._users is not None or g._successors is not None or g._owner is not None:
             _drop(g, "_users", "_successors", "_owner")
 
@@ -277,7 +275,7 @@ class GraphEditor:
             g.forget_workspace(node.id)
         if old._mutated != node._mutated or old._mutated is None:
             self._drop_writers()
-        if old.op in _HOST_MAKERS or node.op in _HOST_MAKERS:
+        if is_swap_op(old.op) or is_swap_op(node.op):
             _drop(g, "_host")
         _drop(g, "_users", "_successors")
 
@@ -322,7 +320,7 @@ class GraphEditor:
                 g.forget_workspace(nid)
             if _writes(node):
                 self._drop_writers()
-            if node.op in _HOST_MAKERS:
+            if is_swap_op(node.op):     # a store or a load: they decide what is in host memory
                 _drop(g, "_host")
         if top >= 0:
             self._gone(top)
@@ -391,7 +389,7 @@ class GraphEditor:
             if value is not None:
                 object.__setattr__(g, attr, list(value))
         if inputs is not None:
-            _drop(g, "_owner")
+            _drop(g, "_owner", "_host")
 
     def set_signature(self, signature: StepSignature) -> None:
         object.__setattr__(self._live(), "signature", signature)

@@ -150,7 +150,6 @@ _UNDECLARED_WRITES: Mapping[str, frozenset[str]] = MappingProxyType({
 @cache
 def mutated_arguments(op: str) -> frozenset[str]:
     """Names of the op's arguments it writes in place: the schema's, plus known undeclared ones."""
-
     schema = resolve_op(op)._schema
     declared = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
     return frozenset(declared | _UNDECLARED_WRITES.get(op, frozenset()))
@@ -173,7 +172,7 @@ def bind_arguments(schema_args: Sequence[Any], args: Sequence[Any], kwargs: Mapp
 
 @cache
 def argument_names(op: str) -> tuple[str, ...]:
-
+    """Names of the op's arguments, in schema order."""
     return tuple(a.name for a in resolve_op(op)._schema.arguments)
 
 
