@@ -14,7 +14,7 @@ from peakcut.cost import get_cost_model
 from peakcut.memory.workspace import CpuMachine, CpuWorkspace
 from peakcut.optimizer import optimize_graph
 from peakcut.optimizer.derive import Deriver
-from peakcut.optimizer.parallel import can_fork, for_workers
+from peakcut.optimizer.parallel import can_fork
 from peakcut.workloads import get_workload
 from tests.helpers import in_float64
 
@@ -75,15 +75,15 @@ def test_the_pareto_front_of_two_processes_is_exact(bert) -> None:
 
 
 def test_workers_model_the_parents_machine() -> None:
-    """A worker runs torch on one thread; the workspace model it uses is resolved in the parent
-    (threads included), so both model the machine the plan runs on."""
+    """A worker runs torch on one thread; the deriver it inherits resolved its workspace model
+    when the parent made it (threads included), so both model the machine the plan runs on."""
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(3)
-        pinned = for_workers(Deriver(get_cost_model("rtx3090")))
+        pinned = Deriver(get_cost_model("rtx3090"))        # made in the parent
         torch.set_num_threads(1)              # what a worker does first
         assert isinstance(pinned.workspace, CpuWorkspace)
         assert pinned.workspace.machine == replace(CpuMachine.current(), threads=3)
-        assert for_workers(Deriver(get_cost_model("rtx3090"), workspace=None)).workspace is None
+        assert Deriver(get_cost_model("rtx3090"), workspace=None).workspace is None
     finally:
         torch.set_num_threads(before)

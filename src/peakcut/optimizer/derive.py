@@ -54,7 +54,7 @@ from peakcut.fission.reuse import ExpansionCache
 from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.node import Node, TensorRef, map_refs
 from peakcut.memory import simulate
-from peakcut.memory.workspace import WorkspaceSpec
+from peakcut.memory.workspace import WorkspaceSpec, workspace_model
 from peakcut.optimizer.compact import RepeatedCost
 from peakcut.optimizer.state import PendingRebase, Recipe, State, computation_hash
 from peakcut.rules import RULES, Registry
@@ -100,6 +100,11 @@ class Deriver:
     expansions: ExpansionCache = field(default_factory=ExpansionCache)    # see expanded
     lazy_taso: bool = True     # TASO-style rewrites on the program where they can (see module doc)
     rules: Registry = RULES
+
+    def __post_init__(self) -> None:
+        # the workspace model is resolved once, here: every simulation reuses it, and forked
+        # search workers (which run torch on one thread) model this process's machine
+        self.workspace = workspace_model(self.workspace)
 
     def record(self, kind: str, t0: float) -> None:
         """Note how long a step of this kind took since t0 (expected_seconds reads it)."""

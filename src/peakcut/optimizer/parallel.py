@@ -25,11 +25,9 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from typing import cast
 
-from peakcut.memory.workspace import workspace_model
 from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.derive import Deriver
 from peakcut.optimizer.objective import Objective
@@ -57,7 +55,6 @@ def parallel_search(root: State, deriver: Deriver, objective: Objective, *, jobs
     if not can_fork():
         raise ValueError(f"jobs={jobs} needs the 'fork' start method, which this platform lacks; use jobs=1")
     t0 = time.perf_counter()
-    deriver = for_workers(deriver)
     budget = max(0.0, time_budget - HANDBACK_SECONDS)
     each = None if max_states is None else max(1, math.ceil(max_states / jobs))
     ctx = multiprocessing.get_context("fork")
@@ -105,13 +102,6 @@ def parallel_search(root: State, deriver: Deriver, objective: Objective, *, jobs
             if p.is_alive():
                 p.kill()
     return _merged(root, [results[i] for i in range(jobs)], objective, time.perf_counter() - t0)
-
-
-def for_workers(deriver: Deriver) -> Deriver:
-    """The deriver workers use: its workspace model resolved here, in the parent, so that a
-    worker (which runs torch on one thread) still models the machine the plan runs on (the
-    parent's threads, ISA and oneDNN), as a one-process search does."""
-    return replace(deriver, workspace=workspace_model(deriver.workspace))
 
 
 def _worker(send: Connection, root: State, deriver: Deriver, objective: Objective, budget: float,
