@@ -67,8 +67,9 @@ class Step:
         self._fn = _load(target)
         sig = graph.signature
         names = dict(zip(graph.inputs, graph.input_names, strict=True))
-        host_state = frozenset(names[t] for t in graph.host_inputs() if names[t].startswith("state:"))
-        other = [names[t] for t in graph.host_inputs() if not names[t].startswith("state:")]
+        kept = [names[t] for t in graph.host_inputs()]
+        host_state = frozenset(n for n in kept if n.startswith("state:"))
+        other = sorted(set(kept) - host_state)
         if other:
             raise StepBindingError(f"input {other[0]!r} is kept in host memory by the plan; a step binds "
                                    "only optimizer state there so far")

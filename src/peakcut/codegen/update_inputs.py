@@ -19,7 +19,7 @@ from torch.optim.optimizer import _get_scalar_dtype
 
 from peakcut.capture.optimizers import SUPPORTED, GroupSpec, OptimizerSpec, describe
 from peakcut.capture.update import scalars
-from peakcut.codegen.swap import host_copy
+from peakcut.codegen.swap import host_copy, host_empty_strided
 from peakcut.ir.ops import HOST_DEVICE
 
 
@@ -213,9 +213,13 @@ class UpdateInputs:
         return f"state:{name}.{slot}" in self.host_state
 
     def _zeros(self, name: str, slot: str, p: torch.Tensor) -> torch.Tensor:
-        """New state for p, as torch.optim makes it (the plan may move it to host memory:
-        _placed)."""
-        return torch.zeros_like(p, memory_format=torch.preserve_format)
+        """New state for p, as torch.optim makes it; made in host memory (no device buffer
+        first) when the plan keeps it there."""
+        if not self._on_host(name, slot):
+            return torch.zeros_like(p, memory_format=torch.preserve_format)
+        kept = host_empty_strided(p.shape, p.stride(), p.dtype, pinned=p.is_cuda)[0].zero_()
+        self._kept[(id(p), slot)] = kept
+        return kept
 
     def _placed(self, name: str, slot: str, t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """The state tensor t, checked against p, in the memory the plan keeps it in. State the
