@@ -13,23 +13,22 @@ from rich.console import Console
 from rich.table import Table
 
 from peakcut.cli_optimize import add_parser as add_optimize_parser
+from peakcut.memory.workspace import describe_workspace
 from peakcut.units import format_bytes
 
 
 def cmd_workloads(args: argparse.Namespace, out: Console) -> int:
-    from peakcut.workloads import list_workloads
+    from peakcut.workloads import SIZES, list_workloads
 
     if args.json:
-        print(json.dumps([{"name": w.name, "summary": w.summary, "paper": w.paper, "tiny": w.tiny}
+        print(json.dumps([{"name": w.name, "summary": w.summary, **{s: w.facts(s) for s in SIZES}}
                           for w in list_workloads()], indent=2))
         return 0
     table = Table(title="peakcut workloads (MAGIS Table 2)")
-    for col in ("name", "model", "paper size", "tiny size"):
+    for col in ("name", "model", *(f"{s} size" for s in SIZES)):
         table.add_column(col)
     for w in list_workloads():
-        fmt = ", ".join(f"{k} {v}" for k, v in w.paper.items())
-        tiny = ", ".join(f"{k} {v}" for k, v in w.tiny.items())
-        table.add_row(w.name, w.summary, fmt, tiny)
+        table.add_row(w.name, w.summary, *(", ".join(f"{k} {v}" for k, v in w.facts(s).items()) for s in SIZES))
     out.print(table)
     return 0
 
@@ -80,7 +79,7 @@ def profile_facts(name: str, size: str, batch: int | None, optimizer: str, statu
         "opaque_nodes": sum(1 for n in g.nodes if g.is_opaque(n)),
         "param_bytes": g.param_bytes(), "caller_held_bytes": prof.baseline_bytes,
         "eager_peak_bytes": prof.peak_bytes,
-        "eager_peak_method": "simulated (capture order, cpu workspace model)",
+        "eager_peak_method": f"simulated (capture order, {describe_workspace('cpu', g)})",
         "reordered_peak_bytes": sched.peak_bytes,
         "reorder_lower_bound_bytes": sched.lower_bound_bytes,
         "reorder_method": sched.method,
@@ -139,7 +138,7 @@ def cmd_profile(args: argparse.Namespace, out: Console) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from peakcut.workloads import WORKLOAD_NAMES
+    from peakcut.workloads import SIZES, WORKLOAD_NAMES
 
     p = argparse.ArgumentParser(prog="peakcut", description="Fit training steps into less accelerator memory.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -148,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(func=cmd_workloads)
     pr = sub.add_parser("profile", help="capture a workload's training step and simulate its memory")
     pr.add_argument("workload", choices=WORKLOAD_NAMES)
-    pr.add_argument("--size", choices=("paper", "tiny"), default="paper")
+    pr.add_argument("--size", choices=SIZES, default="paper")
     pr.add_argument("--batch", type=int, default=None, help="batch size (default: the size's own)")
     pr.add_argument("--optimizer", choices=("sgd", "adamw"), default="adamw")
     pr.add_argument("--plot", metavar="FILE.png", default=None, help="write the memory timeline plot")

@@ -11,7 +11,7 @@ import torch
 import peakcut
 from peakcut.codegen.program import Step
 from peakcut.cost import get_cost_model
-from peakcut.memory.workspace import CpuMachine, CpuWorkspace
+from peakcut.memory.workspace import CalibratedCpuWorkspace, CpuMachine
 from peakcut.optimizer import optimize_graph
 from peakcut.optimizer.derive import Deriver
 from peakcut.optimizer.parallel import can_fork
@@ -82,8 +82,9 @@ def test_workers_model_the_parents_machine() -> None:
         torch.set_num_threads(3)
         pinned = Deriver(get_cost_model("rtx3090"))        # made in the parent
         torch.set_num_threads(1)              # what a worker does first
-        assert isinstance(pinned.workspace, CpuWorkspace)
+        assert isinstance(pinned.workspace, CalibratedCpuWorkspace)
         assert pinned.workspace.machine == replace(CpuMachine.current(), threads=3)
+        assert "3 threads" in pinned.workspace.fingerprint.device
         assert Deriver(get_cost_model("rtx3090"), workspace=None).workspace is None
     finally:
         torch.set_num_threads(before)

@@ -29,19 +29,25 @@ import math
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from peakcut.cost.fingerprint import Fingerprint
 
 SCHEMA_VERSION = 1
+T = TypeVar("T")
+
+
+def cache_root() -> Path:
+    """$PEAKCUT_CACHE, or ~/.cache/peakcut: where every on-disk cache of peakcut lives."""
+    return Path(os.environ.get("PEAKCUT_CACHE") or Path.home() / ".cache" / "peakcut")
 
 
 def default_cache_dir() -> Path:
     """$PEAKCUT_CACHE/costs, or ~/.cache/peakcut/costs."""
-    root = os.environ.get("PEAKCUT_CACHE") or Path.home() / ".cache" / "peakcut"
-    return Path(root) / "costs"
+    return cache_root() / "costs"
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,41 @@ def parse_table(data: Any, fingerprint: Fingerprint) -> CostTable:
     return CostTable({str(k): _entry(str(k), v) for k, v in entries.items()}, overhead)
 
 
+def load_json(path: Path, parse: Callable[[Any], T], empty: Callable[[], T], what: str) -> T:
+    """parse(the JSON in `path`); empty() when there is no file, or -- with a warning naming
+    the file and the reason -- when it cannot be read, is not JSON or parse raises
+    CacheFormatError. `what` names the cache in the warning ("cost cache")."""
+    def rebuild(reason: str) -> T:
+        warnings.warn(f"peakcut {what} {path}: {reason}; rebuilding it", RuntimeWarning, stacklevel=4)
+        return empty()
+
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return empty()
+    except OSError as e:
+        return rebuild(f"cannot be read ({e})")
+    try:
+        return parse(json.loads(text))
+    except json.JSONDecodeError as e:
+        return rebuild(f"is not valid JSON ({e})")
+    except CacheFormatError as e:
+        return rebuild(str(e))
+
+
+def save_json(path: Path, data: Any) -> None:
+    """Write `data` as JSON atomically (temporary file in the same directory + os.replace)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 class CostCache:
     """The cache file of one fingerprint in `directory`."""
 
@@ -115,38 +156,13 @@ class CostCache:
 
     def load(self) -> CostTable:
         """The stored table; empty when there is no file, or (with a warning) a bad one."""
-        try:
-            text = self.path.read_text()
-        except FileNotFoundError:
-            return CostTable()
-        except OSError as e:
-            return self._rebuild(f"cannot be read ({e})")
-        try:
-            return parse_table(json.loads(text), self.fingerprint)
-        except json.JSONDecodeError as e:
-            return self._rebuild(f"is not valid JSON ({e})")
-        except CacheFormatError as e:
-            return self._rebuild(str(e))
-
-    def _rebuild(self, reason: str) -> CostTable:
-        warnings.warn(f"peakcut cost cache {self.path}: {reason}; rebuilding it",
-                      RuntimeWarning, stacklevel=3)
-        return CostTable()
+        return load_json(self.path, lambda data: parse_table(data, self.fingerprint), CostTable, "cost cache")
 
     def save(self, table: CostTable) -> None:
         """Write `table` atomically (temporary file + os.replace)."""
-        data = {
+        save_json(self.path, {
             "schema": SCHEMA_VERSION,
             "fingerprint": self.fingerprint.as_dict(),
             "line_overhead_seconds": table.line_overhead_seconds,
             "entries": {k: e.as_dict() for k, e in sorted(table.entries.items())},
-        }
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        })

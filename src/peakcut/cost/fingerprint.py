@@ -8,6 +8,7 @@ never reused.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import platform
@@ -20,8 +21,9 @@ import torch
 CPUINFO = Path("/proc/cpuinfo")
 
 
+@functools.cache
 def cpu_model_name(cpuinfo: Path = CPUINFO) -> str:
-    """The CPU's model name, or "unknown cpu"."""
+    """The CPU's model name, or "unknown cpu" (read once per process)."""
     try:
         for line in cpuinfo.read_text().splitlines():
             key, _, value = line.partition(":")

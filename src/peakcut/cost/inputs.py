@@ -50,6 +50,12 @@ def real_tensor(meta: TensorMeta, device: torch.device, generator: torch.Generat
     return t
 
 
+def error_line(error: BaseException) -> str:
+    """'RuntimeError: first line of the message': why a call could not run on synthetic inputs."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
 def input_bytes(g: Graph, nid: int) -> int:
     """Bytes of the distinct tensor arguments of node `nid` (what building them allocates)."""
     return sum(g.tensors[t].nbytes for t in g.nodes[nid].input_ids())

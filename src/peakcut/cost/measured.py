@@ -32,7 +32,7 @@ from peakcut.cost.analytic import AnalyticCostModel
 from peakcut.cost.cache import SCHEMA_VERSION, CostCache, CostEntry
 from peakcut.cost.calls import call_key, copy_key, is_swap, swap_transfer
 from peakcut.cost.fingerprint import device_fingerprint
-from peakcut.cost.inputs import input_bytes, real_call
+from peakcut.cost.inputs import error_line, input_bytes, real_call
 from peakcut.cost.mix import mix_calls, mix_operands
 from peakcut.cost.overhead import line_overhead_seconds
 from peakcut.cost.profiles import DeviceProfile, check_direction, cpu_profile, profile_for_gpu_name
@@ -69,11 +69,6 @@ def _fallback_profile(device: torch.device) -> DeviceProfile:
     if device.type == "cuda":
         return profile_for_gpu_name(torch.cuda.get_device_name(device))
     return cpu_profile(torch.get_num_threads())
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 class MeasuredCostModel:
@@ -236,7 +231,7 @@ class MeasuredCostModel:
         # Any op may reject synthetic inputs in its own way (RuntimeError, IndexError,
         # NotImplementedError, ...): whatever it raises, the key gets an estimate instead.
         except Exception as e:
-            self._record_estimate(job, _first_line(e))
+            self._record_estimate(job, error_line(e))
             return None
         return call
 

@@ -28,6 +28,7 @@ from peakcut.fission.analyzer import DEFAULT_LEVELS
 from peakcut.fission.build import find_ftree, random_ftree
 from peakcut.fission.loss import detach_loss
 from peakcut.ir.graph import Graph
+from peakcut.memory.workspace import WorkspaceSpec, describe_workspace
 from peakcut.optimizer.budget import BudgetedCost
 from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.derive import Deriver
@@ -76,9 +77,8 @@ def _estimate(best: State) -> dict[str, float] | None:
     return None if found is None else {"peak_bytes": found[0], "latency_s": found[1]}
 
 
-def _methods(cost: CostModel, workspace: str | None) -> tuple[str, str]:
-    memory = ("simulated: peakcut timeline (compute + copy streams), "
-              f"{workspace or 'no'} workspace model")
+def _methods(cost: CostModel, workspace: WorkspaceSpec, g: Graph) -> tuple[str, str]:
+    memory = f"simulated: peakcut timeline (compute + copy streams), {describe_workspace(workspace, g)}"
     name = cost.name
     if name.startswith("measured"):
         latency = f"simulated from per-op times measured on this machine ({name}), on the peakcut timeline"
@@ -94,7 +94,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    latency_limit: float | str | None = None, time_budget: float = 60.0,
                    device: str | CostModel = "h200", seed: int = 0, max_states: int | None = None,
                    pareto: bool = False, settings: MoveSettings | None = None,
-                   fission_dims: str = "batch", reorder: bool = True, workspace: str | None = "cpu",
+                   fission_dims: str = "batch", reorder: bool = True, workspace: WorkspaceSpec = "cpu",
                    levels: int = DEFAULT_LEVELS, naive_fission_seed: int | None = None,
                    progress: Callable[[Progress], None] | None = None, jobs: int = 1) -> Optimized:
     """Search the rules on captured graph `g` under one limit (see peakcut.optimize).
@@ -147,7 +147,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     left = max(0.0, time_budget - (time.perf_counter() - t0))
     result = parallel_search(root, deriver, objective, jobs=jobs, time_budget=left, seed=seed,
                              max_states=max_states, settings=settings, progress=progress, exact_front=pareto)
-    memory_method, latency_method = _methods(cost, workspace)
+    memory_method, latency_method = _methods(cost, workspace, g)
     best = result.best
     report = {
         "device": cost.name,

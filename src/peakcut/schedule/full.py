@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from peakcut.ir.graph import Graph
+from peakcut.memory.workspace import WorkspaceSpec
 from peakcut.schedule.greedy import greedy_order
 from peakcut.schedule.interval import IntervalSettings, IntervalStats, schedule_interval
 from peakcut.schedule.problem import Problem
@@ -42,7 +43,7 @@ class Schedule:
         return self.peak_bytes <= self.lower_bound_bytes
 
 
-def schedule(g: Graph, *, time_limit: float = 20.0, workspace: str | None = "cpu",
+def schedule(g: Graph, *, time_limit: float = 20.0, workspace: WorkspaceSpec = "cpu",
              settings: IntervalSettings | None = None, problem: Problem | None = None) -> Schedule:
     """Schedule the whole graph for minimum simulated peak memory within `time_limit` seconds."""
     t0 = time.perf_counter()

@@ -3,18 +3,23 @@
     order_workspace(g, order, "cpu")          # per node of an order (the simulators call it)
     cpu_workspace_bytes(op, args, kwargs, outputs, CpuMachine.current())   # one call
 
-One CPU model (oneDNN / ATen CPU kernels, measured; docs/workspace.md), split by op
+Two CPU models (docs/workspace.md). The default ("cpu") is calibrated on the machine at
+hand: each distinct call measured once from the allocator's events and cached per machine
+fingerprint (measured.py). The analytic rules ("cpu-rules"; oneDNN / ATen CPU kernels,
+fitted to one AVX-512 CPU) answer where nothing can be measured; they are split by op
 family: pointwise, reductions, norms, indexing, matmul, convolution (with conv_geometry,
-onednn and onednn_wgrad); rules.py maps families to rules. Everything a rule reads of the
-machine is a CpuMachine (machine.py), the seam a per-machine calibration plugs into, and
-the key of every cache (nodes.py).
+onednn and onednn_wgrad), and rules.py maps families to rules. Everything a rule reads of
+the machine is a CpuMachine (machine.py); each model's key keys every cache (nodes.py).
 """
 
 from peakcut.memory.workspace.machine import CpuMachine, OneDnnFit
+from peakcut.memory.workspace.measured import CalibratedCpuWorkspace, measure_calls
 from peakcut.memory.workspace.nodes import (
     WORKSPACE_MODELS,
     CpuWorkspace,
+    WorkspaceModel,
     WorkspaceSpec,
+    describe_workspace,
     node_workspace,
     order_workspace,
     workspace_model,
@@ -22,6 +27,7 @@ from peakcut.memory.workspace.nodes import (
 from peakcut.memory.workspace.rules import cpu_workspace_bytes, workspace_ops
 
 __all__ = [
-    "WORKSPACE_MODELS", "CpuMachine", "CpuWorkspace", "OneDnnFit", "WorkspaceSpec",
-    "cpu_workspace_bytes", "node_workspace", "order_workspace", "workspace_model", "workspace_ops",
+    "WORKSPACE_MODELS", "CalibratedCpuWorkspace", "CpuMachine", "CpuWorkspace", "OneDnnFit",
+    "WorkspaceModel", "WorkspaceSpec", "cpu_workspace_bytes", "describe_workspace", "measure_calls",
+    "node_workspace", "order_workspace", "workspace_model", "workspace_ops",
 ]

@@ -3,25 +3,28 @@
     order_workspace(g, order, "cpu")   # int64 bytes per position (zeros for workspace None)
     node_workspace(g, nid, "cpu")
 
-A workspace spec is "cpu" (the CPU model for this process's machine: CpuMachine.current()),
-a CpuWorkspace (the CPU model for a given, e.g. calibrated, machine) or None (no workspace).
-Values are cached three times, all keyed by the machine they were computed for:
-- per graph, by node id, in g.workspace_cache[machine] (Graph.copy copies it; node edits
+A workspace spec names a model:
+- "cpu": this machine's CPU, calibrated: every distinct call measured once on this machine
+  and cached on disk per fingerprint; the analytic rules where nothing can be measured
+  (CalibratedCpuWorkspace, measured.py). The default.
+- "cpu-rules": the analytic CPU rules alone, for this process's machine (CpuWorkspace of
+  CpuMachine.current()); a CpuWorkspace for another (e.g. re-fitted) machine.
+- None: no workspace.
+Values are cached three times, all keyed by the model's key:
+- per graph, by node id, in g.workspace_cache[key] (Graph.copy copies it; node edits
   drop the node's entry): the simulators' hot path;
-- per node object, with the metas of its tensors and the machine as the key (NODE_BYTES, a
-  NodeCache): graphs derived from one another share unchanged node objects (part copies of
-  a reused expansion, rewritten programs), and the metas are all a node's value reads from
-  its graph;
-- per call content (op, non-tensor arguments, shape/stride/dtype of every tensor argument
-  and output, machine) in a bounded LRU cache shared by every graph: a node of a new graph
-  that computes what an earlier one did (fission parts, rewritten programs) is not
-  computed again.
+- per node object, with the metas of its tensors and the key (NODE_BYTES, a NodeCache):
+  graphs derived from one another share unchanged node objects (part copies of a reused
+  expansion, rewritten programs), and the metas are all a node's value reads from its graph;
+- per call: the rules in a bounded LRU cache shared by every graph (a node of a new graph
+  that computes what an earlier one did is not computed again), the calibrated model in its
+  table of measured calls.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,16 +38,17 @@ from peakcut.ir.node_cache import NodeCache
 from peakcut.ir.registry import resolve_op
 from peakcut.ir.tensor import dtype_from_name
 from peakcut.memory.workspace.machine import CpuMachine
+from peakcut.memory.workspace.measured import CalibratedCpuWorkspace
 from peakcut.memory.workspace.rules import cpu_workspace_bytes, workspace_ops
 
-WORKSPACE_MODELS = ("cpu",)
+WORKSPACE_MODELS = ("cpu", "cpu-rules")
 CALL_CACHE_SIZE = 1 << 16
 """Distinct op calls whose workspace is kept (least recently used dropped first)."""
 
 
 @dataclass(frozen=True)
 class CpuWorkspace:
-    """The CPU workspace model (peakcut.memory.workspace.rules) for one machine."""
+    """The analytic CPU workspace rules (peakcut.memory.workspace.rules) for one machine."""
 
     machine: CpuMachine
 
@@ -53,46 +57,50 @@ class CpuWorkspace:
         """What its values depend on beyond the node: the key of its caches."""
         return self.machine
 
+    def describe(self, g: Graph | None = None) -> str:
+        """Which model this is, for reports."""
+        fit = "" if self.machine == CpuMachine.current() else " (another machine's settings)"
+        return f"cpu workspace rules (analytic, fitted to one AVX-512 CPU){fit}"
 
-WorkspaceSpec = str | CpuWorkspace | None
-"""A workspace model: "cpu" (this process's machine), a CpuWorkspace, or None (no workspace)."""
+    def applies(self, op: str) -> bool:
+        """Whether nodes of `op` can have workspace (others take 0 without a lookup)."""
+        return op in workspace_ops()
+
+    def nodes_bytes(self, g: Graph, nodes: Sequence[Node],
+                    rules: Callable[[Node], int] | None = None) -> list[int]:
+        """Workspace of each node by the rules."""
+        return [_node_bytes(g, n, self.machine) for n in nodes]
 
 
-def workspace_model(spec: WorkspaceSpec) -> CpuWorkspace | None:
+WorkspaceModel = CpuWorkspace | CalibratedCpuWorkspace
+WorkspaceSpec = str | WorkspaceModel | None
+"""A workspace model: "cpu" (calibrated on this machine), "cpu-rules", a model, or None."""
+
+
+def workspace_model(spec: WorkspaceSpec) -> WorkspaceModel | None:
     """The model a spec names (None for None); raises ValueError for an unknown name."""
-    if spec is None or isinstance(spec, CpuWorkspace):
+    if spec is None or isinstance(spec, (CpuWorkspace, CalibratedCpuWorkspace)):
         return spec
     if spec == "cpu":
+        return CalibratedCpuWorkspace.for_this_machine()
+    if spec == "cpu-rules":
         return CpuWorkspace(CpuMachine.current())
     raise ValueError(f"unknown workspace model {spec!r}; known: {WORKSPACE_MODELS}")
 
 
+def describe_workspace(spec: WorkspaceSpec, g: Graph | None = None) -> str:
+    """One line saying which workspace model `spec` is (and answers `g` with), for reports."""
+    model = workspace_model(spec)
+    return "no workspace model" if model is None else model.describe(g)
+
+
 def node_workspace(g: Graph, nid: int, workspace: WorkspaceSpec = "cpu") -> int:
     """Bytes node `nid` allocates and frees while it runs, beyond its outputs."""
-    model = workspace_model(workspace)
-    if model is None or g.nodes[nid].op not in workspace_ops():
-        return 0
-    cache = g.workspace_cache.setdefault(model.key, {})
-    value = cache.get(nid)
-    if value is None:
-        value = cache[nid] = _cached_node_bytes(g, g.nodes[nid], model.machine)
-    return value
+    return int(order_workspace(g, [nid], workspace)[0])
 
 
 NODE_BYTES: NodeCache[int] = NodeCache()
-"""Workspace bytes per node object, valid for (machine, metas of its inputs and outputs)."""
-
-
-def _cached_node_bytes(g: Graph, node: Node, machine: CpuMachine) -> int:
-    """_node_bytes through NODE_BYTES (module doc)."""
-    tensors = g.tensors
-    depends = (machine, tuple(map(tensors.__getitem__, node.input_tuple)),
-               tuple(map(tensors.__getitem__, node.output_tuple)))
-    value = NODE_BYTES.get(node, depends)
-    if value is None:
-        value = _node_bytes(g, node, machine)
-        NODE_BYTES.put(node, value, depends)
-    return value
+"""Workspace bytes per node object, valid for (model key, metas of its inputs and outputs)."""
 
 
 def order_workspace(g: Graph, order: Sequence[int], workspace: WorkspaceSpec) -> npt.NDArray[np.int64]:
@@ -103,17 +111,47 @@ def order_workspace(g: Graph, order: Sequence[int], workspace: WorkspaceSpec) ->
     model = workspace_model(workspace)
     if model is None:
         return ws
-    ops = workspace_ops()
     cache = g.workspace_cache.setdefault(model.key, {})
     nodes = g.nodes
+    applies = model.applies
+    missing: dict[int, list[int]] = {}
     for i, nid in enumerate(order):
-        node = nodes[nid]
-        if node.op in ops:
-            value = cache.get(nid)
-            if value is None:
-                value = cache[nid] = _cached_node_bytes(g, node, model.machine)
+        value = cache.get(nid)
+        if value is None:
+            if applies(nodes[nid].op):
+                missing.setdefault(nid, []).append(i)
+            else:
+                cache[nid] = 0
+        elif value:
             ws[i] = value
+    if missing:
+        _fill(g, model, cache, missing, ws)
     return ws
+
+
+def _fill(g: Graph, model: WorkspaceModel, cache: dict[int, int], missing: dict[int, list[int]],
+          ws: npt.NDArray[np.int64]) -> None:
+    """Compute the nodes of `missing` (node id -> positions in ws): NODE_BYTES first, then
+    the model, all new nodes at once (a calibrated model measures them in one batch)."""
+    tensors = g.tensors
+    new: list[tuple[Node, Any]] = []
+    for nid in missing:
+        node = g.nodes[nid]
+        depends = (model.key, tuple(map(tensors.__getitem__, node.input_tuple)),
+                   tuple(map(tensors.__getitem__, node.output_tuple)))
+        value = NODE_BYTES.get(node, depends)
+        if value is None:
+            new.append((node, depends))
+        else:
+            cache[nid] = value
+    if new:
+        machine = model.machine
+        values = model.nodes_bytes(g, [n for n, _ in new], lambda n: _node_bytes(g, n, machine))
+        for (node, depends), value in zip(new, values, strict=True):
+            NODE_BYTES.put(node, value, depends)
+            cache[node.id] = value
+    for nid, positions in missing.items():
+        ws[positions] = cache[nid]
 
 
 # ------------------------------------------------------------------ the per-call cache
