@@ -17,9 +17,10 @@ U-Net's tree holds the stretch from its last BatchNorm through the loss and back
 enabled alone, at the smallest valid n (2 where 2 divides its length) and at the largest (its
 length), expanded (peakcut.fission.expand) and built with fission loops, then
 
-1. the step matches eager PyTorch (loss, gradients, parameters, optimizer state, buffers) at
-   rtol 1e-7 / atol 1e-9 over 2 steps (rtol 1e-7 because BTLM computes its loss in float32
-   even in a float64 model: one ulp of the loss);
+1. the step matches eager PyTorch (gradients, parameters, optimizer state, buffers) at
+   rtol 1e-7 / atol 1e-9 over 2 steps; the loss within tests.tolerance of a float32 mean
+   over the batch's tokens (BTLM computes its loss in float32 even in a float64 model, and
+   a split sums it in parts: a few ulps, more or fewer by the machine's kernels);
 2. the peak measured on CPU (allocator events, runtime.measure 'cpu-profiler') is within 5%
    of the expanded graph's simulated peak.
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
 
 import peakcut
 from peakcut.codegen.program import Step
@@ -47,10 +49,17 @@ from peakcut.ir.graph import Graph
 from peakcut.memory import simulate
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 from tests.helpers import in_float64
+from tests.tolerance import tolerance
 
 SPEC = peakcut.SGD(lr=1e-2, momentum=0.9, weight_decay=1e-2)
 SMALL_TREE = 4
-RTOL, ATOL = 1e-7, 1e-9  # float64; rtol 1e-7 for the float32 loss BTLM computes inside
+RTOL, ATOL = 1e-7, 1e-9  # float64
+
+
+def loss_tolerance(batch: tuple[torch.Tensor, ...], steps: int) -> tuple[float, float]:
+    """A float32 loss summed over the batch's first input's elements, carried `steps` steps."""
+    tol = tolerance(torch.float32, batch[0].numel(), steps)
+    return tol, tol
 
 
 def ftree_of(g: Graph, name: str) -> tuple[FTree, DGraph, str]:
@@ -82,7 +91,8 @@ def test_each_ftree_node_alone_keeps_numbers_and_memory_agreement(name: str) -> 
             ex = expand(g, g.order, enabled, dgraph)
             report = peakcut.check_equivalence(
                 inst.model, inst.batch, inst.loss_fn, SPEC,
-                lambda _model, ex=ex: Step(ex.graph, ex.order), steps=steps, rtol=RTOL, atol=ATOL)
+                lambda _model, ex=ex: Step(ex.graph, ex.order), steps=steps, rtol=RTOL, atol=ATOL,
+                loss_tolerance=loss_tolerance(inst.batch, steps))
             what = f"{name} F-Tree node {f.id} ({len(f.nodes)} nodes) at n={n}"
             assert report.ok, f"{what}: {report}"
             assert {"loss", "grad", "param", "state"} <= report.kinds()

@@ -33,6 +33,9 @@ class EquivalenceReport:
     rtol: float
     atol: float
     differences: list[Difference] = field(default_factory=list)
+    loss_tolerance: tuple[float, float] | None = None
+    """(rtol, atol) of the loss when it differs from rtol/atol (a loss computed in a
+    narrower dtype than the parameters)."""
 
     @property
     def ok(self) -> bool:
@@ -79,7 +82,10 @@ class _Comparer:
             self.report.differences.append(Difference(step, kind, name, float("inf"), False))
             return
         diff = float((ours - ref).abs().max()) if ours.numel() else 0.0
-        ok = bool(torch.allclose(ours, ref, rtol=self.report.rtol, atol=self.report.atol))
+        rtol, atol = self.report.rtol, self.report.atol
+        if kind == "loss" and self.report.loss_tolerance is not None:
+            rtol, atol = self.report.loss_tolerance
+        ok = bool(torch.allclose(ours, ref, rtol=rtol, atol=atol))
         self.report.differences.append(Difference(step, kind, name, diff, ok))
 
 
@@ -92,15 +98,18 @@ def check_equivalence(
     steps: int = 3,
     rtol: float | None = None,
     atol: float | None = None,
+    loss_tolerance: tuple[float, float] | None = None,
 ) -> EquivalenceReport:
     """Run `steps` steps eagerly and with build(model) on copies of `model`; compare everything.
 
     build(model) must return a Step whose outputs include the gradients
-    (capture with keep_grads=True, or optimizer None).
+    (capture with keep_grads=True, or optimizer None). loss_tolerance: (rtol, atol) of the
+    loss alone, for a loss computed in a narrower dtype than the parameters.
     """
     dtype = next(model.parameters()).dtype
     d_rtol, d_atol = default_tolerance(dtype)
-    report = EquivalenceReport(rtol if rtol is not None else d_rtol, atol if atol is not None else d_atol)
+    report = EquivalenceReport(rtol if rtol is not None else d_rtol, atol if atol is not None else d_atol,
+                               loss_tolerance=loss_tolerance)
     compare = _Comparer(report)
     ref_model = copy.deepcopy(model)
     our_model = copy.deepcopy(model)
