@@ -105,6 +105,7 @@ def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
 
 def add_parser(sub: Any) -> None:
     from peakcut.cost.model import KNOWN_SPECS
+    from peakcut.workloads import SIZES
 
     o = sub.add_parser("optimize", help="search a workload's step under a memory or latency limit")
     o.add_argument("workload", help="a workload name (peakcut workloads) or module:factory")
@@ -113,7 +114,7 @@ def add_parser(sub: Any) -> None:
     limit.add_argument("--latency-limit", default=None, help="ratio to eager, e.g. 1.1: least memory under it")
     o.add_argument("--time-budget", type=float, default=60.0, help="seconds for the whole search (default 60)")
     o.add_argument("--device", default="h200", help=f"cost model: {', '.join(KNOWN_SPECS)}")
-    o.add_argument("--size", choices=("paper", "tiny"), default="paper")
+    o.add_argument("--size", choices=SIZES, default="paper")
     o.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="adamw")
     o.add_argument("--pareto", action="store_true", help="collect the memory/latency front")
     o.add_argument("--seed", type=int, default=0)

@@ -218,3 +218,26 @@ def test_paper_input_shapes() -> None:
     for name in LANGUAGE_MODELS:
         input_ids = get_workload(name).build("paper").batch[0]
         assert tuple(input_ids.shape) == (PAPER_BATCH[name], 512)
+
+
+MEDIUM_INPUT = {
+    "resnet50": (8, 3, 224, 224), "bert-base": (4, 128), "vit-base": (4, 3, 224, 224),
+    "unet": (6, 3, 128, 128), "unetpp": (8, 3, 128, 128), "gpt-neo-1.3b": (1, 128), "btlm-3b": (1, 128),
+}
+
+
+@pytest.mark.parametrize("name", WORKLOAD_NAMES)
+def test_medium_is_the_paper_architecture_at_a_cpu_sized_batch(name: str) -> None:
+    """Built on the meta device here (a real medium step holds 1-6 GB; bench.measured runs them)."""
+    workload = get_workload(name)
+    facts = workload.facts("medium")
+    with torch.device("meta"):
+        model, batch = workload.make("medium", int(facts["batch"]))
+    assert tuple(batch[0].shape) == MEDIUM_INPUT[name]
+    count = _param_count(model)
+    layers = facts.get("layers")
+    if layers is None:     # the paper network itself
+        assert count == pytest.approx(PAPER_PARAMS[name], rel=0.03), count
+    else:                  # the paper's widths and vocabulary, fewer layers
+        assert count < PAPER_PARAMS[name] / 4
+    assert facts["params"].rstrip("M") == f"{count / 1e6:.0f}" or layers is None

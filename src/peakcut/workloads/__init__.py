@@ -1,7 +1,8 @@
-"""The seven benchmark workloads of the MAGIS paper (Table 2), at paper and tiny size, and the
+"""The seven benchmark workloads of the MAGIS paper (Table 2), at paper, medium and tiny size, and the
 random NASNet-like networks of its incremental-scheduling benchmark (random_nasnet)."""
 
 from peakcut.workloads.base import (
+    SIZES,
     WORKLOAD_NAMES,
     Workload,
     WorkloadInstance,
@@ -10,5 +11,5 @@ from peakcut.workloads.base import (
 )
 from peakcut.workloads.nasnet import random_nasnet
 
-__all__ = ["WORKLOAD_NAMES", "Workload", "WorkloadInstance", "get_workload", "list_workloads",
+__all__ = ["SIZES", "WORKLOAD_NAMES", "Workload", "WorkloadInstance", "get_workload", "list_workloads",
            "random_nasnet"]

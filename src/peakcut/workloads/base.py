@@ -4,10 +4,14 @@ A :class:`Workload` describes one benchmark; :meth:`Workload.build` turns it int
 :class:`WorkloadInstance` holding a model, an example batch and a loss function such that
 ``loss_fn(model, batch)`` is one training step's scalar loss.
 
-Two sizes exist for every workload:
+Three sizes exist for every workload:
 
 * ``"paper"``: the configuration of the paper. The model and batch live on the ``meta`` device
   (no memory is allocated), cast to the paper dtype. Meant for shape-only capture.
+* ``"medium"``: the paper architecture (the LLMs: the paper's widths and vocabulary, 2 layers)
+  at a batch and input where one real fp32 eager step on a 2-core CPU takes about 0.3-3 s and
+  holds 1-6 GB: big enough that the work is in the kernels, for measured comparisons.
+  Real tensors, deterministic in ``seed``; ``facts("medium")`` says what was scaled.
 * ``"tiny"``: the same architecture family, shrunk so that one fp32 forward+backward on CPU
   takes milliseconds. Weights and batch are real tensors, deterministic in ``seed``.
 
@@ -31,7 +35,7 @@ Batch = tuple[torch.Tensor, ...]
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 MakeFn = Callable[[str, int], tuple[nn.Module, Batch]]
 
-SIZES: tuple[str, ...] = ("paper", "tiny")
+SIZES: tuple[str, ...] = ("paper", "medium", "tiny")
 _DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -51,9 +55,9 @@ class WorkloadInstance:
 
 @dataclass(frozen=True)
 class Workload:
-    """One benchmark workload at two sizes (``paper`` and ``tiny``).
+    """One benchmark workload at three sizes (``paper``, ``medium`` and ``tiny``).
 
-    ``paper`` / ``tiny`` are human-readable facts; their ``"batch"``, ``"dtype"`` and
+    ``paper`` / ``medium`` / ``tiny`` are human-readable facts; their ``"batch"``, ``"dtype"`` and
     ``"input"`` entries are also what :meth:`build` uses for defaults and the description.
     ``title`` names the model in descriptions; ``make(size, batch_size)`` creates the model
     and batch on the ambient device; ``loss`` is the instance's ``loss_fn``.
@@ -62,24 +66,25 @@ class Workload:
     name: str
     summary: str
     paper: dict
+    medium: dict
     tiny: dict
     title: str = field(kw_only=True, repr=False)
     make: MakeFn = field(kw_only=True, repr=False, compare=False)
     loss: LossFn = field(kw_only=True, repr=False, compare=False)
 
     def facts(self, size: str) -> dict:
-        """The facts dict of ``size`` (``"paper"`` or ``"tiny"``)."""
+        """The facts dict of ``size`` (one of SIZES)."""
         if size not in SIZES:
             raise ValueError(f"unknown size {size!r}; expected one of {', '.join(SIZES)}")
-        return self.paper if size == "paper" else self.tiny
+        return {"paper": self.paper, "medium": self.medium, "tiny": self.tiny}[size]
 
     def build(
         self, size: str = "tiny", batch_size: int | None = None, seed: int = 0
     ) -> WorkloadInstance:
         """Build model, example batch and loss function at ``size``.
 
-        ``paper`` builds on the ``meta`` device (nothing allocated); ``tiny`` builds real CPU
-        tensors whose values depend only on ``seed``. The model is in ``train()`` mode.
+        ``paper`` builds on the ``meta`` device (nothing allocated); ``medium`` and ``tiny``
+        build real CPU tensors whose values depend only on ``seed``. The model is in ``train()`` mode.
         """
         facts = self.facts(size)
         bs = int(facts["batch"] if batch_size is None else batch_size)
@@ -106,7 +111,7 @@ class Workload:
 
 @contextlib.contextmanager
 def _build_context(size: str, seed: int) -> Iterator[None]:
-    """Meta device for ``paper``; a seeded, caller-isolated CPU RNG for ``tiny``."""
+    """Meta device for ``paper``; a seeded, caller-isolated CPU RNG for ``medium`` and ``tiny``."""
     if size == "paper":
         with torch.device("meta"):
             yield
@@ -121,6 +126,7 @@ _WORKLOADS: tuple[Workload, ...] = (
         name="resnet50",
         summary="ResNet-50 image classification (bottleneck, BatchNorm, 1000 classes), CE loss",
         paper={"batch": 64, "input": "3x224x224", "dtype": "fp32", "params": "25.6M"},
+        medium={"batch": 8, "input": "3x224x224", "dtype": "fp32", "params": "25.6M"},
         tiny={"batch": 4, "input": "3x32x32", "dtype": "fp32", "classes": 10, "width": 8},
         title="ResNet-50",
         make=resnet.make_resnet50,
@@ -130,6 +136,7 @@ _WORKLOADS: tuple[Workload, ...] = (
         name="bert-base",
         summary="BERT-base masked-LM (HF BertForMaskedLM, 12x768, 12 heads), MLM loss",
         paper={"batch": 32, "input": "seq 512", "dtype": "fp32", "params": "110M"},
+        medium={"batch": 4, "input": "seq 128", "dtype": "fp32", "params": "110M"},
         tiny={"batch": 4, "input": "seq 32", "dtype": "fp32", "layers": 2, "hidden": 64},
         title="BERT-base MLM",
         make=hf.make_bert_base,
@@ -139,6 +146,7 @@ _WORKLOADS: tuple[Workload, ...] = (
         name="vit-base",
         summary="ViT-base/16 image classification (HF ViTForImageClassification), CE loss",
         paper={"batch": 64, "input": "3x224x224", "dtype": "fp32", "params": "86M"},
+        medium={"batch": 4, "input": "3x224x224", "dtype": "fp32", "params": "86M"},
         tiny={"batch": 4, "input": "3x32x32", "dtype": "fp32", "patch": 8, "hidden": 64},
         title="ViT-base/16",
         make=hf.make_vit_base,
@@ -148,6 +156,7 @@ _WORKLOADS: tuple[Workload, ...] = (
         name="unet",
         summary="U-Net segmentation (base 64, depth 4, BatchNorm, transposed-conv up), pixel CE",
         paper={"batch": 32, "input": "3x256x256", "dtype": "fp32", "params": "31.0M"},
+        medium={"batch": 6, "input": "3x128x128", "dtype": "fp32", "params": "31.0M"},
         tiny={"batch": 2, "input": "3x32x32", "dtype": "fp32", "base": 8, "depth": 3},
         title="U-Net",
         make=unet.make_unet,
@@ -157,6 +166,7 @@ _WORKLOADS: tuple[Workload, ...] = (
         name="unetpp",
         summary="U-Net++ segmentation (nested dense skips, base 32, depth 4), pixel CE",
         paper={"batch": 16, "input": "3x256x256", "dtype": "fp32", "params": "9.0M"},
+        medium={"batch": 8, "input": "3x128x128", "dtype": "fp32", "params": "9.0M"},
         tiny={"batch": 2, "input": "3x32x32", "dtype": "fp32", "base": 8, "depth": 3},
         title="U-Net++",
         make=unet.make_unetpp,
@@ -166,6 +176,7 @@ _WORKLOADS: tuple[Workload, ...] = (
         name="gpt-neo-1.3b",
         summary="GPT-Neo-1.3B causal LM (HF GPTNeoForCausalLM, local/global attention), LM loss",
         paper={"batch": 32, "input": "seq 512", "dtype": "bf16", "params": "1.3B"},
+        medium={"batch": 1, "input": "seq 128", "dtype": "fp32", "layers": 2, "params": "208M"},
         tiny={"batch": 4, "input": "seq 32", "dtype": "fp32", "layers": 2, "hidden": 64},
         title="GPT-Neo-1.3B",
         make=hf.make_gpt_neo_1_3b,
@@ -175,6 +186,7 @@ _WORKLOADS: tuple[Workload, ...] = (
         name="btlm-3b",
         summary="BTLM-3B-8K causal LM (ALiBi, SwiGLU, muP, tied head), LM loss",
         paper={"batch": 32, "input": "seq 512", "dtype": "bf16", "params": "2.6B"},
+        medium={"batch": 1, "input": "seq 128", "dtype": "fp32", "layers": 2, "params": "286M"},
         tiny={"batch": 4, "input": "seq 32", "dtype": "fp32", "layers": 2, "hidden": 64},
         title="BTLM-3B-8K",
         make=btlm.make_btlm_3b,

@@ -61,7 +61,10 @@ class BTLMConfig:
 
 
 PAPER = BTLMConfig()
+MEDIUM = BTLMConfig(n_layer=2)   # the paper's widths and vocabulary, 2 of its 32 layers
 TINY = BTLMConfig(vocab_size=256, d_model=64, n_layer=2, n_head=4, n_inner=170)
+CONFIGS = {"paper": PAPER, "medium": MEDIUM, "tiny": TINY}
+SEQ = {"paper": 512, "medium": 128, "tiny": 32}
 
 
 def alibi_slopes(n_head: int) -> list[float]:
@@ -193,8 +196,8 @@ def _init_weights(module: nn.Module, std: float = 0.02) -> None:
 
 def make_btlm_3b(size: str, batch_size: int) -> tuple[nn.Module, Batch]:
     """BTLM-3B-8K (or its tiny sibling) and ``(input_ids, attention_mask, labels)``."""
-    cfg = PAPER if size == "paper" else TINY
-    seq = 512 if size == "paper" else 32
+    cfg = CONFIGS[size]
+    seq = SEQ[size]
     model = BTLMForCausalLM(cfg)
     input_ids = torch.randint(0, cfg.vocab_size, (batch_size, seq))
     attention_mask = torch.ones(batch_size, seq, dtype=torch.long)

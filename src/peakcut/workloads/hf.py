@@ -55,6 +55,8 @@ _BERT_DIMS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 64,
     },
 }
+_BERT_DIMS["medium"] = _BERT_DIMS["paper"]      # the paper network at a smaller batch and sequence
+
 _VIT_DIMS: dict[str, dict[str, Any]] = {
     "paper": {
         "image_size": 224,
@@ -75,6 +77,8 @@ _VIT_DIMS: dict[str, dict[str, Any]] = {
         "num_labels": 10,
     },
 }
+_VIT_DIMS["medium"] = _VIT_DIMS["paper"]        # the paper network at a smaller batch
+
 _GPT_NEO_DIMS: dict[str, dict[str, Any]] = {
     "paper": {
         "vocab_size": 50257,
@@ -99,6 +103,13 @@ _GPT_NEO_DIMS: dict[str, dict[str, Any]] = {
         "eos_token_id": 255,
     },
 }
+
+
+_GPT_NEO_DIMS["medium"] = {**_GPT_NEO_DIMS["paper"], "num_layers": 2,
+                           "attention_types": [[["global", "local"], 1]]}
+"""The paper's widths and vocabulary, 2 of its 24 layers (one global, one local)."""
+_BERT_SEQ = {"paper": 512, "medium": 128, "tiny": 32}
+_GPT_NEO_SEQ = {"paper": 512, "medium": 128, "tiny": 32}
 
 
 def bert_config(size: str) -> BertConfig:
@@ -130,10 +141,6 @@ def gpt_neo_config(size: str) -> GPTNeoConfig:
     )
 
 
-def _seq_len(size: str) -> int:
-    return 512 if size == "paper" else 32
-
-
 def _token_batch(vocab_size: int, batch_size: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
     input_ids = torch.randint(0, vocab_size, (batch_size, seq))
     attention_mask = torch.ones(batch_size, seq, dtype=torch.long)
@@ -149,10 +156,10 @@ def make_bert_base(size: str, batch_size: int) -> tuple[nn.Module, Batch]:
     """
     cfg = bert_config(size)
     model = BertForMaskedLM(cfg)
-    tokens, attention_mask = _token_batch(cfg.vocab_size, batch_size, _seq_len(size))
+    tokens, attention_mask = _token_batch(cfg.vocab_size, batch_size, _BERT_SEQ[size])
     masked = torch.rand(tokens.shape) < _MASK_PROB
     masked[:, 0] = True
-    mask_id = 103 if size == "paper" else cfg.vocab_size - 1  # [MASK] in bert-base-uncased
+    mask_id = 103 if size != "tiny" else cfg.vocab_size - 1  # [MASK] in bert-base-uncased
     input_ids = torch.where(masked, torch.full_like(tokens, mask_id), tokens)
     labels = torch.where(masked, tokens, torch.full_like(tokens, _IGNORE))
     return model, (input_ids, attention_mask, labels)
@@ -173,7 +180,7 @@ def make_gpt_neo_1_3b(size: str, batch_size: int) -> tuple[nn.Module, Batch]:
     """GPTNeoForCausalLM and ``(input_ids, attention_mask, labels)`` (labels = input_ids)."""
     cfg = gpt_neo_config(size)
     model = GPTNeoForCausalLM(cfg)
-    input_ids, attention_mask = _token_batch(cfg.vocab_size, batch_size, _seq_len(size))
+    input_ids, attention_mask = _token_batch(cfg.vocab_size, batch_size, _GPT_NEO_SEQ[size])
     return model, (input_ids, attention_mask, input_ids.clone())
 
 

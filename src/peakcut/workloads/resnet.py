@@ -27,7 +27,9 @@ class ResNetConfig:
 
 
 PAPER = ResNetConfig(blocks=(3, 4, 6, 3), width=64, num_classes=1000, image=224)
+MEDIUM = PAPER      # the paper network; the medium batch (base.py) is what is smaller
 TINY = ResNetConfig(blocks=(1, 1, 1, 1), width=8, num_classes=10, image=32)
+CONFIGS = {"paper": PAPER, "medium": MEDIUM, "tiny": TINY}
 
 
 class Bottleneck(nn.Module):
@@ -95,7 +97,7 @@ class ResNet(nn.Module):
 
 def make_resnet50(size: str, batch_size: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """ResNet-50 (or its tiny sibling) and a batch ``(images, labels)``."""
-    cfg = PAPER if size == "paper" else TINY
+    cfg = CONFIGS[size]
     model = ResNet(cfg)
     images = torch.randn(batch_size, 3, cfg.image, cfg.image)
     labels = torch.randint(0, cfg.num_classes, (batch_size,))

@@ -38,6 +38,9 @@ class UNetConfig:
 UNET_PAPER = UNetConfig(base=64, depth=4, num_classes=2, image=256)
 UNETPP_PAPER = UNetConfig(base=32, depth=4, num_classes=2, image=256)
 TINY = UNetConfig(base=8, depth=3, num_classes=2, image=32)
+UNET = {"paper": UNET_PAPER, "medium": UNetConfig(base=64, depth=4, num_classes=2, image=128), "tiny": TINY}
+UNETPP = {"paper": UNETPP_PAPER, "medium": UNetConfig(base=32, depth=4, num_classes=2, image=128), "tiny": TINY}
+"""Per size; medium is the paper network on 128x128 images."""
 
 
 class DoubleConv(nn.Sequential):
@@ -127,13 +130,13 @@ def _segmentation_batch(cfg: UNetConfig, batch_size: int) -> tuple[torch.Tensor,
 
 def make_unet(size: str, batch_size: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """U-Net (or its tiny sibling) and a batch ``(images, per-pixel labels)``."""
-    cfg = UNET_PAPER if size == "paper" else TINY
+    cfg = UNET[size]
     return UNet(cfg), _segmentation_batch(cfg, batch_size)
 
 
 def make_unetpp(size: str, batch_size: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """U-Net++ (or its tiny sibling) and a batch ``(images, per-pixel labels)``."""
-    cfg = UNETPP_PAPER if size == "paper" else TINY
+    cfg = UNETPP[size]
     return UNetPlusPlus(cfg), _segmentation_batch(cfg, batch_size)
 
 
