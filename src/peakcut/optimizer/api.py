@@ -37,6 +37,8 @@ from peakcut.optimizer.parallel import parallel_search
 from peakcut.optimizer.plan import LimitNotMet, Plan, Program
 from peakcut.optimizer.search import Progress, SearchResult
 from peakcut.optimizer.state import State, computation_hash
+from peakcut.optimizer.verify import choose, eager_runner, programs_for
+from peakcut.optimizer.verify import runs_here as verify_runs_here
 from peakcut.schedule import schedule
 from peakcut.simulate import Timeline, simulate_timeline
 from peakcut.units import format_bytes, format_seconds
@@ -44,6 +46,8 @@ from peakcut.units import format_bytes, format_seconds
 DEFAULT_LATENCY_LIMIT = 1.10      # MAGIS's default: least memory within 10% of eager latency
 REORDER_SHARE = 0.1               # share of the time budget the initial re-ordering may take
 MEASURE_SHARE = 0.8               # a measured cost model measures new calls until this share
+VERIFY_SHARE = 0.25               # of the time budget kept for running candidate plans (verify=True)
+VERIFY_CANDIDATES = 3             # transformed candidates run for real (the untransformed step besides)
 
 
 @dataclass
@@ -55,6 +59,31 @@ class Optimized:
     report: dict[str, Any]
     cost: CostModel
     eager: Timeline          # the captured step in capture order, under `cost`
+    deriver: Deriver | None = None
+
+    def candidates(self, k: int) -> list[State]:
+        """At most `k` plans worth running for real: the best, then the latest bests the limit
+        admits as predicted, newest first, on their full expansion, then (when the limit
+        admits it and k >= 2) the root, the untransformed step: the plan of last resort."""
+        def ident(s: State) -> tuple[str, tuple[int, ...]]:
+            return computation_hash(s.program), tuple(s.order)
+
+        root = self.result.root
+        with_root = k >= 2 and self.best is not root and self.objective.feasible(root.peak_bytes, root.latency_s)
+        found: list[State] = [self.best]
+        seen = {ident(self.best), ident(root)}
+        for s in reversed(self.result.bests):
+            if len(found) >= k - with_root:
+                break
+            if s is root or not self.objective.feasible(s.peak_bytes, s.latency_s):
+                continue
+            exact = self.deriver.exact(s) if self.deriver is not None else s
+            if ident(exact) not in seen:
+                seen.add(ident(exact))
+                found.append(exact)
+        if with_root:
+            found.append(root)
+        return found
 
     @property
     def best(self) -> State:
@@ -176,7 +205,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         "front": [{"peak_bytes": s.peak_bytes, "latency_s": s.latency_s, "applied": len(s.applied),
                    "exact": s.exact} for s in result.front],
     }
-    return Optimized(result, objective, report, cost, eager)
+    return Optimized(result, objective, report, cost, eager, deriver)
 
 
 def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | None = None,
@@ -186,7 +215,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
              pareto: bool = False, settings: MoveSettings | None = None, fission_dims: str = "batch",
              keep_grads: bool = False, progress: Callable[[Progress], None] | None = None,
              jobs: int = 1, max_grad_norm: float | None = None, scaler: Any = None, accumulate: int = 1,
-             replan: bool = True) -> Plan:
+             replan: bool = True, verify: bool = True) -> Plan:
     """Optimize one training step of `model` on `batch` and return a runnable Plan.
 
     - loss_fn(model, batch) -> scalar loss; None optimizes inference of model(*batch).
@@ -210,6 +239,10 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
     - keep_grads: the step also returns the gradients (for checking against eager).
     - jobs: processes to search on (forked; analytic cost models only; see
       peakcut.optimizer.parallel).
+    - verify: when the plan runs on the device it is planned for (device="measured" on the
+      model's device), the last VERIFY_SHARE of the time budget runs the best few candidate
+      plans for real, interleaved with your eager step, and keeps the best one whose measured
+      time and peak meet the limit (peakcut.optimizer.verify; report["verification"]).
     Raises LimitNotMet (with `.plan`, the best plan found) when the limit is not met.
     """
     if optimizer is not None and loss_fn is None:
@@ -226,12 +259,19 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
                   max_states=max_states, pareto=pareto, settings=settings, fission_dims=fission_dims,
                   progress=progress, jobs=jobs)
 
+    checked = (verify and not pareto and not use_scaler and accumulate == 1
+               and verify_runs_here(get_cost_model(device) if isinstance(device, str) else device, model))
+
     def plan_for(b: Any, budget: float) -> tuple[Program, Program | None]:
         t0 = time.perf_counter()
         final_share = budget if accumulate == 1 else budget * 0.6
         g = capture(model, b, loss_fn, opt, keep_grads=keep_grads, max_grad_norm=max_grad_norm,
                     grad_scaler=use_scaler, accumulate=accumulate > 1)
-        main = _search(g, final_share - (time.perf_counter() - t0), model, search, accumulate)
+        check = None
+        if checked and loss_fn is not None:
+            def check(found: Optimized, seconds: float) -> tuple[State, bool, str]:
+                return _verified(found, seconds, model, b, eager_runner(model, b, loss_fn, opt, max_grad_norm), opt)
+        main = _search(g, final_share - (time.perf_counter() - t0), model, search, accumulate, check)
         micro = None
         if accumulate > 1:
             gm = capture(model, b, loss_fn, None, grad_scaler=use_scaler)
@@ -244,13 +284,53 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
                 batch=batch)
     for program in (main, micro):
         if program is not None and not program.feasible and not pareto:
-            raise LimitNotMet(program.why_not, plan)
+            raise LimitNotMet(program.why_not, plan, program.report.get("verification"))
     return plan
 
 
-def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, Any], accumulate: int) -> Program:
-    """optimize_graph on one captured step -> its Program (best graph, order, report)."""
-    found = optimize_graph(g, time_budget=max(0.0, budget), **search)
+def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: Any, eager: Callable[[], Any],
+              opt: torch.optim.Optimizer | None) -> tuple[State, bool, str]:
+    """The candidate that meets the limit when run (peakcut.optimizer.verify), whether one
+    did, and why not; the verdict goes into found.report["verification"]."""
+    mode = found.objective.mode
+    t0 = time.perf_counter()
+    candidates = found.candidates(programs_for(found.eager.latency_seconds, seconds, VERIFY_CANDIDATES + 1))
+    state, verdict = choose(candidates, found.result.root, found.objective, found.eager.latency_seconds,
+                            model, batch, eager, opt, max(0.0, seconds - (time.perf_counter() - t0)))
+    report = found.report
+    report["verification"] = dict(verdict.report(mode), seconds=round(time.perf_counter() - t0, 3))
+    if state is not found.best:
+        report.update(peak_bytes=state.peak_bytes, peak_ratio=state.peak_bytes / found.eager.peak_bytes,
+                      latency_s=state.latency_s, applied=list(state.applied),
+                      latency_ratio=state.latency_s / found.eager.latency_seconds if found.eager.latency_seconds
+                      else None)
+    if verdict.chosen is not None:
+        m = verdict.candidates[verdict.chosen]
+        report["feasible"] = True
+        report["measured"] = dict(m.as_dict(), latency_ratio=m.median_s / verdict.eager.median_s,
+                                  peak_ratio=m.peak_bytes / verdict.eager.peak_bytes)
+        return state, True, ""
+    report["feasible"] = False
+    what = "time" if mode == "latency" else "peak"
+    figures = "; ".join(f"{c.name}: median {format_seconds(c.median_s)}, peak {format_bytes(c.peak_bytes)}"
+                        for c in verdict.candidates)
+    limit = format_seconds(verdict.limit) if mode == "latency" else format_bytes(verdict.limit)
+    eager_m = verdict.eager
+    why = (f"measured {what} limit not met: no candidate plan meets {limit} when run ({len(eager_m.times)} "
+           f"interleaved rounds; eager median {format_seconds(eager_m.median_s)}, peak "
+           f"{format_bytes(eager_m.peak_bytes)}; {figures}); the nearest plan is on this error's .plan and "
+           "the figures on .measured")
+    return state, False, why
+
+
+def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, Any], accumulate: int,
+            check: Callable[[Optimized, float], tuple[State, bool, str]] | None = None) -> Program:
+    """optimize_graph on one captured step -> its Program (best graph, order, report); with
+    `check`, the search gets 1 - VERIFY_SHARE of the budget and check(found, seconds left)
+    picks the plan that meets the limit when run."""
+    t0 = time.perf_counter()
+    share = 1.0 - VERIFY_SHARE if check is not None else 1.0
+    found = optimize_graph(g, time_budget=max(0.0, budget * share), **search)
     found.report["title"] = f"peakcut plan for {type(model).__name__}"
     sig = g.signature
     spec = OptimizerSpec.from_dict(sig.optimizer)
@@ -269,4 +349,8 @@ def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, A
         why = (f"{what} limit not met: best {have}, limit {want} ({r.states} states searched in "
                f"{r.seconds:.3g} s of a {budget:.3g} s budget; stopped: {r.stopped}); the best plan is on "
                "this error's .plan")
-    return Program(found.best.program, list(found.best.order), found.report, found.feasible, why)
+    best, feasible = found.best, found.feasible
+    if check is not None:
+        best, feasible, measured_why = check(found, budget - (time.perf_counter() - t0))
+        why = measured_why or why
+    return Program(best.program, list(best.order), found.report, feasible, why)

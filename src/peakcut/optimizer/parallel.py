@@ -115,6 +115,7 @@ def _worker(send: Connection, root: State, deriver: Deriver, objective: Objectiv
         result = search(root, deriver, objective, time_budget=budget, seed=seed, max_states=max_states,
                         settings=settings, progress=tell, exact_front=exact_front, share=share)
         result.root = None    # type: ignore[assignment]  # the parent has it: not sent back
+        result.bests = []           # the history stays here: its programs are not sent back
         send.send(("result", result))
     except BaseException:   # noqa: BLE001 - everything goes back to the parent, which raises
         send.send(("error", traceback.format_exc()))

@@ -28,11 +28,14 @@ PLAN_FILES = ("graph.json", "order.json", "report.json", "program.py")
 
 
 class LimitNotMet(RuntimeError):
-    """The limit could not be met within the time budget; `.plan` is the best plan found."""
+    """The limit could not be met within the time budget; `.plan` is the best plan found.
+    `.measured`: the verification's figures (report["verification"]) when the candidates
+    were run for real, else None."""
 
-    def __init__(self, message: str, plan: Plan) -> None:
+    def __init__(self, message: str, plan: Plan, measured: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.plan = plan
+        self.measured = measured
 
 
 @dataclass

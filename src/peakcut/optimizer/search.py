@@ -98,6 +98,7 @@ class SearchResult:
     stopped: str                     # "queue empty" | "stalled" | "time budget" | "max states"
     front: list[FrontPoint] = field(default_factory=list)   # Pareto front (peak, latency), by peak
     jobs: int = 1                    # processes the search ran on (optimizer.parallel)
+    bests: list[State] = field(default_factory=list)   # every state that became the best, oldest first
 
     @property
     def states_per_minute(self) -> float:
@@ -289,7 +290,7 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
     report()
     points = [FrontPoint(s.peak_bytes, s.latency_s, s.applied, not s.compact) for s in front]
     return SearchResult(best, root, states, expanded, duplicates, failed, time.perf_counter() - t0,
-                        stopped, points)
+                        stopped, points, bests=bests)
 
 
 def _exact_front(front: list[State], deriver: Deriver, deadline: float) -> list[State]:

@@ -99,6 +99,27 @@ def profiler_peak(fn: Callable[[], Any]) -> tuple[int, Any]:
     return peak, result
 
 
+def held_input_bytes(step: Step, inputs: list[torch.Tensor]) -> int:
+    """Bytes of a bound step's inputs held in device memory by the caller (inputs a plan keeps
+    in host memory, Graph.host_inputs, are not device bytes)."""
+    host = set(step.graph.host_inputs())
+    return _storage_bytes([x for x, t in zip(inputs, step.graph.inputs, strict=True) if t not in host])
+
+
+def bound_peak(step: Step, inputs: list[torch.Tensor], dev: str, input_bytes: int) -> int:
+    """Peak device bytes of one run of a bound step: cuda max_memory_allocated, or on CPU the
+    caller-held `input_bytes` plus the allocator's peak (profiler events) while it runs."""
+    device = torch.device(dev)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step.run(inputs, dev)
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device))
+    delta, _ = profiler_peak(lambda: step.run(inputs, dev))
+    return input_bytes + delta
+
+
 def measure(
     step: Step,
     model: torch.nn.Module,
@@ -127,9 +148,7 @@ def measure(
     created = step.ensure_state(model)       # state a first step would create: removed afterwards
     with _restored(step, model, restore):
         inputs = step.bind(model, batch)
-        host = set(step.graph.host_inputs())      # kept in host memory: not device bytes
-        input_bytes = _storage_bytes([x for x, t in zip(inputs, step.graph.inputs, strict=True)
-                                      if t not in host])
+        input_bytes = held_input_bytes(step, inputs)
         dev = step.device_of(inputs)
         step.run(inputs, dev)  # warm-up: first-call effects excluded
         times = []
@@ -139,15 +158,7 @@ def measure(
             step.run(inputs, dev)
             _sync(device)
             times.append(time.perf_counter() - t0)
-        if method == "cuda":
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            step.run(inputs, dev)
-            torch.cuda.synchronize(device)
-            peak = int(torch.cuda.max_memory_allocated(device))
-        else:
-            delta, _ = profiler_peak(lambda: step.run(inputs, dev))
-            peak = input_bytes + delta
+        peak = bound_peak(step, inputs, dev, input_bytes)
     if restore:
         step.update.discard(created)
     return Measurement(peak, statistics.median(times), method, str(device), input_bytes, tuple(times),

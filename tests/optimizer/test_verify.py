@@ -1,0 +1,102 @@
+"""The limit verified by running candidate plans (peakcut.optimizer.verify).
+
+The cost model here is wrong on purpose: it prices recomputed nodes at nothing, so a search
+that may only re-materialize believes every recompute free and keeps the plan that
+recomputes the most. The model's matmuls are all in its forward (frozen weights applied to
+the input): recomputing them for the backward makes a step nearly twice as long. Run for real, that plan pays its recomputes; verification must notice and keep
+a plan that meets the latency limit when run. A search that cannot meet a memory limit ends in LimitNotMet with
+the measured figures.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import peakcut
+from peakcut.cost.measured import MeasuredCostModel
+from peakcut.optimizer import LimitNotMet
+from peakcut.optimizer.children import MoveSettings
+from peakcut.optimizer.verify import noise_band, rounds_for
+
+
+class FreeRecompute(MeasuredCostModel):
+    """Measured per-op times, but a recomputed node costs nothing (wrong on purpose)."""
+
+    def node_seconds(self, g: peakcut.Graph, nid: int) -> float:
+        if g.nodes[nid].tags.remat is not None:
+            return 0.0
+        return super().node_seconds(g, nid)
+
+
+class Branches(nn.Module):
+    """Frozen linear branches on the input, each through a trainable LayerNorm: the forward's
+    matmuls are most of the step and the backward has none (it needs no gradient of a frozen
+    weight, nor of the input)."""
+
+    def __init__(self, width: int = 1024, branches: int = 4) -> None:
+        super().__init__()
+        self.proj = nn.ModuleList([nn.Linear(width, width).requires_grad_(False) for _ in range(branches)])
+        self.norm = nn.ModuleList([nn.LayerNorm(width) for _ in range(branches)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum(torch.tanh(n(p(x))) for p, n in zip(self.proj, self.norm, strict=True)).square().mean()
+
+
+def _loss(model: nn.Module, batch: tuple[torch.Tensor]) -> torch.Tensor:
+    return model(batch[0])
+
+
+def _problem() -> tuple[nn.Module, tuple[torch.Tensor], torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = Branches()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return model, (torch.randn(2048, 1024),), torch.optim.SGD(trainable, lr=0.1)
+
+
+def test_noise_band_and_rounds() -> None:
+    assert noise_band([1.0, 1.0, 1.0]) == 0.0
+    assert noise_band([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 9.0]) == 0.0      # one slowed run is not noise
+    assert noise_band([0.9, 1.0, 1.1, 0.9, 1.0, 1.1, 1.0]) == pytest.approx(0.2)
+    assert rounds_for(1.0, 4, 1.0) == 3                                  # at least 3
+    assert rounds_for(0.01, 4, 100.0) == 7                               # at most 7
+
+
+def test_verification_keeps_the_plan_that_meets_the_limit_when_run(tmp_path) -> None:
+    model, batch, opt = _problem()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    plan = peakcut.optimize(model, batch, _loss, opt, latency_limit=1.10, time_budget=20,
+                            device=FreeRecompute("cpu", cache_dir=tmp_path), settings=MoveSettings.only("remat"))
+    for k, v in model.state_dict().items():                     # verifying trained nothing
+        assert torch.equal(v, before[k]), k
+    assert not opt.state
+    v = plan.report["verification"]
+    assert v["method"].startswith("measured (cpu-profiler)")
+    first, chosen = v["candidates"][0], v["chosen"]
+    # the search's favourite recomputes the most; run, its recomputes break the limit
+    assert not first["meets_limit"], v
+    assert chosen is not None and chosen != first["name"]
+    picked = next(c for c in v["candidates"] if c["name"] == chosen)
+    assert picked["meets_limit"] and picked["median_s"] <= v["limit"]
+    assert plan.report["measured"]["median_s"] == picked["median_s"]
+    loss = plan.step(batch)                                    # the kept plan runs as usual
+    assert torch.isfinite(loss)
+
+
+def test_a_limit_not_met_when_run_carries_the_measured_figures(tmp_path) -> None:
+    model, batch, opt = _problem()
+    with pytest.raises(LimitNotMet, match="measured peak limit not met") as err:
+        peakcut.optimize(model, batch, _loss, opt, memory_limit=4096, time_budget=6,
+                         device=FreeRecompute("cpu", cache_dir=tmp_path), settings=MoveSettings.only("remat"))
+    measured = err.value.measured
+    assert measured is not None and measured["chosen"] is None
+    assert measured["eager"]["runs"] >= 3 and measured["eager"]["peak_bytes"] > 4096
+    assert all(c["peak_bytes"] > 4096 and not c["meets_limit"] for c in measured["candidates"])
+    assert err.value.plan.report["feasible"] is False
+
+
+def test_verify_false_and_analytic_devices_do_not_run_plans() -> None:
+    model, batch, opt = _problem()
+    plan = peakcut.optimize(model, batch, _loss, opt, latency_limit=1.10, time_budget=3, device="rtx3090")
+    assert "verification" not in plan.report
