@@ -82,6 +82,9 @@ def test_big_calls_and_failing_calls_are_answered_by_the_rules(small_cnn: tuple,
     rules = order_workspace(g, g.order, CpuWorkspace(CpuMachine.current()))
     big = [e for e in model.entries().values() if not e.measured]
     assert big and all("exceed max_call_bytes" in e.reason for e in big)
+    saved = json.loads((tmp_path / "ws.json").read_text())["entries"]
+    assert saved and all(e["measured"] for e in saved.values())      # the rules' answers stay in memory
+    assert len(saved) == len(model.entries()) - len(big)
     for i, nid in enumerate(g.order):                       # the rules' value where they answered
         key = peakcut.cost.calls.call_key(g, nid)
         entry = model.entries().get(key)
@@ -133,3 +136,11 @@ def test_a_one_thread_worker_leaves_the_rules_to_answer(small_cnn: tuple, tmp_pa
         torch.set_num_threads(before)
     assert parent.entries() == {}                    # nothing measured on the wrong threads
     assert (in_worker == order_workspace(g, g.order, CpuWorkspace(parent.machine))).all()
+
+
+def test_two_processes_writing_one_file_keep_both_tables(small_cnn: tuple, tmp_path: Path) -> None:
+    g = _graph(small_cnn)
+    first, second = _model(tmp_path), _model(tmp_path)      # both loaded the empty file
+    order_workspace(g, g.order[: len(g.order) // 2], first)
+    order_workspace(g, g.order[len(g.order) // 2:], second)
+    assert _model(tmp_path).entries() == {**first.entries(), **second.entries()}

@@ -18,7 +18,7 @@ import peakcut
 from peakcut.cost.measured import MeasuredCostModel
 from peakcut.optimizer import LimitNotMet
 from peakcut.optimizer.children import MoveSettings
-from peakcut.optimizer.verify import noise_band, rounds_for
+from peakcut.optimizer.verify import MAX_ROUNDS, MIN_ROUNDS, noise_band, rounds_for
 
 
 class FreeRecompute(MeasuredCostModel):
@@ -52,25 +52,34 @@ def _problem() -> tuple[nn.Module, tuple[torch.Tensor], torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = Branches()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    return model, (torch.randn(2048, 1024),), torch.optim.SGD(trainable, lr=0.1)
+    return model, (torch.randn(2048, 1024),), torch.optim.SGD(trainable, lr=0.1, momentum=0.9)
 
 
 def test_noise_band_and_rounds() -> None:
     assert noise_band([1.0, 1.0, 1.0]) == 0.0
     assert noise_band([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 9.0]) == 0.0      # one slowed run is not noise
     assert noise_band([0.9, 1.0, 1.1, 0.9, 1.0, 1.1, 1.0]) == pytest.approx(0.2)
-    assert rounds_for(1.0, 4, 1.0) == 3                                  # at least 3
-    assert rounds_for(0.01, 4, 100.0) == 7                               # at most 7
+    assert noise_band([0.5, 1.0, 1.5, 0.5, 1.0, 1.5, 1.0]) == 0.25      # noisier proves nothing more
+    assert rounds_for(1.0, 4, 1.0) == MIN_ROUNDS
+    assert rounds_for(0.01, 4, 100.0) == MAX_ROUNDS
 
 
 def test_verification_keeps_the_plan_that_meets_the_limit_when_run(tmp_path) -> None:
     model, batch, opt = _problem()
+    _loss(model, batch).backward()                              # a momentum buffer to keep
+    opt.step()
+    opt.zero_grad()
+    state = {p: (s["momentum_buffer"], s["momentum_buffer"].clone()) for p, s in opt.state.items()}
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
     plan = peakcut.optimize(model, batch, _loss, opt, latency_limit=1.10, time_budget=20,
                             device=FreeRecompute("cpu", cache_dir=tmp_path), settings=MoveSettings.only("remat"))
     for k, v in model.state_dict().items():                     # verifying trained nothing
         assert torch.equal(v, before[k]), k
-    assert not opt.state
+    assert opt.state.keys() == state.keys()
+    for p, (buf, value) in state.items():                       # the same tensors, the same values
+        assert opt.state[p]["momentum_buffer"] is buf and torch.equal(buf, value)
+    assert torch.equal(torch.get_rng_state(), rng)
     v = plan.report["verification"]
     assert v["method"].startswith("measured (cpu-profiler)")
     first, chosen = v["candidates"][0], v["chosen"]
@@ -87,7 +96,7 @@ def test_verification_keeps_the_plan_that_meets_the_limit_when_run(tmp_path) -> 
 def test_a_limit_not_met_when_run_carries_the_measured_figures(tmp_path) -> None:
     model, batch, opt = _problem()
     with pytest.raises(LimitNotMet, match="measured peak limit not met") as err:
-        peakcut.optimize(model, batch, _loss, opt, memory_limit=4096, time_budget=6,
+        peakcut.optimize(model, batch, _loss, opt, memory_limit=4096, time_budget=20,
                          device=FreeRecompute("cpu", cache_dir=tmp_path), settings=MoveSettings.only("remat"))
     measured = err.value.measured
     assert measured is not None and measured["chosen"] is None
@@ -100,3 +109,13 @@ def test_verify_false_and_analytic_devices_do_not_run_plans() -> None:
     model, batch, opt = _problem()
     plan = peakcut.optimize(model, batch, _loss, opt, latency_limit=1.10, time_budget=3, device="rtx3090")
     assert "verification" not in plan.report
+
+
+def test_too_little_time_left_skips_verification_and_says_so(tmp_path) -> None:
+    model, batch, opt = _problem()
+    plan = peakcut.optimize(model, batch, _loss, opt, latency_limit=1.10, time_budget=0.5,
+                            device=FreeRecompute("cpu", cache_dir=tmp_path), settings=MoveSettings.only("remat"))
+    assert "raise time_budget" in plan.report["verification"]["skipped"]
+    with pytest.raises(LimitNotMet, match="peak limit not met"):      # the predicted reason, then
+        peakcut.optimize(model, batch, _loss, opt, memory_limit=4096, time_budget=0.5,
+                         device=FreeRecompute("cpu", cache_dir=tmp_path), settings=MoveSettings.only("remat"))

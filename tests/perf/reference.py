@@ -194,18 +194,27 @@ def computation_hash(g: Graph, order: list[int] | None = None) -> str:
 
 # ------------------------------------------------------------------ workspace
 def node_workspace(g: Graph, nid: int, model: str) -> int:
+    """"cpu-rules": the rules called on the node's metas; "cpu": the calibrated model asked
+    about this one node (no graph or node caches), the rules where it cannot measure."""
     from peakcut.ir.node import map_refs
-    from peakcut.memory.workspace import cpu_workspace_bytes, workspace_ops
+    from peakcut.memory.workspace import cpu_workspace_bytes, workspace_model, workspace_ops
 
-    if model != "cpu":
+    if model not in ("cpu", "cpu-rules"):
         raise ValueError(f"unknown workspace model {model!r}")
     node = g.nodes[nid]
-    if node.op not in workspace_ops():
-        return 0
-    args = map_refs(node.args, lambda r: g.tensors[r.id].to_meta())
-    kwargs = map_refs(node.kwargs, lambda r: g.tensors[r.id].to_meta())
-    outs = [g.tensors[t].to_meta() for t in output_ids(node)]
-    return int(cpu_workspace_bytes(node.overload(), tuple(args), kwargs, outs))
+
+    def rules(_node: object = None) -> int:
+        if node.op not in workspace_ops():
+            return 0
+        args = map_refs(node.args, lambda r: g.tensors[r.id].to_meta())
+        kwargs = map_refs(node.kwargs, lambda r: g.tensors[r.id].to_meta())
+        outs = [g.tensors[t].to_meta() for t in output_ids(node)]
+        return int(cpu_workspace_bytes(node.overload(), tuple(args), kwargs, outs))
+
+    if model == "cpu-rules":
+        return rules()
+    calibrated = workspace_model("cpu")
+    return calibrated.nodes_bytes(g, [node], rules)[0] if calibrated.applies(node.op) else 0
 
 
 # ------------------------------------------------------------------ step memory simulation

@@ -295,7 +295,7 @@ def test_timelines(corpus: list[Case], device: str) -> None:
     cost = get_cost_model(device)
     slow = ref.ReferenceAnalytic(cost.profile, tf32=cost.tf32)
     for name, g, order in corpus:
-        for workspace in ("cpu", None):
+        for workspace in ("cpu", "cpu-rules", None):
             new = simulate_timeline(g.copy(), order, cost, workspace)
             old = ref.simulate_timeline(g.copy(), order, slow, workspace)
             _same_timeline(new, old, f"{name} {device} {workspace}")
@@ -307,7 +307,7 @@ def test_timelines(corpus: list[Case], device: str) -> None:
 
 def test_step_simulation(corpus: list[Case]) -> None:
     for name, g, order in corpus:
-        for workspace in ("cpu", None):
+        for workspace in ("cpu", "cpu-rules", None):
             _same_profile(simulate(g.copy(), order, workspace), ref.simulate(g, order, workspace),
                           f"{name} {workspace}")
 

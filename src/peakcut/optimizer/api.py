@@ -31,13 +31,13 @@ from peakcut.ir.graph import Graph
 from peakcut.memory.workspace import WorkspaceSpec, describe_workspace
 from peakcut.optimizer.budget import BudgetedCost
 from peakcut.optimizer.children import MoveSettings
-from peakcut.optimizer.derive import Deriver
+from peakcut.optimizer.derive import DeriveError, Deriver
 from peakcut.optimizer.objective import Objective, parse_latency_limit, parse_memory_limit
 from peakcut.optimizer.parallel import parallel_search
 from peakcut.optimizer.plan import LimitNotMet, Plan, Program
 from peakcut.optimizer.search import Progress, SearchResult
 from peakcut.optimizer.state import State, computation_hash
-from peakcut.optimizer.verify import choose, eager_runner, programs_for
+from peakcut.optimizer.verify import choose, eager_runner, needed_seconds, programs_for
 from peakcut.optimizer.verify import runs_here as verify_runs_here
 from peakcut.schedule import schedule
 from peakcut.simulate import Timeline, simulate_timeline
@@ -62,22 +62,25 @@ class Optimized:
     deriver: Deriver | None = None
 
     def candidates(self, k: int) -> list[State]:
-        """At most `k` plans worth running for real: the best, then the latest bests the limit
-        admits as predicted, newest first, on their full expansion, then (when the limit
-        admits it and k >= 2) the root, the untransformed step: the plan of last resort."""
+        """Plans worth running for real: the best, then the latest bests the limit admits as
+        predicted, newest first, on their full expansion (k in all), then (when the limit
+        admits it) the root, the untransformed step: the plan of last resort."""
         def ident(s: State) -> tuple[str, tuple[int, ...]]:
             return computation_hash(s.program), tuple(s.order)
 
         root = self.result.root
-        with_root = k >= 2 and self.best is not root and self.objective.feasible(root.peak_bytes, root.latency_s)
+        with_root = self.best is not root and self.objective.feasible(root.peak_bytes, root.latency_s)
         found: list[State] = [self.best]
         seen = {ident(self.best), ident(root)}
         for s in reversed(self.result.bests):
-            if len(found) >= k - with_root:
+            if len(found) >= k:
                 break
             if s is root or not self.objective.feasible(s.peak_bytes, s.latency_s):
                 continue
-            exact = self.deriver.exact(s) if self.deriver is not None else s
+            try:
+                exact = self.deriver.exact(s) if self.deriver is not None else s
+            except DeriveError:      # its recipes fail on the full expansion: not a candidate
+                continue
             if ident(exact) not in seen:
                 seen.add(ident(exact))
                 found.append(exact)
@@ -106,8 +109,8 @@ def _estimate(best: State) -> dict[str, float] | None:
     return None if found is None else {"peak_bytes": found[0], "latency_s": found[1]}
 
 
-def _methods(cost: CostModel, workspace: WorkspaceSpec, g: Graph) -> tuple[str, str]:
-    memory = f"simulated: peakcut timeline (compute + copy streams), {describe_workspace(workspace, g)}"
+def _methods(cost: CostModel, workspace: WorkspaceSpec) -> tuple[str, str]:
+    memory = f"simulated: peakcut timeline (compute + copy streams), {describe_workspace(workspace)}"
     name = cost.name
     if name.startswith("measured"):
         latency = f"simulated from per-op times measured on this machine ({name}), on the peakcut timeline"
@@ -176,7 +179,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     left = max(0.0, time_budget - (time.perf_counter() - t0))
     result = parallel_search(root, deriver, objective, jobs=jobs, time_budget=left, seed=seed,
                              max_states=max_states, settings=settings, progress=progress, exact_front=pareto)
-    memory_method, latency_method = _methods(cost, workspace, g)
+    memory_method, latency_method = _methods(cost, workspace)
     best = result.best
     report = {
         "device": cost.name,
@@ -260,6 +263,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
                   progress=progress, jobs=jobs)
 
     checked = (verify and not pareto and not use_scaler and accumulate == 1
+               and (not isinstance(device, str) or device.startswith("measured"))
                and verify_runs_here(get_cost_model(device) if isinstance(device, str) else device, model))
 
     def plan_for(b: Any, budget: float) -> tuple[Program, Program | None]:
@@ -294,16 +298,18 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
     did, and why not; the verdict goes into found.report["verification"]."""
     mode = found.objective.mode
     t0 = time.perf_counter()
-    candidates = found.candidates(programs_for(found.eager.latency_seconds, seconds, VERIFY_CANDIDATES + 1))
-    state, verdict = choose(candidates, found.result.root, found.objective, found.eager.latency_seconds,
-                            model, batch, eager, opt, max(0.0, seconds - (time.perf_counter() - t0)))
     report = found.report
+    predicted = found.eager.latency_seconds
+    if seconds < needed_seconds(predicted):
+        report["verification"] = {"skipped": f"{seconds:.1f} s of the time budget left; running eager and one "
+                                  f"plan takes about {needed_seconds(predicted):.1f} s (raise time_budget)"}
+        return found.best, found.feasible, ""
+    candidates = found.candidates(programs_for(predicted, seconds, VERIFY_CANDIDATES))
+    state, verdict = choose(candidates, found.result.root, found.objective, predicted,
+                            model, batch, eager, opt, max(0.0, seconds - (time.perf_counter() - t0)))
     report["verification"] = dict(verdict.report(mode), seconds=round(time.perf_counter() - t0, 3))
     if state is not found.best:
-        report.update(peak_bytes=state.peak_bytes, peak_ratio=state.peak_bytes / found.eager.peak_bytes,
-                      latency_s=state.latency_s, applied=list(state.applied),
-                      latency_ratio=state.latency_s / found.eager.latency_seconds if found.eager.latency_seconds
-                      else None)
+        report.update(_figures(state, found))
     if verdict.chosen is not None:
         m = verdict.candidates[verdict.chosen]
         report["feasible"] = True
@@ -321,6 +327,17 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
            f"{format_bytes(eager_m.peak_bytes)}; {figures}); the nearest plan is on this error's .plan and "
            "the figures on .measured")
     return state, False, why
+
+
+def _figures(state: State, found: Optimized) -> dict[str, Any]:
+    """The report's entries that describe the plan kept, for `state`."""
+    eager = found.eager
+    return {"peak_bytes": state.peak_bytes, "peak_ratio": state.peak_bytes / eager.peak_bytes,
+            "latency_s": state.latency_s,
+            "latency_ratio": state.latency_s / eager.latency_seconds if eager.latency_seconds else None,
+            "applied": list(state.applied), "recipes": [r.description for r in state.recipes],
+            "fission": [{"ftree_node": k, "n": n, "ops": len(state.tree.nodes[k].nodes)} for k, n in state.fission()],
+            "search": dict(found.report["search"], compact_estimate=_estimate(state))}
 
 
 def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, Any], accumulate: int,
@@ -352,5 +369,5 @@ def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, A
     best, feasible = found.best, found.feasible
     if check is not None:
         best, feasible, measured_why = check(found, budget - (time.perf_counter() - t0))
-        why = measured_why or why
+        why = "" if feasible else measured_why or why
     return Program(best.program, list(best.order), found.report, feasible, why)

@@ -1,19 +1,22 @@
 """The limit verified, not assumed: candidate plans run for real, interleaved with eager.
 
-    verdict = verify(candidates, eager_step, model, batch, objective, eager_latency_s, seconds)
+    state, verdict = choose(candidates, root, objective, predicted_eager_s, model, batch, eager, opt, seconds)
 
 When the plan runs on the device it was planned for (a measured cost model on the model's
 own device), optimize ends here. Each candidate (the latest bests of the search, newest
-first, and the untransformed step last) is built and run; in every round the user's eager
-step (loss, backward, clipping, optimizer step, on the user's model and optimizer, state
-restored afterwards) and every candidate run once each, in turn, so that drifts of the
-machine (frequency, other processes) hit all alike. Time: median over the rounds, with min
-and max. Peak: one more run of each under the allocator's account (runtime.measure: the CPU
-profiler's events, or cuda max_memory_allocated).
+first, and the untransformed step last) is built and run; in every round (MIN_ROUNDS to
+MAX_ROUNDS, as the time left allows) the user's eager step (loss, backward, clipping,
+optimizer step, on the user's model and optimizer; parameters, buffers, grads, optimizer
+state and the RNG restored afterwards) and every candidate run once each, in turn, so that
+drifts of the machine (frequency, other processes) hit all alike. Time: median over the
+rounds, with min and max. Peak: one more run of each under the allocator's account
+(runtime.measure.bound_peak: the CPU profiler's events, or cuda max_memory_allocated
+beyond what was allocated before). A candidate that cannot bind or run is left out, and
+the reason reported. The user's optimizer hooks run on the eager rounds like on any step.
 
 A latency limit was given as a ratio to eager; measured, it is that ratio times eager's
 measured median, widened by the noise band the same rounds measured for eager
-(interquartile range / median of eager's runs). A memory limit is in bytes and is compared with the
+(interquartile range / median of eager's runs, at most MAX_NOISE). A memory limit is in bytes and is compared with the
 measured peak as is. The verdict picks, among candidates that meet the limit measured, the
 one the objective prefers on measured figures (least peak under a latency limit, least time
 under a memory limit); none meeting it is LimitNotMet with the measured figures.
@@ -21,7 +24,7 @@ under a memory limit); none meeting it is LimitNotMet with the measured figures.
 
 from __future__ import annotations
 
-import copy
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -29,14 +32,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 from peakcut.codegen.program import Step
+from peakcut.cost.inputs import error_line
 from peakcut.optimizer.objective import Objective
 from peakcut.optimizer.state import State
 from peakcut.runtime.measure import bound_peak, held_input_bytes, profiler_peak
 
-MIN_ROUNDS = 3
-MAX_ROUNDS = 7
+MIN_ROUNDS = 5
+MAX_ROUNDS = 9
+MAX_NOISE = 0.25
+"""The widest noise band a latency limit is widened by: noisier rounds prove nothing."""
 
 
 @dataclass(frozen=True)
@@ -68,15 +75,18 @@ class Verdict:
     limit: float                     # the limit as measured: seconds (latency) or bytes (memory)
     noise: float                     # eager's noise band over the rounds (noise_band)
     seconds: float                   # wall time of verification
+    ran: tuple[int, ...] = ()        # index in the candidates given of each of `candidates`
+    failed: tuple[tuple[str, str], ...] = ()   # (candidate, why) of those that could not run
 
     def meets(self, m: Measured, mode: str) -> bool:
-        return m.median_s <= self.limit if mode == "latency" else m.peak_bytes <= self.limit
+        return _meets(m, mode, self.limit)
 
     def report(self, mode: str) -> dict[str, Any]:
         return {"method": f"measured ({self.eager.method}), {len(self.eager.times)} interleaved rounds",
                 "eager": self.eager.as_dict(), "noise_band": self.noise, "limit": self.limit,
                 "candidates": [dict(c.as_dict(), meets_limit=self.meets(c, mode)) for c in self.candidates],
                 "chosen": None if self.chosen is None else self.candidates[self.chosen].name,
+                "failed": [{"name": n, "why": w} for n, w in self.failed],
                 "seconds": round(self.seconds, 3)}
 
 
@@ -102,26 +112,43 @@ def eager_runner(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any]
 
 
 class _Restore:
-    """Parameters, buffers and optimizer state as they were on entry (verification trains nothing)."""
+    """Parameters, buffers (non-persistent ones too), grads, optimizer state and the RNG as
+    they were on entry: verification trains nothing. Snapshots are kept in host memory; the
+    optimizer's state tensors are the same objects afterwards, holding their old values."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         self.model, self.optimizer = model, optimizer
+        device = _device(model)
+        self.rng = torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else [])
 
     def __enter__(self) -> None:
-        self.saved = {k: v.detach().clone() for k, v in self.model.state_dict(keep_vars=True).items()}
-        self.grads = {id(p): p.grad for p in self.model.parameters()}
-        self.state = copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None
+        self.rng.__enter__()
+        self.tensors = [*self.model.parameters(), *self.model.buffers()]
+        self.saved = [t.detach().to("cpu", copy=True) for t in self.tensors]
+        self.grads = [getattr(t, "grad", None) for t in self.tensors]
+        self.state: dict[Any, dict[str, Any]] = {}
+        self.values: dict[tuple[int, str], torch.Tensor] = {}
+        if self.optimizer is not None:
+            self.state = {p: dict(s) for p, s in self.optimizer.state.items()}
+            self.values = {(id(p), k): v.detach().to("cpu", copy=True) for p, s in self.state.items()
+                           for k, v in s.items() if isinstance(v, torch.Tensor)}
 
     def __exit__(self, *exc: object) -> None:
-        with torch.no_grad():
-            for k, v in self.model.state_dict(keep_vars=True).items():
-                v.copy_(self.saved[k])
-        for p in self.model.parameters():
-            p.grad = self.grads.get(id(p))
-        if self.optimizer is not None and self.state is not None:
-            self.optimizer.load_state_dict(self.state)
-            if not self.state["state"]:
-                self.optimizer.state.clear()
+        try:
+            with torch.no_grad():
+                for t, saved, grad in zip(self.tensors, self.saved, self.grads, strict=True):
+                    t.copy_(saved)
+                    if isinstance(t, torch.nn.Parameter):
+                        t.grad = grad
+                if self.optimizer is not None:
+                    self.optimizer.state.clear()
+                    for p, s in self.state.items():
+                        for k, v in s.items():
+                            if isinstance(v, torch.Tensor):
+                                v.copy_(self.values[(id(p), k)])
+                        self.optimizer.state[p] = s
+        finally:
+            self.rng.__exit__(None, None, None)
 
 
 def _sync(device: torch.device) -> None:
@@ -133,34 +160,34 @@ def _device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _eager_peak(run: Callable[[], Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
+def _eager_peak(run: Callable[[], Any], model: torch.nn.Module, batch: Any,
+                optimizer: torch.optim.Optimizer | None) -> int:
     """Peak bytes of one eager step: what the caller holds (parameters, buffers, optimizer
-    state) plus the allocator's peak while it runs."""
+    state, the batch) plus the most the allocator holds beyond that while it runs."""
+    tensors = [*model.parameters(), *model.buffers(), *(t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor))]
+    if optimizer is not None:
+        tensors += [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
     device = _device(model)
+    held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.device == device}
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         run()
         torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_allocated(device))
-    held: dict[int, int] = {}
-    tensors = [*model.parameters(), *model.buffers()]
-    if optimizer is not None:
-        tensors += [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-    for t in tensors:
-        held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(held.values()) + int(torch.cuda.max_memory_allocated(device)) - before
     peak, _ = profiler_peak(run)
     return sum(held.values()) + peak
 
 
 def noise_band(times: Sequence[float]) -> float:
     """Relative spread of repeated runs of one program: interquartile range / median (robust
-    to the odd run another process slowed down)."""
+    to the odd run another process slowed down), at most MAX_NOISE."""
     median = statistics.median(times)
     if len(times) < 2 or median <= 0:
         return 0.0
     q1, _, q3 = statistics.quantiles(times, n=4)
-    return (q3 - q1) / median
+    return min(MAX_NOISE, (q3 - q1) / median)
 
 
 RUNS_BESIDE_ROUNDS = 3
@@ -177,71 +204,92 @@ def rounds_for(seconds_each: float, programs: int, budget: float) -> int:
 
 
 def programs_for(seconds_each: float, budget: float, most: int) -> int:
-    """How many candidates (at least 1, at most `most`) can run MIN_ROUNDS rounds beside eager
-    within `budget`."""
+    """How many candidates besides eager and the untransformed step (at least 1, at most
+    `most`) can run MIN_ROUNDS rounds within `budget`."""
     if seconds_each <= 0:
         return most
-    fit = int(budget / (seconds_each * (MIN_ROUNDS + RUNS_BESIDE_ROUNDS))) - 1
+    fit = int(budget / (seconds_each * (MIN_ROUNDS + RUNS_BESIDE_ROUNDS))) - 2
     return max(1, min(most, fit))
 
 
 def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch: Any,
            eager: Callable[[], Any], optimizer: torch.optim.Optimizer | None, objective: Objective,
-           predicted_eager_s: float, rounds: int) -> Verdict:
-    """Run eager and every candidate `rounds` times, interleaved, and judge them (module doc)."""
+           predicted_eager_s: float, rounds: int, deadline: float = math.inf) -> Verdict:
+    """Run eager and every candidate up to `rounds` times, interleaved, and judge them (module
+    doc). Rounds past MIN_ROUNDS stop at `deadline` (perf_counter). A candidate that fails to
+    bind or run (out of memory, say) is left out, with the reason in Verdict.failed."""
     t0 = time.perf_counter()
     device = _device(model)
     method = "cuda" if device.type == "cuda" else "cpu-profiler"
-    times: list[list[float]] = [[] for _ in range(len(candidates) + 1)]
+    failed: list[tuple[str, str]] = []
+    ran: list[int] = []
     peaks: list[int] = []
     with _Restore(model, optimizer):
         eager()                                      # warm-up (and the optimizer's state)
-        eager_peak = _eager_peak(eager, model, optimizer)
+        eager_peak = _eager_peak(eager, model, batch, optimizer)
         bound = []
-        for _, step in candidates:
-            created = step.ensure_state(model)
-            inputs = step.bind(model, batch)
-            dev = step.device_of(inputs)
-            step.run(inputs, dev)                    # warm-up
-            peaks.append(bound_peak(step, inputs, dev, held_input_bytes(step, inputs)))
-            bound.append((step, inputs, dev, created))
+        for index, (name, step) in enumerate(candidates):
+            try:
+                inputs = step.bind(model, batch)
+                dev = step.device_of(inputs)
+                step.run(inputs, dev)                # warm-up
+                peaks.append(bound_peak(step, inputs, dev, held_input_bytes(step, inputs)))
+            # Whatever a candidate raises (out of memory first), the others are still judged.
+            except Exception as e:
+                failed.append((name, error_line(e)))
+                continue
+            ran.append(index)
+            bound.append((step, inputs, dev))
         runs: list[Callable[[], Any]] = [eager, *(lambda b=b: b[0].run(b[1], b[2]) for b in bound)]
-        for _ in range(rounds):
+        times: list[list[float]] = [[] for _ in runs]
+        for r in range(rounds):
+            if r >= MIN_ROUNDS and time.perf_counter() > deadline:
+                break
             for i, run in enumerate(runs):
                 _sync(device)
                 start = time.perf_counter()
                 run()
                 _sync(device)
                 times[i].append(time.perf_counter() - start)
-        for step, _, _, created in bound:
-            step.update.discard(created)
     eager_m = Measured("eager", eager_peak, tuple(times[0]), method)
-    cands = tuple(Measured(name, peak, tuple(times[i + 1]), method)
-                  for i, ((name, _), peak) in enumerate(zip(candidates, peaks, strict=True)))
+    cands = tuple(Measured(candidates[index][0], peak, tuple(times[i + 1]), method)
+                  for i, (index, peak) in enumerate(zip(ran, peaks, strict=True)))
     noise = noise_band(times[0])
     if objective.mode == "latency":
         ratio = objective.limit / predicted_eager_s if predicted_eager_s > 0 else 1.0
         limit = ratio * eager_m.median_s * (1 + noise)
     else:
         limit = objective.limit
-    verdict = Verdict(None, eager_m, cands, limit, noise, time.perf_counter() - t0)
-    meeting = [i for i, c in enumerate(cands) if verdict.meets(c, objective.mode)]
-    if meeting:
-        pick = (min(meeting, key=lambda i: (cands[i].peak_bytes, cands[i].median_s)) if objective.mode == "latency"
-                else min(meeting, key=lambda i: (cands[i].median_s, cands[i].peak_bytes)))
-        verdict = Verdict(pick, eager_m, cands, limit, noise, time.perf_counter() - t0)
-    return verdict
+    meets = [i for i, c in enumerate(cands) if _meets(c, objective.mode, limit)]
+    pick = None
+    if meets:
+        pick = (min(meets, key=lambda i: (cands[i].peak_bytes, cands[i].median_s)) if objective.mode == "latency"
+                else min(meets, key=lambda i: (cands[i].median_s, cands[i].peak_bytes)))
+    return Verdict(pick, eager_m, cands, limit, noise, time.perf_counter() - t0, tuple(ran), tuple(failed))
+
+
+def _meets(m: Measured, mode: str, limit: float) -> bool:
+    return m.median_s <= limit if mode == "latency" else m.peak_bytes <= limit
 
 
 def runs_here(cost: Any, model: torch.nn.Module) -> bool:
     """Whether plans priced by `cost` run on the device they were planned for: a measured cost
-    model (peakcut.cost.measured) measuring on `model`'s device type."""
+    model (peakcut.cost.measured) measuring on `model`'s device."""
     from peakcut.cost.measured import MeasuredCostModel
     from peakcut.optimizer.budget import BudgetedCost
 
     if isinstance(cost, BudgetedCost):
         cost = cost.measured
-    return isinstance(cost, MeasuredCostModel) and cost.device.type == _device(model).type
+    if not isinstance(cost, MeasuredCostModel):
+        return False
+    device = _device(model)
+    return cost.device.type == device.type and (device.type == "cpu" or cost.device.index == device.index)
+
+
+def needed_seconds(predicted_eager_s: float) -> float:
+    """The least time verification takes: eager and one candidate, MIN_ROUNDS rounds each
+    and the runs beside them."""
+    return 2 * (MIN_ROUNDS + RUNS_BESIDE_ROUNDS) * predicted_eager_s
 
 
 def candidate_name(state: State, root: State) -> str:
@@ -255,13 +303,17 @@ def choose(candidates: Sequence[State], root: State, objective: Objective, predi
            optimizer: torch.optim.Optimizer | None, seconds: float) -> tuple[State, Verdict]:
     """Run `candidates` against eager within about `seconds` and pick one (module doc). With
     no candidate meeting the limit, the one nearest to it (least measured time under a latency
-    limit, least measured peak under a memory limit) comes back with the verdict's chosen None."""
+    limit, least measured peak under a memory limit; the first given if none ran) comes back
+    with the verdict's chosen None."""
     steps = [(candidate_name(s, root), Step(s.program, list(s.order))) for s in candidates]
     rounds = rounds_for(predicted_eager_s, len(steps) + 1, seconds)
-    verdict = verify(steps, model, batch, eager, optimizer, objective, predicted_eager_s, rounds)
+    verdict = verify(steps, model, batch, eager, optimizer, objective, predicted_eager_s, rounds,
+                     deadline=time.perf_counter() + seconds)
     if verdict.chosen is not None:
-        return candidates[verdict.chosen], verdict
+        return candidates[verdict.ran[verdict.chosen]], verdict
     measured = verdict.candidates
+    if not measured:
+        return candidates[0], verdict
     near = (min(range(len(measured)), key=lambda i: measured[i].median_s) if objective.mode == "latency"
             else min(range(len(measured)), key=lambda i: measured[i].peak_bytes))
-    return candidates[near], verdict
+    return candidates[verdict.ran[near]], verdict

@@ -1,6 +1,7 @@
 """Peak memory and time of running a built step, measured three ways.
 
-- "cuda": torch.cuda.max_memory_allocated around one step (absolute bytes).
+- "cuda": torch.cuda.max_memory_allocated around one step, less what was allocated before
+  it, plus the bytes of the step's inputs (as "cpu-profiler" counts).
 - "cpu-profiler": PyTorch has no CPU peak API, so the c10 CPU allocator's
   alloc/free events recorded by torch.profiler (profile_memory=True) are summed
   in order; the peak of that running sum plus the bytes of the step's inputs
@@ -107,15 +108,18 @@ def held_input_bytes(step: Step, inputs: list[torch.Tensor]) -> int:
 
 
 def bound_peak(step: Step, inputs: list[torch.Tensor], dev: str, input_bytes: int) -> int:
-    """Peak device bytes of one run of a bound step: cuda max_memory_allocated, or on CPU the
-    caller-held `input_bytes` plus the allocator's peak (profiler events) while it runs."""
+    """Peak device bytes of one run of a bound step: the caller-held `input_bytes` plus the
+    most the allocator holds beyond what it held before the run (CUDA: max_memory_allocated
+    less memory_allocated before; CPU: the profiler's allocator events), so that tensors the
+    process holds for other purposes do not count."""
     device = torch.device(dev)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         step.run(inputs, dev)
         torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_allocated(device))
+        return input_bytes + int(torch.cuda.max_memory_allocated(device)) - before
     delta, _ = profiler_peak(lambda: step.run(inputs, dev))
     return input_bytes + delta
 

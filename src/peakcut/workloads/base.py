@@ -9,8 +9,8 @@ Three sizes exist for every workload:
 * ``"paper"``: the configuration of the paper. The model and batch live on the ``meta`` device
   (no memory is allocated), cast to the paper dtype. Meant for shape-only capture.
 * ``"medium"``: the paper architecture (the LLMs: the paper's widths and vocabulary, 2 layers)
-  at a batch and input where one real fp32 eager step on a 2-core CPU takes about 0.3-3 s and
-  holds 1-6 GB: big enough that the work is in the kernels, for measured comparisons.
+  at a batch and input where one real fp32 eager AdamW step on a 2-core CPU takes about 1-4 s
+  and holds about 1-5 GB (bench.medium_sizes): big enough that the work is in the kernels, for measured comparisons.
   Real tensors, deterministic in ``seed``; ``facts("medium")`` says what was scaled.
 * ``"tiny"``: the same architecture family, shrunk so that one fp32 forward+backward on CPU
   takes milliseconds. Weights and batch are real tensors, deterministic in ``seed``.

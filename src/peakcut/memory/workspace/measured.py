@@ -10,13 +10,14 @@ final value. Each distinct call (peakcut.cost.calls.call_key: op, tensor layouts
 arguments) is run once for real on synthetic inputs (peakcut.cost.inputs), warmed up first
 so that one-time effects (oneDNN primitive creation, lazy initialisation) are not counted,
 then measured; all new calls of a graph are measured in one profiler session. Results are
-cached on disk per machine fingerprint (CPU model, threads, ISA, PyTorch version), in
+cached on disk per machine fingerprint (CPU model, threads, ISA, oneDNN settings, default
+dtype, PyTorch version: workspace_fingerprint), in
 ``$PEAKCUT_CACHE/workspace/cpu-<hash>.json``, so a machine measures a call once.
 
 The analytic CPU rules (peakcut.memory.workspace.rules, fitted to one AVX-512 CPU) answer
 only where nothing can be measured: a call whose tensors exceed ``max_call_bytes`` (most
 calls of paper-size models) or a call that raises on synthetic inputs; each entry records
-which answered, and why. Nothing is measured while a torch.profiler session runs (a
+which answered, and why; only measured entries are written to disk. Nothing is measured while a torch.profiler session runs (a
 session of our own would end the caller's) or while the process runs on other intra-op
 threads than the model's machine (a forked search worker runs on one thread while it models
 its parent's, and raising its thread count after a fork can hang OpenMP): the rules answer
@@ -25,8 +26,10 @@ those calls and the table keeps nothing (the graph's own caches do).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,14 +107,16 @@ def _may_allocate(op: str) -> bool:
     return not any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
 
 
-def measure_calls(calls: Sequence[Callable[[], Any]]) -> list[int]:
+def measure_calls(calls: Sequence[Callable[[], Any]], warm_up: bool = True) -> list[int]:
     """Workspace bytes of each call (see the module docstring), measured in one profiler session.
 
-    Every call is run once before the session (warm-up); inside it each runs in its own
-    record_function range, its result kept alive until the range has closed.
+    Every call is run once before the session (warm-up; warm_up=False when the caller has
+    just run each); inside it each runs in its own record_function range, its result kept
+    alive until the range has closed.
     """
-    for call in calls:
-        call()
+    if warm_up:
+        for call in calls:
+            call()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         for i, call in enumerate(calls):
             with record_function(f"{_MARK}{i}"):
@@ -126,16 +131,27 @@ def measure_calls(calls: Sequence[Callable[[], Any]]) -> list[int]:
         elif name.startswith(_MARK):
             ranges[int(name[len(_MARK):])] = (e.start_ns(), e.start_ns() + e.duration_ns())
     memory.sort()
+    stamps = [t for t, _ in memory]
     out = []
     for i in range(len(calls)):
         start, end = ranges[i]
         live = peak = 0
-        for t, n in memory:
-            if start <= t <= end:
-                live += n
-                peak = max(peak, live)
+        for _, n in memory[bisect.bisect_left(stamps, start):bisect.bisect_right(stamps, end)]:
+            live += n
+            peak = max(peak, live)
         out.append(max(0, peak - live))
     return out
+
+
+def workspace_fingerprint() -> Fingerprint:
+    """The machine a measured workspace belongs to: the timing fingerprint (CPU model,
+    threads, ISA PyTorch dispatches to, PyTorch version) plus what else picks kernels or
+    dtypes: oneDNN on/off and its ISA cap (ONEDNN_MAX_CPU_ISA), torch's default dtype."""
+    base = device_fingerprint(torch.device("cpu"), SCHEMA_VERSION)
+    machine = CpuMachine.current()
+    extra = (f"; onednn {'on' if machine.onednn else 'off'} (ONEDNN_MAX_CPU_ISA="
+             f"{os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset')}), default dtype {machine.default_dtype}")
+    return Fingerprint(device=base.device + extra, torch=base.torch, schema=base.schema)
 
 
 class CalibratedCpuWorkspace:
@@ -159,12 +175,12 @@ class CalibratedCpuWorkspace:
     def for_this_machine(cls, cache_dir: Path | None = None,
                          max_call_bytes: int = DEFAULT_MAX_CALL_BYTES) -> CalibratedCpuWorkspace:
         """The model of this process's CPU and settings (one instance per cache file)."""
-        fingerprint = device_fingerprint(torch.device("cpu"), SCHEMA_VERSION)
+        fingerprint = workspace_fingerprint()
         directory = cache_root() / "workspace" if cache_dir is None else Path(cache_dir)
         return _instance(CpuMachine.current(), fingerprint, directory / fingerprint.file_name(), max_call_bytes)
 
-    def describe(self, g: Graph | None = None) -> str:
-        """Which model this is (and answers `g` with), for reports."""
+    def describe(self) -> str:
+        """Which model this is, for reports."""
         measured = sum(e.measured for e in self._entries.values())
         return (f"cpu workspace calibrated on this machine ({self.fingerprint.device}): "
                 f"its table holds {measured} measured calls and {len(self._entries) - measured} answered by the "
@@ -184,18 +200,28 @@ class CalibratedCpuWorkspace:
         """Workspace of each node; `rules(node)` answers where nothing can be measured."""
         keys = [call_key(g, n.id) for n in nodes]
         new = {k: n for k, n in zip(keys, nodes, strict=True) if k not in self._entries}
-        if new and (torch.autograd.profiler._is_profiler_enabled
-                    or torch.get_num_threads() != self.machine.threads):
-            # a profile of our own would end the caller's session, and a process on other
-            # threads than the machine's would measure another machine: the rules answer,
-            # the table keeps nothing
+        if new and not self.can_measure():
             return [self._entries[k].nbytes if k in self._entries else rules(n)
                     for k, n in zip(keys, nodes, strict=True)]
         if new:
             self._measure(g, new, rules)
-            save_json(self.path, {"schema": SCHEMA_VERSION, "fingerprint": self.fingerprint.as_dict(),
-                                  "entries": {k: e.as_dict() for k, e in sorted(self._entries.items())}})
+            self._save()
         return [self._entries[k].nbytes for k in keys]
+
+    def can_measure(self) -> bool:
+        """False while a profile of our own would end the caller's torch.profiler session, or
+        while the process runs on other intra-op threads than the machine modelled (it would
+        measure another machine): then the rules answer, and no cache keeps their answers."""
+        return not torch.autograd.profiler._is_profiler_enabled and torch.get_num_threads() == self.machine.threads
+
+    def _save(self) -> None:
+        """Write the measured entries, merged with those another process wrote meanwhile (the
+        rules' answers stay in this process: a later run with a higher cap, or without the
+        error, measures them)."""
+        on_disk: dict[str, WorkspaceEntry] = load_json(self.path, lambda data: _parse(data, self.fingerprint), dict, "workspace cache")
+        merged = {**on_disk, **{k: e for k, e in self._entries.items() if e.measured}}
+        save_json(self.path, {"schema": SCHEMA_VERSION, "fingerprint": self.fingerprint.as_dict(),
+                              "entries": {k: e.as_dict() for k, e in sorted(merged.items())}})
 
     def _measure(self, g: Graph, new: dict[str, Node], rules: Callable[[Node], int]) -> None:
         batch: list[tuple[str, Callable[[], Any]]] = []
@@ -223,7 +249,8 @@ class CalibratedCpuWorkspace:
                 self._record(batch)
 
     def _record(self, batch: list[tuple[str, Callable[[], Any]]]) -> None:
-        for (key, _), nbytes in zip(batch, measure_calls([c for _, c in batch]), strict=True):
+        # each call has just run once (the trial in _measure): that was its warm-up
+        for (key, _), nbytes in zip(batch, measure_calls([c for _, c in batch], warm_up=False), strict=True):
             self._entries[key] = WorkspaceEntry(nbytes)
 
 

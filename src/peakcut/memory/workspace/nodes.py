@@ -57,7 +57,11 @@ class CpuWorkspace:
         """What its values depend on beyond the node: the key of its caches."""
         return self.machine
 
-    def describe(self, g: Graph | None = None) -> str:
+    def can_measure(self) -> bool:
+        """The rules are always there: their answers are always kept."""
+        return True
+
+    def describe(self) -> str:
         """Which model this is, for reports."""
         fit = "" if self.machine == CpuMachine.current() else " (another machine's settings)"
         return f"cpu workspace rules (analytic, fitted to one AVX-512 CPU){fit}"
@@ -88,10 +92,10 @@ def workspace_model(spec: WorkspaceSpec) -> WorkspaceModel | None:
     raise ValueError(f"unknown workspace model {spec!r}; known: {WORKSPACE_MODELS}")
 
 
-def describe_workspace(spec: WorkspaceSpec, g: Graph | None = None) -> str:
-    """One line saying which workspace model `spec` is (and answers `g` with), for reports."""
+def describe_workspace(spec: WorkspaceSpec) -> str:
+    """One line saying which workspace model `spec` is, for reports."""
     model = workspace_model(spec)
-    return "no workspace model" if model is None else model.describe(g)
+    return "no workspace model" if model is None else model.describe()
 
 
 def node_workspace(g: Graph, nid: int, workspace: WorkspaceSpec = "cpu") -> int:
@@ -146,12 +150,17 @@ def _fill(g: Graph, model: WorkspaceModel, cache: dict[int, int], missing: dict[
             cache[nid] = value
     if new:
         machine = model.machine
+        keep = model.can_measure()         # answers given instead of a measurement are not kept
         values = model.nodes_bytes(g, [n for n, _ in new], lambda n: _node_bytes(g, n, machine))
         for (node, depends), value in zip(new, values, strict=True):
-            NODE_BYTES.put(node, value, depends)
-            cache[node.id] = value
+            if keep:
+                NODE_BYTES.put(node, value, depends)
+                cache[node.id] = value
+            for i in missing[node.id]:
+                ws[i] = value
     for nid, positions in missing.items():
-        ws[positions] = cache[nid]
+        if nid in cache:
+            ws[positions] = cache[nid]
 
 
 # ------------------------------------------------------------------ the per-call cache
