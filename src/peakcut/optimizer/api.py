@@ -313,14 +313,13 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
     if verdict.chosen is not None:
         m = verdict.candidates[verdict.chosen]
         report["feasible"] = True
-        report["measured"] = dict(m.as_dict(), latency_ratio=m.median_s / verdict.eager.median_s,
-                                  peak_ratio=m.peak_bytes / verdict.eager.peak_bytes)
+        report["measured"] = dict(m.as_dict(), latency_ratio=m.ratio, peak_ratio=m.peak_bytes / verdict.eager.peak_bytes)
         return state, True, ""
     report["feasible"] = False
     what = "time" if mode == "latency" else "peak"
-    figures = "; ".join(f"{c.name}: median {format_seconds(c.median_s)}, peak {format_bytes(c.peak_bytes)}"
-                        for c in verdict.candidates)
-    limit = format_seconds(verdict.limit) if mode == "latency" else format_bytes(verdict.limit)
+    figures = "; ".join(f"{c.name}: median {format_seconds(c.median_s)} (x{c.ratio:.3f} eager), peak "
+                        f"{format_bytes(c.peak_bytes)}" for c in verdict.candidates)
+    limit = f"x{verdict.limit:.3f} eager's time" if mode == "latency" else format_bytes(verdict.limit)
     eager_m = verdict.eager
     why = (f"measured {what} limit not met: no candidate plan meets {limit} when run ({len(eager_m.times)} "
            f"interleaved rounds; eager median {format_seconds(eager_m.median_s)}, peak "

@@ -14,10 +14,11 @@ rounds, with min and max. Peak: one more run of each under the allocator's accou
 beyond what was allocated before). A candidate that cannot bind or run is left out, and
 the reason reported. The user's optimizer hooks run on the eager rounds like on any step.
 
-A latency limit was given as a ratio to eager; measured, it is that ratio times eager's
-measured median, widened by the noise band the same rounds measured for eager
-(interquartile range / median of eager's runs, at most MAX_NOISE). A memory limit is in bytes and is compared with the
-measured peak as is. The verdict picks, among candidates that meet the limit measured, the
+A latency limit was given as a ratio to eager, and is checked as one: a candidate's time is
+the median over the rounds of its time / eager's time in the same round (a round's
+interference hits both), against the ratio widened by the noise band the same rounds
+measured for eager (interquartile range / median of eager's runs, at most MAX_NOISE).
+A memory limit is in bytes and is compared with the measured peak as is. The verdict picks, among candidates that meet the limit measured, the
 one the objective prefers on measured figures (least peak under a latency limit, least time
 under a memory limit); none meeting it is LimitNotMet with the measured figures.
 """
@@ -54,6 +55,8 @@ class Measured:
     peak_bytes: int
     times: tuple[float, ...]
     method: str
+    ratio: float = 1.0
+    """Median over the rounds of its time / eager's time in the same round (eager: 1)."""
 
     @property
     def median_s(self) -> float:
@@ -61,6 +64,7 @@ class Measured:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "peak_bytes": self.peak_bytes, "median_s": self.median_s,
+                "ratio_to_eager": self.ratio,
                 "min_s": min(self.times), "max_s": max(self.times), "runs": len(self.times),
                 "method": self.method}
 
@@ -72,7 +76,7 @@ class Verdict:
     chosen: int | None
     eager: Measured
     candidates: tuple[Measured, ...]
-    limit: float                     # the limit as measured: seconds (latency) or bytes (memory)
+    limit: float                     # the limit as measured: a ratio to eager (latency) or bytes (memory)
     noise: float                     # eager's noise band over the rounds (noise_band)
     seconds: float                   # wall time of verification
     ran: tuple[int, ...] = ()        # index in the candidates given of each of `candidates`
@@ -252,24 +256,25 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
                 _sync(device)
                 times[i].append(time.perf_counter() - start)
     eager_m = Measured("eager", eager_peak, tuple(times[0]), method)
-    cands = tuple(Measured(candidates[index][0], peak, tuple(times[i + 1]), method)
+    cands = tuple(Measured(candidates[index][0], peak, tuple(times[i + 1]), method,
+                           statistics.median(c / e for c, e in zip(times[i + 1], times[0], strict=True)))
                   for i, (index, peak) in enumerate(zip(ran, peaks, strict=True)))
     noise = noise_band(times[0])
     if objective.mode == "latency":
         ratio = objective.limit / predicted_eager_s if predicted_eager_s > 0 else 1.0
-        limit = ratio * eager_m.median_s * (1 + noise)
+        limit = ratio * (1 + noise)
     else:
         limit = objective.limit
     meets = [i for i, c in enumerate(cands) if _meets(c, objective.mode, limit)]
     pick = None
     if meets:
-        pick = (min(meets, key=lambda i: (cands[i].peak_bytes, cands[i].median_s)) if objective.mode == "latency"
-                else min(meets, key=lambda i: (cands[i].median_s, cands[i].peak_bytes)))
+        pick = (min(meets, key=lambda i: (cands[i].peak_bytes, cands[i].ratio)) if objective.mode == "latency"
+                else min(meets, key=lambda i: (cands[i].ratio, cands[i].peak_bytes)))
     return Verdict(pick, eager_m, cands, limit, noise, time.perf_counter() - t0, tuple(ran), tuple(failed))
 
 
 def _meets(m: Measured, mode: str, limit: float) -> bool:
-    return m.median_s <= limit if mode == "latency" else m.peak_bytes <= limit
+    return m.ratio <= limit if mode == "latency" else m.peak_bytes <= limit
 
 
 def runs_here(cost: Any, model: torch.nn.Module) -> bool:
@@ -314,6 +319,6 @@ def choose(candidates: Sequence[State], root: State, objective: Objective, predi
     measured = verdict.candidates
     if not measured:
         return candidates[0], verdict
-    near = (min(range(len(measured)), key=lambda i: measured[i].median_s) if objective.mode == "latency"
+    near = (min(range(len(measured)), key=lambda i: measured[i].ratio) if objective.mode == "latency"
             else min(range(len(measured)), key=lambda i: measured[i].peak_bytes))
     return candidates[verdict.ran[near]], verdict
