@@ -91,23 +91,31 @@ def _entry(key: str, value: Any) -> CostEntry:
     return CostEntry(_seconds(value.get("seconds"), f"entry {key!r} seconds"), estimated, reason)
 
 
-def parse_table(data: Any, fingerprint: Fingerprint) -> CostTable:
-    """The table in decoded JSON `data`; CacheFormatError says what is wrong with it."""
+def checked_entries(data: Any, fingerprint: Fingerprint, schema: int) -> dict[Any, Any]:
+    """The 'entries' object of a cache file's decoded JSON `data`, after checking its top
+    level, its schema and that its fingerprint is `fingerprint`; CacheFormatError says what
+    is wrong otherwise."""
     if not isinstance(data, dict):
         raise CacheFormatError(f"top level is {type(data).__name__}, expected an object")
-    if data.get("schema") != SCHEMA_VERSION:
-        raise CacheFormatError(f"schema {data.get('schema')!r}, expected {SCHEMA_VERSION}")
+    if data.get("schema") != schema:
+        raise CacheFormatError(f"schema {data.get('schema')!r}, expected {schema}")
     if data.get("fingerprint") != fingerprint.as_dict():
         raise CacheFormatError(
             f"fingerprint {data.get('fingerprint')!r} is not this machine's "
             f"{fingerprint.as_dict()!r}"
         )
-    overhead = data.get("line_overhead_seconds")
-    if overhead is not None:
-        overhead = _seconds(overhead, "line_overhead_seconds")
     entries = data.get("entries")
     if not isinstance(entries, dict):
         raise CacheFormatError(f"'entries' is {type(entries).__name__}, expected an object")
+    return entries
+
+
+def parse_table(data: Any, fingerprint: Fingerprint) -> CostTable:
+    """The table in decoded JSON `data`; CacheFormatError says what is wrong with it."""
+    entries = checked_entries(data, fingerprint, SCHEMA_VERSION)
+    overhead = data.get("line_overhead_seconds")
+    if overhead is not None:
+        overhead = _seconds(overhead, "line_overhead_seconds")
     return CostTable({str(k): _entry(str(k), v) for k, v in entries.items()}, overhead)
 
 

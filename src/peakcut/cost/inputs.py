@@ -61,6 +61,11 @@ def input_bytes(g: Graph, nid: int) -> int:
     return sum(g.tensors[t].nbytes for t in g.nodes[nid].input_ids())
 
 
+def call_bytes(g: Graph, nid: int) -> int:
+    """Bytes of node `nid`'s tensor arguments and outputs: what running it standalone holds."""
+    return input_bytes(g, nid) + sum(g.tensors[t].nbytes for t in g.nodes[nid].output_ids())
+
+
 def real_call(g: Graph, nid: int, device: torch.device) -> RealCall:
     """Node `nid` with real tensors on `device` (devices in its arguments replaced by it)."""
     node = g.nodes[nid]

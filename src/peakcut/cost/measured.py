@@ -32,7 +32,7 @@ from peakcut.cost.analytic import AnalyticCostModel
 from peakcut.cost.cache import SCHEMA_VERSION, CostCache, CostEntry
 from peakcut.cost.calls import call_key, copy_key, is_swap, swap_transfer
 from peakcut.cost.fingerprint import device_fingerprint
-from peakcut.cost.inputs import error_line, input_bytes, real_call
+from peakcut.cost.inputs import call_bytes, error_line, real_call
 from peakcut.cost.mix import mix_calls, mix_operands
 from peakcut.cost.overhead import line_overhead_seconds
 from peakcut.cost.profiles import DeviceProfile, check_direction, cpu_profile, profile_for_gpu_name
@@ -177,9 +177,8 @@ class MeasuredCostModel:
         self._cache.save(self._table)
 
     def _node_job(self, g: Graph, nid: int) -> _Job:
-        size = input_bytes(g, nid) + sum(g.tensors[t].nbytes for t in g.nodes[nid].output_ids())
         return _Job(call_key(g, nid), lambda: real_call(g, nid, self.device),
-                    lambda: self._fallback.node_seconds(g, nid), size)
+                    lambda: self._fallback.node_seconds(g, nid), call_bytes(g, nid))
 
     def _copy_job(self, nbytes: int, direction: str) -> _Job:
         check_direction(direction)

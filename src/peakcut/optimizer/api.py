@@ -187,17 +187,11 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         "limit": objective.limit if math.isfinite(objective.limit) else None,
         "feasible": objective.feasible(best.peak_bytes, best.latency_s),
         "eager_peak_bytes": eager.peak_bytes,
-        "peak_bytes": best.peak_bytes,
-        "peak_ratio": best.peak_bytes / eager.peak_bytes,
         "eager_latency_s": eager.latency_seconds,
-        "latency_s": best.latency_s,
-        "latency_ratio": best.latency_s / eager.latency_seconds if eager.latency_seconds else None,
+        **_plan_entries(best, eager),
         "memory_method": memory_method,
         "latency_method": latency_method,
         "capture_notes": list(g.signature.notes),
-        "applied": list(best.applied),
-        "fission": [{"ftree_node": k, "n": n, "ops": len(tree.nodes[k].nodes)} for k, n in best.fission()],
-        "recipes": [r.description for r in best.recipes],
         "ftree": tree.summary(),
         "search": {"states": result.states, "expanded": result.expanded, "duplicates": result.duplicates,
                    "failed": result.failed, "seconds": round(result.seconds, 3),
@@ -309,7 +303,8 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
                             model, batch, eager, opt, max(0.0, seconds - (time.perf_counter() - t0)))
     report["verification"] = dict(verdict.report(mode), seconds=round(time.perf_counter() - t0, 3))
     if state is not found.best:
-        report.update(_figures(state, found))
+        report.update(_plan_entries(state, found.eager),
+                      search=dict(report["search"], compact_estimate=_estimate(state)))
     if verdict.chosen is not None:
         m = verdict.candidates[verdict.chosen]
         report["feasible"] = True
@@ -328,15 +323,14 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
     return state, False, why
 
 
-def _figures(state: State, found: Optimized) -> dict[str, Any]:
-    """The report's entries that describe the plan kept, for `state`."""
-    eager = found.eager
+def _plan_entries(state: State, eager: Timeline) -> dict[str, Any]:
+    """The report's entries that describe the plan `state` (predicted figures, what it applies)."""
     return {"peak_bytes": state.peak_bytes, "peak_ratio": state.peak_bytes / eager.peak_bytes,
             "latency_s": state.latency_s,
             "latency_ratio": state.latency_s / eager.latency_seconds if eager.latency_seconds else None,
-            "applied": list(state.applied), "recipes": [r.description for r in state.recipes],
+            "applied": list(state.applied),
             "fission": [{"ftree_node": k, "n": n, "ops": len(state.tree.nodes[k].nodes)} for k, n in state.fission()],
-            "search": dict(found.report["search"], compact_estimate=_estimate(state))}
+            "recipes": [r.description for r in state.recipes]}
 
 
 def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, Any], accumulate: int,

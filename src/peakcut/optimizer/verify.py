@@ -39,7 +39,7 @@ from peakcut.codegen.program import Step
 from peakcut.cost.inputs import error_line
 from peakcut.optimizer.objective import Objective
 from peakcut.optimizer.state import State
-from peakcut.runtime.measure import bound_peak, held_input_bytes, profiler_peak
+from peakcut.runtime.measure import bound_peak, held_input_bytes, run_peak, storage_bytes
 
 MIN_ROUNDS = 5
 MAX_ROUNDS = 9
@@ -172,16 +172,7 @@ def _eager_peak(run: Callable[[], Any], model: torch.nn.Module, batch: Any,
     if optimizer is not None:
         tensors += [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
     device = _device(model)
-    held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.device == device}
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        run()
-        torch.cuda.synchronize(device)
-        return sum(held.values()) + int(torch.cuda.max_memory_allocated(device)) - before
-    peak, _ = profiler_peak(run)
-    return sum(held.values()) + peak
+    return run_peak(run, device, storage_bytes([t for t in tensors if t.device == device]))
 
 
 def noise_band(times: Sequence[float]) -> float:

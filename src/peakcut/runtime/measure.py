@@ -51,7 +51,8 @@ class Measurement:
         return f"measured ({self.method} on {self.device})"
 
 
-def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the distinct storages of `tensors` (a storage shared by views counts once)."""
     seen: dict[int, int] = {}
     for t in tensors:
         s = t.untyped_storage()
@@ -104,24 +105,29 @@ def held_input_bytes(step: Step, inputs: list[torch.Tensor]) -> int:
     """Bytes of a bound step's inputs held in device memory by the caller (inputs a plan keeps
     in host memory, Graph.host_inputs, are not device bytes)."""
     host = set(step.graph.host_inputs())
-    return _storage_bytes([x for x, t in zip(inputs, step.graph.inputs, strict=True) if t not in host])
+    return storage_bytes([x for x, t in zip(inputs, step.graph.inputs, strict=True) if t not in host])
 
 
-def bound_peak(step: Step, inputs: list[torch.Tensor], dev: str, input_bytes: int) -> int:
-    """Peak device bytes of one run of a bound step: the caller-held `input_bytes` plus the
-    most the allocator holds beyond what it held before the run (CUDA: max_memory_allocated
-    less memory_allocated before; CPU: the profiler's allocator events), so that tensors the
+def run_peak(fn: Callable[[], Any], device: torch.device, held_bytes: int) -> int:
+    """Peak device bytes while fn() runs: `held_bytes` (what the caller holds for it) plus the
+    most the allocator holds beyond what it held before (CUDA: max_memory_allocated less
+    memory_allocated before; CPU: the profiler's allocator events), so that tensors the
     process holds for other purposes do not count."""
-    device = torch.device(dev)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        step.run(inputs, dev)
+        fn()
         torch.cuda.synchronize(device)
-        return input_bytes + int(torch.cuda.max_memory_allocated(device)) - before
-    delta, _ = profiler_peak(lambda: step.run(inputs, dev))
-    return input_bytes + delta
+        return held_bytes + int(torch.cuda.max_memory_allocated(device)) - before
+    delta, _ = profiler_peak(fn)
+    return held_bytes + delta
+
+
+def bound_peak(step: Step, inputs: list[torch.Tensor], dev: str, input_bytes: int) -> int:
+    """Peak device bytes of one run of a bound step whose caller-held inputs take
+    `input_bytes` (run_peak)."""
+    return run_peak(lambda: step.run(inputs, dev), torch.device(dev), input_bytes)
 
 
 def measure(

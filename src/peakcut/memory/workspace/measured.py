@@ -38,10 +38,10 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from peakcut.cost.cache import CacheFormatError, cache_root, load_json, save_json
+from peakcut.cost.cache import CacheFormatError, cache_root, checked_entries, load_json, save_json
 from peakcut.cost.calls import call_key
 from peakcut.cost.fingerprint import Fingerprint, device_fingerprint
-from peakcut.cost.inputs import error_line, input_bytes, real_call
+from peakcut.cost.inputs import call_bytes, error_line, real_call
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node
 from peakcut.ir.registry import resolve_op
@@ -80,16 +80,7 @@ def _entry(key: str, value: Any) -> WorkspaceEntry:
 
 
 def _parse(data: Any, fingerprint: Fingerprint) -> dict[str, WorkspaceEntry]:
-    if not isinstance(data, dict):
-        raise CacheFormatError(f"top level is {type(data).__name__}, expected an object")
-    if data.get("schema") != SCHEMA_VERSION:
-        raise CacheFormatError(f"schema {data.get('schema')!r}, expected {SCHEMA_VERSION}")
-    if data.get("fingerprint") != fingerprint.as_dict():
-        raise CacheFormatError(f"fingerprint {data.get('fingerprint')!r} is not this machine's "
-                               f"{fingerprint.as_dict()!r}")
-    entries = data.get("entries")
-    if not isinstance(entries, dict):
-        raise CacheFormatError(f"'entries' is {type(entries).__name__}, expected an object")
+    entries = checked_entries(data, fingerprint, SCHEMA_VERSION)
     return {str(k): _entry(str(k), v) for k, v in entries.items()}
 
 
@@ -228,7 +219,7 @@ class CalibratedCpuWorkspace:
         held = 0
         with _quiet():
             for key, node in new.items():
-                size = input_bytes(g, node.id) + sum(g.tensors[t].nbytes for t in node.output_ids())
+                size = call_bytes(g, node.id)
                 if size > self.max_call_bytes:
                     self._entries[key] = WorkspaceEntry(
                         rules(node), False, f"tensors of {size} bytes exceed max_call_bytes")
