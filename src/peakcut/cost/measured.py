@@ -16,6 +16,11 @@ answered that way and ``fallback_reasons`` says why. Swap nodes (peakcut.store /
 the time of copying their bytes (copy_seconds).
 
 Measuring uses a forked RNG state, so random ops being timed do not change the caller's RNG.
+
+``context`` (default 1.0) multiplies every figure: the in-context slowdown of one captured
+step, measured by running it untransformed (peakcut.optimizer.context), because ops timed
+one at a time run faster than the same ops inside a whole step (docs/cost.md). It is a
+property of one step on one machine, so it lives on the instance, never in the cache.
 """
 
 from __future__ import annotations
@@ -95,6 +100,7 @@ class MeasuredCostModel:
         self.max_input_bytes = max_input_bytes
         self.max_batch_bytes = max_batch_bytes
         self.use_line_overhead = line_overhead
+        self.context = 1.0  # in-context slowdown of the step being planned (peakcut.optimizer.context)
         self.measurements = 0  # keys timed (or found untimeable) by this instance
         self._cache = CostCache(device_fingerprint(self.device, SCHEMA_VERSION),
                                 Path(cache_dir) if cache_dir is not None else None)
@@ -135,8 +141,13 @@ class MeasuredCostModel:
         """Latency of node `nid`; measured (and cached) on the first miss."""
         if is_swap(g, nid):
             return self.copy_seconds(*swap_transfer(g, nid))
-        job = self._node_job(g, nid)
-        return self._seconds(job) + self.line_overhead_seconds
+        return self.standalone_seconds(g, nid) * self.context
+
+    def standalone_seconds(self, g: Graph, nid: int) -> float:
+        """Latency of node `nid` as timed on its own (no in-context factor)."""
+        if is_swap(g, nid):
+            return self._seconds(self._copy_job(*swap_transfer(g, nid)))
+        return self._seconds(self._node_job(g, nid)) + self.line_overhead_seconds
 
     def known(self, g: Graph, nid: int) -> bool:
         """True when node `nid`'s call is in the table (node_seconds will not measure)."""
@@ -146,12 +157,12 @@ class MeasuredCostModel:
     def estimate(self, g: Graph, nid: int) -> float:
         """The analytic estimate this model falls back to for node `nid` (nothing is measured)."""
         if is_swap(g, nid):
-            return self._fallback.copy_seconds(*swap_transfer(g, nid))
-        return self._fallback.node_seconds(g, nid) + (self._table.line_overhead_seconds or 0.0)
+            return self._fallback.copy_seconds(*swap_transfer(g, nid)) * self.context
+        return (self._fallback.node_seconds(g, nid) + (self._table.line_overhead_seconds or 0.0)) * self.context
 
     def copy_seconds(self, nbytes: int, direction: str) -> float:
         """Time of one host<->device copy of `nbytes` bytes (CPU: a plain tensor copy)."""
-        return self._seconds(self._copy_job(nbytes, direction))
+        return self._seconds(self._copy_job(nbytes, direction)) * self.context
 
     # ------------------------------------------------------------------ measuring
     def profile(self, g: Graph) -> int:

@@ -31,6 +31,7 @@ from peakcut.ir.graph import Graph
 from peakcut.memory.workspace import WorkspaceSpec, describe_workspace
 from peakcut.optimizer.budget import BudgetedCost
 from peakcut.optimizer.children import MoveSettings
+from peakcut.optimizer.context import calibrate
 from peakcut.optimizer.derive import DeriveError, Deriver
 from peakcut.optimizer.objective import Objective, parse_latency_limit, parse_memory_limit
 from peakcut.optimizer.parallel import parallel_search
@@ -39,6 +40,7 @@ from peakcut.optimizer.search import Progress, SearchResult
 from peakcut.optimizer.state import State, computation_hash
 from peakcut.optimizer.verify import choose, eager_runner, needed_seconds, programs_for
 from peakcut.optimizer.verify import runs_here as verify_runs_here
+from peakcut.runtime.host_allocator import keep_freed_host_memory
 from peakcut.schedule import schedule
 from peakcut.simulate import Timeline, simulate_timeline
 from peakcut.units import format_bytes, format_seconds
@@ -60,6 +62,12 @@ class Optimized:
     cost: CostModel
     eager: Timeline          # the captured step in capture order, under `cost`
     deriver: Deriver | None = None
+    eager_ratio: float = 1.0  # the user's eager step's time / the captured step's (measured)
+
+    @property
+    def reference_s(self) -> float:
+        """The seconds a latency limit is a ratio of: the user's eager step, predicted."""
+        return self.eager_ratio * self.eager.latency_seconds
 
     def candidates(self, k: int) -> list[State]:
         """Plans worth running for real: the best, then the latest bests the limit admits as
@@ -114,6 +122,10 @@ def _methods(cost: CostModel, workspace: WorkspaceSpec) -> tuple[str, str]:
     name = cost.name
     if name.startswith("measured"):
         latency = f"simulated from per-op times measured on this machine ({name}), on the peakcut timeline"
+        measured = cost.measured if isinstance(cost, BudgetedCost) else cost
+        if isinstance(measured, MeasuredCostModel) and measured.context != 1.0:
+            latency += (f", each call x{measured.context:.3f} for running inside the whole step "
+                        "(the untransformed step measured here; report['context'])")
         if isinstance(cost, BudgetedCost) and cost.estimated:
             latency += (f"; {len(cost.estimated)} calls seen after the time budget ran out are "
                         "analytic estimates")
@@ -128,11 +140,14 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    pareto: bool = False, settings: MoveSettings | None = None,
                    fission_dims: str = "batch", reorder: bool = True, workspace: WorkspaceSpec = "cpu",
                    levels: int = DEFAULT_LEVELS, naive_fission_seed: int | None = None,
-                   progress: Callable[[Progress], None] | None = None, jobs: int = 1) -> Optimized:
+                   progress: Callable[[Progress], None] | None = None, jobs: int = 1,
+                   eager_ratio: float = 1.0) -> Optimized:
     """Search the rules on captured graph `g` under one limit (see peakcut.optimize).
 
     levels: L of Algorithm 1. naive_fission_seed: replace the F-Tree by random valid
-    regions (the "naive fission" ablation of MAGIS §7.2.5).
+    regions (the "naive fission" ablation of MAGIS §7.2.5). eager_ratio: the user's eager
+    step's time as a multiple of the captured step's, when measured
+    (peakcut.optimizer.context); a latency limit is a ratio to the user's eager step.
     """
     t0 = time.perf_counter()
     if memory_limit is not None and latency_limit is not None:
@@ -154,7 +169,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         objective = Objective("memory", parse_memory_limit(memory_limit, eager.peak_bytes))
     else:
         ratio = DEFAULT_LATENCY_LIMIT if latency_limit is None else latency_limit
-        objective = Objective("latency", parse_latency_limit(ratio, eager.latency_seconds))
+        objective = Objective("latency", parse_latency_limit(ratio, eager_ratio * eager.latency_seconds))
 
     base = detach_loss(g) if g.signature.mode != "inference" else g.copy()
     order = list(base.order)
@@ -188,7 +203,8 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         "feasible": objective.feasible(best.peak_bytes, best.latency_s),
         "eager_peak_bytes": eager.peak_bytes,
         "eager_latency_s": eager.latency_seconds,
-        **_plan_entries(best, eager),
+        "eager_ratio": eager_ratio,
+        **_plan_entries(best, eager, eager_ratio),
         "memory_method": memory_method,
         "latency_method": latency_method,
         "capture_notes": list(g.signature.notes),
@@ -202,7 +218,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         "front": [{"peak_bytes": s.peak_bytes, "latency_s": s.latency_s, "applied": len(s.applied),
                    "exact": s.exact} for s in result.front],
     }
-    return Optimized(result, objective, report, cost, eager, deriver)
+    return Optimized(result, objective, report, cost, eager, deriver, eager_ratio)
 
 
 def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | None = None,
@@ -212,7 +228,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
              pareto: bool = False, settings: MoveSettings | None = None, fission_dims: str = "batch",
              keep_grads: bool = False, progress: Callable[[Progress], None] | None = None,
              jobs: int = 1, max_grad_norm: float | None = None, scaler: Any = None, accumulate: int = 1,
-             replan: bool = True, verify: bool = True) -> Plan:
+             replan: bool = True, verify: bool = True, keep_host_memory: bool = True) -> Plan:
     """Optimize one training step of `model` on `batch` and return a runnable Plan.
 
     - loss_fn(model, batch) -> scalar loss; None optimizes inference of model(*batch).
@@ -240,6 +256,13 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
       model's device), the last VERIFY_SHARE of the time budget runs the best few candidate
       plans for real, interleaved with your eager step, and keeps the best one whose measured
       time and peak meet the limit (peakcut.optimizer.verify; report["verification"]).
+      Before the search it runs the untransformed step and your eager step a few times to
+      calibrate the per-op times to a whole step and to your loop (peakcut.optimizer.context;
+      report["context"]).
+    - keep_host_memory: with verify on a CPU model, first make glibc's malloc keep freed
+      memory (peakcut.runtime.host_allocator: no page faults for activations made again
+      every step; the process's resident size stays at its high-water mark). The measured
+      per-op times assume it; False leaves the allocator alone.
     Raises LimitNotMet (with `.plan`, the best plan found) when the limit is not met.
     """
     if optimizer is not None and loss_fn is None:
@@ -266,10 +289,21 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         g = capture(model, b, loss_fn, opt, keep_grads=keep_grads, max_grad_norm=max_grad_norm,
                     grad_scaler=use_scaler, accumulate=accumulate > 1)
         check = None
+        searched = search
+        calibration = None
         if checked and loss_fn is not None:
+            eager = eager_runner(model, b, loss_fn, opt, max_grad_norm)
+            cost = get_cost_model(device) if isinstance(device, str) else device
+            if isinstance(cost, MeasuredCostModel):
+                host_memory = _host_memory(model, keep_host_memory)
+                calibration = calibrate(g, cost, model, b, eager, opt)
+                searched = dict(search, device=cost, eager_ratio=calibration.eager_ratio)
+
             def check(found: Optimized, seconds: float) -> tuple[State, bool, str]:
-                return _verified(found, seconds, model, b, eager_runner(model, b, loss_fn, opt, max_grad_norm), opt)
-        main = _search(g, final_share - (time.perf_counter() - t0), model, search, accumulate, check)
+                return _verified(found, seconds, model, b, eager, opt)
+        main = _search(g, final_share - (time.perf_counter() - t0), model, searched, accumulate, check)
+        if calibration is not None:
+            main.report["context"] = dict(calibration.as_dict(), host_allocator=host_memory)
         micro = None
         if accumulate > 1:
             gm = capture(model, b, loss_fn, None, grad_scaler=use_scaler)
@@ -286,6 +320,17 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
     return plan
 
 
+def _host_memory(model: torch.nn.Module, keep: bool) -> str:
+    """Apply keep_freed_host_memory for a CPU model when asked; what was done, for the report."""
+    if next(model.parameters()).device.type != "cpu":
+        return "not a CPU model: left alone"
+    if not keep:
+        return "left alone (keep_host_memory=False)"
+    if keep_freed_host_memory():
+        return "glibc malloc keeps freed memory (mallopt M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)"
+    return "left alone: not glibc"
+
+
 def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: Any, eager: Callable[[], Any],
               opt: torch.optim.Optimizer | None) -> tuple[State, bool, str]:
     """The candidate that meets the limit when run (peakcut.optimizer.verify), whether one
@@ -293,7 +338,7 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
     mode = found.objective.mode
     t0 = time.perf_counter()
     report = found.report
-    predicted = found.eager.latency_seconds
+    predicted = found.reference_s
     if seconds < needed_seconds(predicted):
         report["verification"] = {"skipped": f"{seconds:.1f} s of the time budget left; running eager and one "
                                   f"plan takes about {needed_seconds(predicted):.1f} s (raise time_budget)"}
@@ -303,7 +348,7 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
                             model, batch, eager, opt, max(0.0, seconds - (time.perf_counter() - t0)))
     report["verification"] = dict(verdict.report(mode), seconds=round(time.perf_counter() - t0, 3))
     if state is not found.best:
-        report.update(_plan_entries(state, found.eager),
+        report.update(_plan_entries(state, found.eager, found.eager_ratio),
                       search=dict(report["search"], compact_estimate=_estimate(state)))
     if verdict.chosen is not None:
         m = verdict.candidates[verdict.chosen]
@@ -323,11 +368,12 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
     return state, False, why
 
 
-def _plan_entries(state: State, eager: Timeline) -> dict[str, Any]:
-    """The report's entries that describe the plan `state` (predicted figures, what it applies)."""
+def _plan_entries(state: State, eager: Timeline, eager_ratio: float = 1.0) -> dict[str, Any]:
+    """The report's entries that describe the plan `state` (predicted figures, what it applies);
+    latency_ratio is to the user's eager step (eager_ratio x the captured step's time)."""
     return {"peak_bytes": state.peak_bytes, "peak_ratio": state.peak_bytes / eager.peak_bytes,
             "latency_s": state.latency_s,
-            "latency_ratio": state.latency_s / eager.latency_seconds if eager.latency_seconds else None,
+            "latency_ratio": state.latency_s / (eager_ratio * eager.latency_seconds) if eager.latency_seconds else None,
             "applied": list(state.applied),
             "fission": [{"ftree_node": k, "n": n, "ops": len(state.tree.nodes[k].nodes)} for k, n in state.fission()],
             "recipes": [r.description for r in state.recipes]}

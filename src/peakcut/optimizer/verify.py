@@ -115,7 +115,7 @@ def eager_runner(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any]
     return run
 
 
-class _Restore:
+class Restore:
     """Parameters, buffers (non-persistent ones too), grads, optimizer state and the RNG as
     they were on entry: verification trains nothing. Snapshots are kept in host memory; the
     optimizer's state tensors are the same objects afterwards, holding their old values."""
@@ -219,7 +219,7 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
     failed: list[tuple[str, str]] = []
     ran: list[int] = []
     peaks: list[int] = []
-    with _Restore(model, optimizer):
+    with Restore(model, optimizer):
         eager()                                      # warm-up (and the optimizer's state)
         eager_peak = _eager_peak(eager, model, batch, optimizer)
         bound = []

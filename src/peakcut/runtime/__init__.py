@@ -1,6 +1,7 @@
 """Running built steps: peak-memory and time measurement, numeric equivalence with eager."""
 
 from peakcut.runtime.equivalence import EquivalenceReport, check_equivalence
+from peakcut.runtime.host_allocator import keep_freed_host_memory
 from peakcut.runtime.measure import (
     METHODS,
     Measurement,
@@ -12,5 +13,5 @@ from peakcut.runtime.measure import (
 
 __all__ = [
     "METHODS", "EquivalenceReport", "Measurement", "allocator_events", "check_equivalence",
-    "fake_tracked_peak", "measure", "profiler_peak",
+    "fake_tracked_peak", "keep_freed_host_memory", "measure", "profiler_peak",
 ]
