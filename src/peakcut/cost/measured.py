@@ -26,6 +26,8 @@ property of one step on one machine, so it lives on the instance, never in the c
 from __future__ import annotations
 
 import contextlib
+import math
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,8 +167,9 @@ class MeasuredCostModel:
         return self._seconds(self._copy_job(nbytes, direction)) * self.context
 
     # ------------------------------------------------------------------ measuring
-    def profile(self, g: Graph) -> int:
-        """Measure every distinct key of `g` not yet known; returns how many were new."""
+    def profile(self, g: Graph, deadline: float = math.inf) -> int:
+        """Measure every distinct key of `g` not yet known; returns how many were new. No new
+        batch of keys is started after `deadline` (perf_counter): those stay unknown."""
         jobs: dict[str, _Job] = {}
         for nid in g.order:
             if is_swap(g, nid):
@@ -178,7 +181,7 @@ class MeasuredCostModel:
             else:
                 jobs.setdefault(job.key, job)
         if jobs:
-            self._measure(list(jobs.values()))
+            self._measure(list(jobs.values()), deadline)
             self._cache.save(self._table)
         _ = self.line_overhead_seconds  # calibrate now, not during the first query
         return len(jobs)
@@ -211,12 +214,16 @@ class MeasuredCostModel:
         if entry.estimated:
             self._estimated[key] = entry.reason
 
-    def _measure(self, jobs: list[_Job]) -> None:
-        """Measure `jobs` (new keys) in batches of at most max_batch_bytes of tensors."""
+    def _measure(self, jobs: list[_Job], deadline: float = math.inf) -> None:
+        """Measure `jobs` (new keys) in batches of at most max_batch_bytes of tensors, none
+        started after `deadline`."""
         with self._timing():
             batch: list[tuple[str, Callable[[], Any]]] = []
             held = 0
             for job in jobs:
+                if time.perf_counter() > deadline:
+                    batch = []
+                    break
                 call = self._runnable(job)
                 if call is None:
                     continue
@@ -228,7 +235,8 @@ class MeasuredCostModel:
             if batch:
                 self._time_batch(batch)
         for job in jobs:
-            self._note(job.key)
+            if job.key in self._table.entries:
+                self._note(job.key)
 
     def _runnable(self, job: _Job) -> Callable[[], Any] | None:
         """The job's call after one successful trial; None (and an estimate) if it fails."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -40,6 +40,7 @@ from peakcut.optimizer.search import Progress, SearchResult
 from peakcut.optimizer.state import State, computation_hash
 from peakcut.optimizer.verify import choose, eager_runner, needed_seconds, programs_for
 from peakcut.optimizer.verify import runs_here as verify_runs_here
+from peakcut.rules import RULES
 from peakcut.runtime.host_allocator import keep_freed_host_memory
 from peakcut.schedule import schedule
 from peakcut.simulate import Timeline, simulate_timeline
@@ -49,6 +50,7 @@ DEFAULT_LATENCY_LIMIT = 1.10      # MAGIS's default: least memory within 10% of 
 REORDER_SHARE = 0.1               # share of the time budget the initial re-ordering may take
 MEASURE_SHARE = 0.8               # a measured cost model measures new calls until this share
 VERIFY_SHARE = 0.25               # of the time budget kept for running candidate plans (verify=True)
+CALIBRATE_SHARE = 0.35            # of the time budget the calibration may take (verify=True; docs/cost.md)
 VERIFY_CANDIDATES = 3             # transformed candidates run for real (the untransformed step besides)
 
 
@@ -134,6 +136,20 @@ def _methods(cost: CostModel, workspace: WorkspaceSpec) -> tuple[str, str]:
     return memory, latency
 
 
+HOST_DEVICES = ("measured:cpu", "analytic:cpu")
+
+
+def _on_host(settings: MoveSettings | None, cost: CostModel) -> MoveSettings | None:
+    """Without the rules that free memory by host copies when the device is the host (a CPU
+    cost model): there a copy to host memory frees nothing."""
+    if cost.name not in HOST_DEVICES:
+        return settings
+    kinds = [k for k in RULES.move_kinds if settings is None or settings.uses(k)]
+    kept = frozenset(k for k in kinds if k not in RULES.program_kinds
+                     or not RULES.program_rule(k).frees_by_host_copy)
+    return replace(settings or MoveSettings(), kinds=kept)
+
+
 def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    latency_limit: float | str | None = None, time_budget: float = 60.0,
                    device: str | CostModel = "h200", seed: int = 0, max_states: int | None = None,
@@ -162,6 +178,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     if jobs > 1 and isinstance(cost, BudgetedCost):
         raise ValueError(f"jobs={jobs} with device {cost.name!r}: a measured cost model measures op "
                          "latencies during the search, which parallel searches would disturb; use jobs=1")
+    settings = _on_host(settings, cost)
     eager = simulate_timeline(g, g.order, cost, workspace)
     if pareto:
         objective = Objective("latency", math.inf)
@@ -296,12 +313,13 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
             cost = get_cost_model(device) if isinstance(device, str) else device
             if isinstance(cost, MeasuredCostModel):
                 host_memory = _host_memory(model, keep_host_memory)
-                calibration = calibrate(g, cost, model, b, eager, opt)
+                calibration = calibrate(g, cost, model, b, eager, opt, CALIBRATE_SHARE * budget)
                 searched = dict(search, device=cost, eager_ratio=calibration.eager_ratio)
 
             def check(found: Optimized, seconds: float) -> tuple[State, bool, str]:
                 return _verified(found, seconds, model, b, eager, opt)
-        main = _search(g, final_share - (time.perf_counter() - t0), model, searched, accumulate, check)
+        main = _search(g, final_share - (time.perf_counter() - t0), model, searched, accumulate, check,
+                       keep=VERIFY_SHARE * final_share)
         if calibration is not None:
             main.report["context"] = dict(calibration.as_dict(), host_allocator=host_memory)
         micro = None
@@ -380,13 +398,14 @@ def _plan_entries(state: State, eager: Timeline, eager_ratio: float = 1.0) -> di
 
 
 def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, Any], accumulate: int,
-            check: Callable[[Optimized, float], tuple[State, bool, str]] | None = None) -> Program:
+            check: Callable[[Optimized, float], tuple[State, bool, str]] | None = None,
+            keep: float | None = None) -> Program:
     """optimize_graph on one captured step -> its Program (best graph, order, report); with
-    `check`, the search gets 1 - VERIFY_SHARE of the budget and check(found, seconds left)
-    picks the plan that meets the limit when run."""
+    `check`, the search leaves `keep` seconds (default VERIFY_SHARE of the budget) and
+    check(found, seconds left) picks the plan that meets the limit when run."""
     t0 = time.perf_counter()
-    share = 1.0 - VERIFY_SHARE if check is not None else 1.0
-    found = optimize_graph(g, time_budget=max(0.0, budget * share), **search)
+    keep = 0.0 if check is None else min(keep, budget) if keep is not None else VERIFY_SHARE * budget
+    found = optimize_graph(g, time_budget=max(0.0, budget - keep), **search)
     found.report["title"] = f"peakcut plan for {type(model).__name__}"
     sig = g.signature
     spec = OptimizerSpec.from_dict(sig.optimizer)

@@ -25,6 +25,7 @@ time of the untransformed step (both now in the calibrated model's seconds).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -41,24 +42,32 @@ from peakcut.optimizer.verify import Restore
 
 RUNS = 3
 LOWEST, HIGHEST = 0.8, 1.6
+PROFILE_SHARE = 0.6
+"""Of the calibration's seconds, the most measuring the step's calls may take (the search
+needs them anyway; what is left unmeasured, it measures or estimates itself)."""
 
 
 @dataclass(frozen=True)
 class ContextCalibration:
     """The factor set on the cost model and what it came from."""
 
-    factor: float
-    predicted_s: float               # sum of the standalone-timed calls of the untransformed step
-    times: tuple[float, ...]         # measured seconds of each timed run of its generated program
-    eager_times: tuple[float, ...]   # measured seconds of the user's eager step, same rounds
-    seconds: float                   # wall time of the calibration (warm-up and binding included)
+    factor: float = 1.0
+    predicted_s: float = 0.0               # sum of the standalone-timed calls of the untransformed step
+    times: tuple[float, ...] = ()        # measured seconds of each timed run of its generated program
+    eager_times: tuple[float, ...] = ()  # measured seconds of the user's eager step, same rounds
+    seconds: float = 0.0                 # wall time of the calibration (warm-up and binding included)
+    skipped: str = ""                    # why nothing was run (factor and eager_ratio 1)
 
     @property
     def eager_ratio(self) -> float:
         """Median over the rounds of eager's time / the untransformed program's time."""
+        if not self.times:
+            return 1.0
         return statistics.median(e / t for e, t in zip(self.eager_times, self.times, strict=True))
 
     def as_dict(self) -> dict[str, Any]:
+        if self.skipped:
+            return {"factor": 1.0, "eager_ratio": 1.0, "skipped": self.skipped, "seconds": round(self.seconds, 3)}
         return {"factor": round(self.factor, 4), "predicted_standalone_s": self.predicted_s,
                 "untransformed_median_s": statistics.median(self.times),
                 "eager_median_s": statistics.median(self.eager_times),
@@ -72,13 +81,25 @@ def _sync(device: torch.device) -> None:
 
 
 def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: Any,
-              eager: Callable[[], Any], optimizer: torch.optim.Optimizer | None) -> ContextCalibration:
+              eager: Callable[[], Any], optimizer: torch.optim.Optimizer | None,
+              seconds: float = math.inf) -> ContextCalibration:
     """Run `g` untransformed and the user's `eager` step RUNS rounds each (after a warm-up)
-    and set cost.context (module doc)."""
+    and set cost.context (module doc), within about `seconds`: when the step's calls cannot
+    all be measured in PROFILE_SHARE of them, or the runs would not fit in the rest, nothing
+    runs (factor 1, the reason in `skipped`)."""
     t0 = time.perf_counter()
     cost.context = 1.0
-    cost.profile(g)
+    cost.profile(g, deadline=t0 + PROFILE_SHARE * seconds)
+    if not all(cost.known(g, n) for n in g.order):
+        return ContextCalibration(skipped=f"the step's calls were not all measured within "
+                                  f"{PROFILE_SHARE * seconds:.1f} s", seconds=time.perf_counter() - t0)
     predicted = step_seconds(cost, g, g.order)
+    need = 2 * (RUNS + 2) * predicted
+    left = seconds - (time.perf_counter() - t0)
+    if need > left:
+        return ContextCalibration(skipped=f"running the step {2 * (RUNS + 2)} times takes about {need:.1f} s; "
+                                  f"{max(0.0, left):.1f} s left for it (raise time_budget)",
+                                  seconds=time.perf_counter() - t0)
     step = Step(g, list(g.order))
     times: list[float] = []
     eager_times: list[float] = []

@@ -73,6 +73,7 @@ class OffloadStateRule(ProgramRule):
     """Keep an optimizer-state tensor in host memory between steps (module docstring)."""
 
     kind = "offload_state"
+    frees_by_host_copy = True
 
     def sites(self, spot: Hotspot) -> Iterable[HotspotSite]:
         g, peak = spot.g, spot.profile.peak_index

@@ -88,6 +88,10 @@ class ProgramRule(Protocol):
 
     Subclass it to inherit the defaults of the placement and code hooks (none)."""
 
+    frees_by_host_copy: bool = False
+    """True when the rule saves device memory by keeping tensors in host memory: it saves
+    nothing where the device is the host (a CPU), and the search leaves it out there."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 

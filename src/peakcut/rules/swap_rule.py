@@ -27,6 +27,7 @@ class SwapRule(ProgramRule):
     """Swapping (MAGIS §5.2, Fig. 8e-f) as a program rule."""
 
     kind = "swap"
+    frees_by_host_copy = True
     reserved_names = ("host", "compute", "d2h", "h2d")
 
     def sites(self, spot: Hotspot) -> Iterable[HotspotSite]:

@@ -1,0 +1,131 @@
+"""python -m bench.measured: the medium table (see bench.measured)."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from bench.measured import report
+from bench.measured.configs import (
+    COMPILE_BUDGETS,
+    PEAKCUT_LIMITS,
+    Built,
+    build_compiled,
+    build_eager,
+    build_peakcut,
+)
+from bench.measured.run import Cell, compare_steps, interleaved, peak_of
+from bench.peers.results import fail_reason
+from peakcut.runtime import keep_freed_host_memory
+from peakcut.workloads import WORKLOAD_NAMES, get_workload
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results.json"
+WARMUP = 2
+BUDGET_PER_EAGER_SECOND = 70.0     # peakcut's time budget, in eager steps: search, calibration, verification
+BUDGET_RANGE = (100.0, 260.0)
+
+
+def available_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 8 << 30
+
+
+def measure_workload(name: str, rounds: int) -> list[Cell]:
+    inst = get_workload(name).build("medium")
+    torch._dynamo.reset()
+    eager = build_eager(inst)
+    for _ in range(WARMUP):
+        eager.step()
+    eager_cell = Cell(name, "eager")
+    eager_cell.peak_bytes, _ = peak_of(eager, inst.batch)
+    t0 = time.perf_counter()
+    eager.step()
+    eager_s = time.perf_counter() - t0
+    budget = min(BUDGET_RANGE[1], max(BUDGET_RANGE[0], BUDGET_PER_EAGER_SECOND * eager_s))
+    per_group = max(1, int(0.5 * available_bytes() / eager_cell.peak_bytes) - 1)
+    builders: list[tuple[str, Callable[[], Built]]] = [
+        *((f"peakcut {k}", lambda k=k, v=v: build_peakcut(inst, k, v, budget)) for k, v in PEAKCUT_LIMITS),
+        ("checkpoint per block", lambda: build_eager(inst, "checkpoint per block")),
+        *((f"compile {b}", lambda b=b: build_compiled(inst, b)) for b in COMPILE_BUDGETS),
+    ]
+    print(f"{name}: eager step {eager_s:.2f} s, peak {eager_cell.peak_bytes / 2**30:.2f} GiB; peakcut budget "
+          f"{budget:.0f} s; {per_group} configurations per group of rounds", flush=True)
+    cells: list[Cell] = []
+    for start in range(0, len(builders), per_group):
+        group: list[tuple[Built, Cell]] = []
+        for label, build in builders[start:start + per_group]:
+            try:
+                built = build()
+                cell = Cell(name, built.name, setup_seconds=built.setup_seconds, note=built.note)
+                if built.plan is not None:
+                    ref = build_eager(inst)
+                    cell.numbers = compare_steps(inst.model, ref, built)
+                    del ref
+                    cell.predicted = report.predicted(built.report)
+                for _ in range(WARMUP):
+                    built.step()
+                cell.peak_bytes, cell.host_bytes = peak_of(built, inst.batch)
+                group.append((built, cell))
+            except Exception as e:  # noqa: BLE001 - a failing configuration is a table cell, not a crash
+                cells.append(Cell(name, label, error=fail_reason(e)))
+            gc.collect()
+        eager_times, times = interleaved(eager.step, [b.step for b, _ in group], rounds)
+        eager_cell.times += eager_times
+        eager_cell.eager_times += eager_times
+        for (_, cell), t in zip(group, times, strict=True):
+            cell.times, cell.eager_times = t, eager_times
+            cells.append(cell)
+            print(f"  {cell.name}: x{cell.ratio:.3f} eager (noise {cell.noise:.3f}), peak "
+                  f"{cell.peak_bytes / 2**30:.2f} GiB{' ' + cell.note if cell.note else ''}", flush=True)
+        del group
+        gc.collect()
+    torch._dynamo.reset()
+    return [eager_cell, *cells]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.measured", description=__doc__)
+    p.add_argument("--workloads", default=",".join(WORKLOAD_NAMES))
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (>= 7)")
+    p.add_argument("--no-write", action="store_true", help="print only; leave results.json and BENCHMARKS.md")
+    args = p.parse_args(argv)
+    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    kept = keep_freed_host_memory()   # as peakcut.optimize does; every configuration runs under it
+    t0 = time.perf_counter()
+    cells: list[Cell] = []
+    for name in names:
+        cells += measure_workload(name, args.rounds)
+    env = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
+           f"{torch.__version__}; glibc malloc keeps freed memory: {kept}; {args.rounds} rounds")
+    run = {"env": env, "seconds": round(time.perf_counter() - t0, 1), "workloads": names,
+           "cells": [asdict(c) for c in cells]}
+    if args.no_write:
+        print(report.markdown([run]))
+        return
+    runs = []
+    for old in json.loads(RESULTS.read_text())["runs"] if RESULTS.exists() else []:
+        old["workloads"] = [w for w in old["workloads"] if w not in names]   # re-run here: replaced
+        old["cells"] = [c for c in old["cells"] if c["workload"] not in names]
+        if old["workloads"]:
+            runs.append(old)
+    runs.append(run)
+    RESULTS.write_text(json.dumps({"runs": runs}, indent=1))
+    text = report.markdown(runs)
+    report.write_benchmarks(text)
+    report.plots(runs, HERE / "plots")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""The medium table: markdown for BENCHMARKS.md, the checks of issue 16, Pareto plots."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench.measured.configs import config_names
+
+BENCHMARKS = Path(__file__).parents[2] / "BENCHMARKS.md"
+START, END = "<!-- bench.measured: start -->", "<!-- bench.measured: end -->"
+TRANSFORMERS = ("bert-base", "vit-base", "gpt-neo-1.3b", "btlm-3b")
+LATENCY_LIMIT, MEMORY_LIMIT = 1.10, 0.5
+
+
+def predicted(report: dict[str, Any]) -> dict[str, Any]:
+    """The plan report's figures the table shows (predicted, and the verification's floor)."""
+    v = report.get("verification", {})
+    floor = next((c["ratio_to_eager"] for c in v.get("candidates", []) if c["name"] == "untransformed step"), None)
+    ctx = report.get("context", {})
+    return {"latency_s": report.get("latency_s"), "peak_bytes": report.get("peak_bytes"),
+            "latency_ratio": report.get("latency_ratio"), "feasible": report.get("feasible"),
+            "applied": len(report.get("applied", [])), "swaps": sum("swap" in a for a in report.get("applied", [])),
+            "context_factor": ctx.get("factor"), "eager_ratio": ctx.get("eager_ratio"),
+            "floor": floor, "verification": v.get("skipped") or v.get("chosen"),
+            "verify_seconds": v.get("seconds"), "search_seconds": report.get("search", {}).get("total_seconds")}
+
+
+def _ratio(c: dict[str, Any]) -> float:
+    return statistics.median(t / e for t, e in zip(c["times"], c["eager_times"], strict=True))
+
+
+def _noise(times: list[float]) -> float:
+    if len(times) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(times, n=4)
+    return min(0.25, (q3 - q1) / statistics.median(times))
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def _cells(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for run in runs:
+        for c in run["cells"]:
+            out.setdefault(c["workload"], {})[c["name"]] = c
+    return out
+
+
+def markdown(runs: list[dict[str, Any]]) -> str:
+    cells = _cells(runs)
+    lines = ["Command: `python -m bench.measured` (bench/measured; raw cells in bench/measured/results.json, "
+             "plots in bench/measured/plots/). All figures measured on this CPU: "
+             + "; ".join(f"{', '.join(r['workloads'])}: {r['env']}, {r['seconds'] / 60:.0f} min" for r in runs) + ".",
+             "",
+             "Cell: median over the rounds of time / eager's time in the same round (min-max), and the peak in GiB "
+             "(x eager). Eager: its median step time and peak; the noise band (interquartile range / median "
+             "of eager's runs in all rounds) in brackets.", "",
+             "| workload | " + " | ".join(config_names()) + " |", "|---|" + "---|" * len(config_names())]
+    for w, row in cells.items():
+        eager = row.get("eager")
+        if eager is None:
+            continue
+        out = [w]
+        for name in config_names():
+            c = row.get(name)
+            if c is None:
+                out.append("")
+            elif c["error"]:
+                out.append(f"failed: {c['error'][:60]}")
+            elif name == "eager":
+                out.append(f"{statistics.median(c['times']):.2f} s [{_noise(c['times']):.2f}], {_gib(c['peak_bytes'])} GiB")
+            else:
+                rs = [t / e for t, e in zip(c["times"], c["eager_times"], strict=True)]
+                out.append(f"x{_ratio(c):.2f} ({min(rs):.2f}-{max(rs):.2f}), {_gib(c['peak_bytes'])} "
+                           f"(x{c['peak_bytes'] / eager['peak_bytes']:.2f})")
+        lines.append("| " + " | ".join(out) + " |")
+    lines += ["", *peakcut_table(cells), "", *checks(cells)]
+    return "\n".join(lines)
+
+
+def peakcut_table(cells: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    lines = ["peakcut's plans: predicted (the search's calibrated per-op model) against measured, the numbers "
+             "against eager's over 2 steps, and the floor (the untransformed generated program / eager, "
+             "per round, from the verification).", "",
+             "| workload | plan | predicted s | measured s (median) | error | limit met (measured) | numbers "
+             "(max rel. diff; tolerance) | floor | context factor | rewrites (swaps) | search s / verify s | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for w, row in cells.items():
+        eager = row.get("eager")
+        for name, c in row.items():
+            if not name.startswith("peakcut") or c["error"] or eager is None:
+                continue
+            p, n = c["predicted"], c["numbers"]
+            measured = statistics.median(c["times"])
+            err = (p["latency_s"] / measured - 1) if p.get("latency_s") else float("nan")
+            worst = max(n[k]["max_rel"] for k in ("loss", "update", "moments"))
+            floor = f"x{p['floor']:.3f}" if p.get("floor") else "n/a"
+            lines.append(f"| {w} | {name} | {p['latency_s']:.3f} | {measured:.3f} | {err:+.1%} | "
+                         f"{'yes' if meets(c, eager) else 'NO'} | {'ok' if n['ok'] else 'DIFFER'} "
+                         f"({worst:.1e}; {n['tolerance']:.1e}) | {floor} | {p.get('context_factor')} | "
+                         f"{p['applied']} ({p['swaps']}) | {p['search_seconds']} / {p['verify_seconds']} | "
+                         f"{c['note'][:80]} |")
+    return lines
+
+
+def meets(c: dict[str, Any], eager: dict[str, Any]) -> bool:
+    """The cell's limit, measured: latency within 1.10 x eager widened by the noise band of
+    the same rounds; memory at most 0.5 x eager's measured peak (host copies counted: on a
+    CPU they are the same memory)."""
+    if "latency" in c["name"]:
+        return _ratio(c) <= LATENCY_LIMIT * (1 + _noise(c["eager_times"]))
+    return c["peak_bytes"] + c["host_bytes"] <= MEMORY_LIMIT * eager["peak_bytes"]
+
+
+def checks(cells: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """Issue 16's done-when, one line each, from the cells."""
+    lat = [(w, r[n]) for w, r in cells.items() for n in r if n.startswith("peakcut latency") and not r[n]["error"]]
+    plans = [(w, c) for w, r in cells.items() for n, c in r.items() if n.startswith("peakcut") and not c["error"]]
+    met = sum(meets(c, cells[w]["eager"]) for w, c in plans)
+    same = sum(c["numbers"].get("ok", False) for _, c in plans)
+    close = sum(abs(c["predicted"]["latency_s"] / statistics.median(c["times"]) - 1) <= 0.10 for _, c in plans)
+    small = [w for w, c in lat if w in TRANSFORMERS and c["peak_bytes"] <= 0.6 * cells[w]["eager"]["peak_bytes"]]
+    beats = []
+    for w, c in lat:
+        comp = [x for n, x in cells[w].items() if n.startswith("compile") and not x["error"]
+                and _ratio(x) >= _ratio(c)]
+        best = min((x["peak_bytes"] for x in cells[w].values() if x["name"].startswith("compile") and not x["error"]),
+                   default=None)
+        if best is not None and c["peak_bytes"] < best and (comp or all(
+                _ratio(x) >= _ratio(c) for x in cells[w].values() if x["name"].startswith("compile") and not x["error"]
+                and x["peak_bytes"] == best)):
+            beats.append(w)
+    floors = [(w, c["predicted"]["floor"]) for w, c in lat if c["predicted"].get("floor")]
+    return [f"- peakcut cells meeting their limit when measured: {met} of {len(plans)}.",
+            f"- plans giving eager's numbers (2 steps): {same} of {len(plans)}.",
+            f"- predicted step time within 10% of measured: {close} of {len(plans)}.",
+            f"- latency <= 1.10x plans at most 0.6x eager's peak on the transformers: {len(small)} of "
+            f"{sum(w in TRANSFORMERS for w, _ in lat)} ({', '.join(small) or 'none'}).",
+            f"- latency <= 1.10x plans below the best torch.compile budget's peak: {len(beats)} of {len(lat)} "
+            f"({', '.join(beats) or 'none'}).",
+            "- floor (untransformed program / eager, median per round): "
+            + ", ".join(f"{w} x{f:.3f}" for w, f in floors) + "."]
+
+
+def write_benchmarks(text: str, path: Path = BENCHMARKS) -> None:
+    """Put `text` between the markers of BENCHMARKS.md (appended with a heading if absent)."""
+    doc = path.read_text()
+    block = f"{START}\n{text}\n{END}"
+    if START in doc and END in doc:
+        doc = doc[:doc.index(START)] + block + doc[doc.index(END) + len(END):]
+    else:
+        doc = doc.rstrip() + "\n\n## Medium size, every peer run for real (measured on this CPU)\n\n" + block + "\n"
+    path.write_text(doc)
+
+
+def plots(runs: list[dict[str, Any]], out: Path) -> list[Path]:
+    """One Pareto plot per workload: peak / eager against time / eager, every configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    out.mkdir(parents=True, exist_ok=True)
+    for w, row in _cells(runs).items():
+        eager = row.get("eager")
+        if eager is None:
+            continue
+        fig, ax = plt.subplots(figsize=(6.5, 4.8))
+        for name, c in row.items():
+            if c["error"]:
+                continue
+            x = 0.0 if name == "eager" else (_ratio(c) - 1) * 100
+            ax.scatter([x], [c["peak_bytes"] / eager["peak_bytes"]], label=name,
+                       marker="*" if name.startswith("peakcut") else "o", s=90 if name.startswith("peakcut") else 40)
+        ax.set_title(f"{w} (medium, measured on this CPU)")
+        ax.set_xlabel("step time vs eager (%; median of per-round ratios)")
+        ax.set_ylabel("peak memory / eager peak")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"medium-{w}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(path)
+    return made

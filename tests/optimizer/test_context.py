@@ -1,0 +1,60 @@
+"""In-context calibration (peakcut.optimizer.context) and the host allocator setting."""
+
+from __future__ import annotations
+
+import platform
+
+import torch
+from torch import nn
+
+import peakcut
+from peakcut.cost.measured import MeasuredCostModel
+from peakcut.optimizer.context import HIGHEST, LOWEST, RUNS, calibrate
+from peakcut.optimizer.verify import eager_runner
+from peakcut.runtime import keep_freed_host_memory
+
+
+def _loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def _problem() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor], torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.LayerNorm(128), nn.Linear(128, 10))
+    batch = (torch.randn(32, 64), torch.randint(0, 10, (32,)))
+    return model, batch, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def test_calibrate_sets_the_factor_and_trains_nothing(tmp_path) -> None:
+    model, batch, opt = _problem()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    g = peakcut.capture(model, batch, _loss, opt)
+    cost = MeasuredCostModel("cpu", cache_dir=tmp_path)
+    standalone = sum(cost.node_seconds(g, n) for n in g.order)
+    found = calibrate(g, cost, model, batch, eager_runner(model, batch, _loss, opt, None), opt)
+    assert LOWEST <= found.factor <= HIGHEST
+    assert cost.context == found.factor
+    assert len(found.times) == len(found.eager_times) == RUNS
+    assert found.eager_ratio > 0
+    scaled = sum(cost.node_seconds(g, n) for n in g.order)
+    assert abs(scaled - found.factor * standalone) <= 1e-9 + 1e-6 * scaled
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert not opt.state                   # the calibration's eager steps left no AdamW state
+
+
+def test_optimize_reports_the_calibration(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PEAKCUT_CACHE", str(tmp_path))
+    model, batch, opt = _problem()
+    plan = peakcut.optimize(model, batch, _loss, opt, device="measured:cpu", time_budget=20)
+    ctx = plan.report["context"]
+    assert LOWEST <= ctx["factor"] <= HIGHEST and ctx["rounds"] == RUNS
+    assert abs(plan.report["eager_ratio"] - ctx["eager_ratio"]) < 1e-3
+    assert "glibc" in ctx["host_allocator"]
+    assert "for running inside the whole step" in plan.report["latency_method"] or ctx["factor"] == 1.0
+
+
+def test_keep_freed_host_memory_where_glibc() -> None:
+    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert keep_freed_host_memory() is glibc
