@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.measured.configs import config_names
+from peakcut.optimizer.verify import noise_band
 
 BENCHMARKS = Path(__file__).parents[2] / "BENCHMARKS.md"
 START, END = "<!-- bench.measured: start -->", "<!-- bench.measured: end -->"
@@ -29,13 +30,6 @@ def predicted(report: dict[str, Any]) -> dict[str, Any]:
 
 def _ratio(c: dict[str, Any]) -> float:
     return statistics.median(t / e for t, e in zip(c["times"], c["eager_times"], strict=True))
-
-
-def _noise(times: list[float]) -> float:
-    if len(times) < 2:
-        return 0.0
-    q1, _, q3 = statistics.quantiles(times, n=4)
-    return min(0.25, (q3 - q1) / statistics.median(times))
 
 
 def _gib(n: float) -> str:
@@ -72,7 +66,7 @@ def markdown(runs: list[dict[str, Any]]) -> str:
             elif c["error"]:
                 out.append(f"failed: {c['error'][:60]}")
             elif name == "eager":
-                out.append(f"{statistics.median(c['times']):.2f} s [{_noise(c['times']):.2f}], {_gib(c['peak_bytes'])} GiB")
+                out.append(f"{statistics.median(c['times']):.2f} s [{noise_band(c['times']):.2f}], {_gib(c['peak_bytes'])} GiB")
             else:
                 rs = [t / e for t, e in zip(c["times"], c["eager_times"], strict=True)]
                 out.append(f"x{_ratio(c):.2f} ({min(rs):.2f}-{max(rs):.2f}), {_gib(c['peak_bytes'])} "
@@ -112,7 +106,7 @@ def meets(c: dict[str, Any], eager: dict[str, Any]) -> bool:
     the same rounds; memory at most 0.5 x eager's measured peak (host copies counted: on a
     CPU they are the same memory)."""
     if "latency" in c["name"]:
-        return _ratio(c) <= LATENCY_LIMIT * (1 + _noise(c["eager_times"]))
+        return _ratio(c) <= LATENCY_LIMIT * (1 + noise_band(c["eager_times"]))
     return c["peak_bytes"] + c["host_bytes"] <= MEMORY_LIMIT * eager["peak_bytes"]
 
 
