@@ -38,7 +38,13 @@ from peakcut.optimizer.parallel import parallel_search
 from peakcut.optimizer.plan import LimitNotMet, Plan, Program
 from peakcut.optimizer.search import Progress, SearchResult
 from peakcut.optimizer.state import State, computation_hash
-from peakcut.optimizer.verify import choose, eager_runner, needed_seconds, programs_for
+from peakcut.optimizer.verify import (
+    choose,
+    eager_runner,
+    model_device,
+    needed_seconds,
+    programs_for,
+)
 from peakcut.optimizer.verify import runs_here as verify_runs_here
 from peakcut.rules import RULES
 from peakcut.runtime.host_allocator import keep_freed_host_memory
@@ -340,7 +346,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
 
 def _host_memory(model: torch.nn.Module, keep: bool) -> str:
     """Apply keep_freed_host_memory for a CPU model when asked; what was done, for the report."""
-    if next(model.parameters()).device.type != "cpu":
+    if model_device(model).type != "cpu":
         return "not a CPU model: left alone"
     if not keep:
         return "left alone (keep_host_memory=False)"

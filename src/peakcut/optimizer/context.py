@@ -38,7 +38,7 @@ from peakcut.codegen.program import Step
 from peakcut.cost.measured import MeasuredCostModel
 from peakcut.cost.model import step_seconds
 from peakcut.ir.graph import Graph
-from peakcut.optimizer.verify import Restore
+from peakcut.optimizer.verify import Restore, model_device, sync_device
 
 RUNS = 3
 LOWEST, HIGHEST = 0.8, 1.6
@@ -75,11 +75,6 @@ class ContextCalibration:
                 "seconds": round(self.seconds, 3)}
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: Any,
               eager: Callable[[], Any], optimizer: torch.optim.Optimizer | None,
               seconds: float = math.inf) -> ContextCalibration:
@@ -106,15 +101,15 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
     with Restore(model, optimizer):
         inputs = step.bind(model, batch)
         where = step.device_of(inputs)
-        device = next(model.parameters()).device
+        device = model_device(model)
         eager()                                      # warm-ups (and the optimizer's state)
         step.run(inputs, where)
         for _ in range(RUNS):
             for run, into in ((eager, eager_times), (lambda: step.run(inputs, where), times)):
-                _sync(device)
+                sync_device(device)
                 start = time.perf_counter()
                 run()
-                _sync(device)
+                sync_device(device)
                 into.append(time.perf_counter() - start)
     factor = statistics.median(times) / predicted if predicted > 0 else 1.0
     factor = min(HIGHEST, max(LOWEST, factor))

@@ -122,7 +122,7 @@ class Restore:
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         self.model, self.optimizer = model, optimizer
-        device = _device(model)
+        device = model_device(model)
         self.rng = torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else [])
 
     def __enter__(self) -> None:
@@ -155,12 +155,12 @@ class Restore:
             self.rng.__exit__(None, None, None)
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _device(model: torch.nn.Module) -> torch.device:
+def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
@@ -171,7 +171,7 @@ def _eager_peak(run: Callable[[], Any], model: torch.nn.Module, batch: Any,
     tensors = [*model.parameters(), *model.buffers(), *(t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor))]
     if optimizer is not None:
         tensors += [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-    device = _device(model)
+    device = model_device(model)
     return run_peak(run, device, storage_bytes([t for t in tensors if t.device == device]))
 
 
@@ -214,7 +214,7 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
     doc). Rounds past MIN_ROUNDS stop at `deadline` (perf_counter). A candidate that fails to
     bind or run (out of memory, say) is left out, with the reason in Verdict.failed."""
     t0 = time.perf_counter()
-    device = _device(model)
+    device = model_device(model)
     method = "cuda" if device.type == "cuda" else "cpu-profiler"
     failed: list[tuple[str, str]] = []
     ran: list[int] = []
@@ -241,10 +241,10 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
             if r >= MIN_ROUNDS and time.perf_counter() > deadline:
                 break
             for i, run in enumerate(runs):
-                _sync(device)
+                sync_device(device)
                 start = time.perf_counter()
                 run()
-                _sync(device)
+                sync_device(device)
                 times[i].append(time.perf_counter() - start)
     eager_m = Measured("eager", eager_peak, tuple(times[0]), method)
     cands = tuple(Measured(candidates[index][0], peak, tuple(times[i + 1]), method,
@@ -278,7 +278,7 @@ def runs_here(cost: Any, model: torch.nn.Module) -> bool:
         cost = cost.measured
     if not isinstance(cost, MeasuredCostModel):
         return False
-    device = _device(model)
+    device = model_device(model)
     return cost.device.type == device.type and (device.type == "cpu" or cost.device.index == device.index)
 
 
