@@ -1,6 +1,6 @@
 """Every workload at medium size, every peer and peakcut, run for real on this machine.
 
-    python -m bench.measured [--workloads resnet50,bert-base] [--rounds 7] [--no-write]
+    python -m bench.measured [--workloads resnet50,bert-base] [--rounds 7] [--budget-factor 70] [--no-write]
 
 Per workload: the user's eager AdamW loop; per-block activation checkpointing; torch.compile
 (aot_eager) with activation_memory_budget 0.6, 0.4 and 0.2; peakcut.optimize at

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,7 +42,7 @@ def available_bytes() -> int:
     return 8 << 30
 
 
-def measure_workload(name: str, rounds: int) -> list[Cell]:
+def measure_workload(name: str, rounds: int, budget_factor: float = BUDGET_PER_EAGER_SECOND) -> list[Cell]:
     inst = get_workload(name).build("medium")
     torch._dynamo.reset()
     eager = build_eager(inst)
@@ -52,7 +53,7 @@ def measure_workload(name: str, rounds: int) -> list[Cell]:
     t0 = time.perf_counter()
     eager.step()
     eager_s = time.perf_counter() - t0
-    budget = min(BUDGET_RANGE[1], max(BUDGET_RANGE[0], BUDGET_PER_EAGER_SECOND * eager_s))
+    budget = min(BUDGET_RANGE[1], max(BUDGET_RANGE[0], budget_factor * eager_s))
     per_group = max(1, int(0.5 * available_bytes() / eager_cell.peak_bytes) - 1)
     builders: list[tuple[str, Callable[[], Built]]] = [
         *((f"peakcut {k}", lambda k=k, v=v: build_peakcut(inst, k, v, budget)) for k, v in PEAKCUT_LIMITS),
@@ -99,33 +100,38 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workloads", default=",".join(WORKLOAD_NAMES))
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (>= 7)")
     p.add_argument("--no-write", action="store_true", help="print only; leave results.json and BENCHMARKS.md")
+    p.add_argument("--budget-factor", type=float, default=BUDGET_PER_EAGER_SECOND,
+                   help=f"peakcut's time budget in eager steps (clamped to {BUDGET_RANGE[0]:g}-{BUDGET_RANGE[1]:g} s)")
     args = p.parse_args(argv)
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     kept = keep_freed_host_memory()   # as peakcut.optimize does; every configuration runs under it
-    t0 = time.perf_counter()
-    cells: list[Cell] = []
-    for name in names:
-        cells += measure_workload(name, args.rounds)
     env = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
            f"{torch.__version__}; glibc malloc keeps freed memory: {kept}; {args.rounds} rounds")
-    run = {"env": env, "seconds": round(time.perf_counter() - t0, 1), "workloads": names,
-           "cells": [asdict(c) for c in cells]}
-    if args.no_write:
-        print(report.markdown([run]))
-        return
+    runs: list[dict[str, Any]] = []
+    for name in names:     # one run per workload, saved as soon as it is measured
+        t0 = time.perf_counter()
+        cells = measure_workload(name, args.rounds, args.budget_factor)
+        run = {"env": env, "seconds": round(time.perf_counter() - t0, 1), "workloads": [name],
+               "cells": [asdict(c) for c in cells]}
+        runs = [run] if args.no_write else save(run)
+    text = report.markdown(runs)
+    if not args.no_write:
+        report.write_benchmarks(text)
+        report.plots(runs, HERE / "plots")
+    print(text)
+
+
+def save(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """results.json with `run` replacing the cells of its workloads; every run kept there."""
     runs = []
     for old in json.loads(RESULTS.read_text())["runs"] if RESULTS.exists() else []:
-        old["workloads"] = [w for w in old["workloads"] if w not in names]   # re-run here: replaced
-        old["cells"] = [c for c in old["cells"] if c["workload"] not in names]
+        old["workloads"] = [w for w in old["workloads"] if w not in run["workloads"]]
+        old["cells"] = [c for c in old["cells"] if c["workload"] not in run["workloads"]]
         if old["workloads"]:
             runs.append(old)
     runs.append(run)
     RESULTS.write_text(json.dumps({"runs": runs}, indent=1))
-    text = report.markdown(runs)
-    report.write_benchmarks(text)
-    report.plots(runs, HERE / "plots")
-    print(text)
-
+    return runs
 
 if __name__ == "__main__":
     main()

@@ -44,11 +44,18 @@ def _cells(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     return out
 
 
+def _environments(runs: list[dict[str, Any]]) -> str:
+    """Each environment once, with the minutes every workload took in it."""
+    by_env: dict[str, list[str]] = {}
+    for r in runs:
+        by_env.setdefault(r["env"], []).append(f"{', '.join(r['workloads'])} {r['seconds'] / 60:.1f} min")
+    return "; ".join(f"{env} ({', '.join(times)})" for env, times in by_env.items())
+
+
 def markdown(runs: list[dict[str, Any]]) -> str:
     cells = _cells(runs)
     lines = ["Command: `python -m bench.measured` (bench/measured; raw cells in bench/measured/results.json, "
-             "plots in bench/measured/plots/). All figures measured on this CPU: "
-             + "; ".join(f"{', '.join(r['workloads'])}: {r['env']}, {r['seconds'] / 60:.0f} min" for r in runs) + ".",
+             "plots in bench/measured/plots/). All figures measured on this CPU: " + _environments(runs) + ".",
              "",
              "Cell: median over the rounds of time / eager's time in the same round (min-max), and the peak in GiB "
              "(x eager). Eager: its median step time and peak; the noise band (interquartile range / median "
