@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.measured.configs import config_names
+from bench.peers.plots import label_pareto_axes
 from peakcut.optimizer.verify import noise_band
 
 BENCHMARKS = Path(__file__).parents[2] / "BENCHMARKS.md"
@@ -178,11 +179,8 @@ def plots(runs: list[dict[str, Any]], out: Path) -> list[Path]:
             x = 0.0 if name == "eager" else (_ratio(c) - 1) * 100
             ax.scatter([x], [c["peak_bytes"] / eager["peak_bytes"]], label=name,
                        marker="*" if name.startswith("peakcut") else "o", s=90 if name.startswith("peakcut") else 40)
-        ax.set_title(f"{w} (medium, measured on this CPU)")
-        ax.set_xlabel("step time vs eager (%; median of per-round ratios)")
-        ax.set_ylabel("peak memory / eager peak")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        label_pareto_axes(ax, f"{w} (medium, measured on this CPU)",
+                          "step time vs eager (%; median of per-round ratios)")
         fig.tight_layout()
         path = out / f"medium-{w}.png"
         fig.savefig(path, dpi=110)

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from bench.peers.results import Cell
 
 PLOT_DIR = Path(__file__).parent / "plots"
+
+
+def label_pareto_axes(ax: Any, title: str, xlabel: str) -> None:
+    """Title, axis labels, grid and legend of a peak-vs-time Pareto plot."""
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("peak memory / eager peak")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
 
 
 def _points(cells: list[Cell], profile: str) -> dict[str, list[tuple[float, float, str]]]:
@@ -46,11 +56,7 @@ def pareto_plot(cells: list[Cell], workload: str, size: str, out_dir: Path = PLO
                 if label:
                     ax.annotate(label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
         where = "measured on CPU" if size == "tiny" else f"simulated, {profile}"
-        ax.set_title(f"{workload} ({size}, {where})")
-        ax.set_xlabel("latency overhead vs eager (%)")
-        ax.set_ylabel("peak memory / eager peak")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        label_pareto_axes(ax, f"{workload} ({size}, {where})", "latency overhead vs eager (%)")
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{size}-{workload}.png"
