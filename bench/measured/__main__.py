@@ -49,7 +49,7 @@ def measure_workload(name: str, rounds: int, budget_factor: float = BUDGET_PER_E
     for _ in range(WARMUP):
         eager.step()
     eager_cell = Cell(name, "eager")
-    eager_cell.peak_bytes, _ = peak_of(eager, inst.batch)
+    eager_cell.peak_bytes, _, eager_cell.held_bytes = peak_of(eager, inst.batch)
     t0 = time.perf_counter()
     eager.step()
     eager_s = time.perf_counter() - t0
@@ -76,7 +76,7 @@ def measure_workload(name: str, rounds: int, budget_factor: float = BUDGET_PER_E
                     cell.predicted = report.predicted(built.report)
                 for _ in range(WARMUP):
                     built.step()
-                cell.peak_bytes, cell.host_bytes = peak_of(built, inst.batch)
+                cell.peak_bytes, cell.host_bytes, cell.held_bytes = peak_of(built, inst.batch)
                 group.append((built, cell))
             except Exception as e:  # noqa: BLE001 - a failing configuration is a table cell, not a crash
                 cells.append(Cell(name, label, error=fail_reason(e)))

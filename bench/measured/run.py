@@ -27,6 +27,7 @@ class Cell:
     name: str
     peak_bytes: int = 0
     host_bytes: int = 0                     # peakcut swaps: host copies (the same RAM on a CPU)
+    held_bytes: int = 0                     # held between steps: parameters, buffers, optimizer state, batch
     times: list[float] = field(default_factory=list)
     eager_times: list[float] = field(default_factory=list)    # eager's runs in the same rounds
     setup_seconds: float = 0.0
@@ -45,12 +46,13 @@ class Cell:
         return noise_band(self.eager_times)
 
 
-def peak_of(built: Built, batch: Sequence[torch.Tensor]) -> tuple[int, int]:
-    """(caller-held bytes + the allocator's peak over one step, host bytes of a plan's swaps)."""
+def peak_of(built: Built, batch: Sequence[torch.Tensor]) -> tuple[int, int, int]:
+    """(caller-held bytes + the allocator's peak over one step, host bytes of a plan's
+    swaps, the caller-held bytes alone)."""
     delta, _ = profiler_peak(built.step)
     held = caller_held_bytes(built.model, built.optimizer, batch)
     host = built.plan.program.host_peak_bytes if built.plan is not None else 0
-    return held + delta, host
+    return held + delta, host, held
 
 
 def interleaved(eager: Callable[[], Any], steps: Sequence[Callable[[], Any]], rounds: int
