@@ -192,6 +192,7 @@ def capture(
     edit.set_signature(replace(g.signature, notes=tuple(log.notes)))
     if grad_scaler and mode == "train":
         _gate_updates(edit)
+    _updates_after_loss(edit)
     _chain_random(edit)
     return edit.finish()
 
@@ -335,6 +336,12 @@ def _chain_random(edit: GraphEditor) -> None:
             last = nid
 
 
+def _input_storages(g: Graph, prefixes: tuple[str, ...]) -> set[int]:
+    """Storages of the step's inputs whose names start with one of `prefixes`."""
+    return {g.tensors[t].storage for t, name in zip(g.inputs, g.input_names, strict=True)
+            if name.startswith(prefixes)}
+
+
 def _gate_updates(edit: GraphEditor) -> None:
     """The GradScaler's gate (an early return when found_inf) runs after everything the step
     returns or must do whatever it finds (the outputs, buffer updates), and every write of a
@@ -344,9 +351,8 @@ def _gate_updates(edit: GraphEditor) -> None:
     if not gates:
         return
     gate = gates[0]
-    names = dict(zip(g.inputs, g.input_names, strict=True))
-    owned = {g.tensors[t].storage for t, name in names.items() if name.startswith(("param:", "state:"))}
-    buffers = {g.tensors[t].storage for t, name in names.items() if name.startswith("buffer:")}
+    owned = _input_storages(g, ("param:", "state:"))
+    buffers = _input_storages(g, ("buffer:",))
     for t in g.outputs:
         producer = g.producer(t)
         if producer is not None and producer != gate:
@@ -359,6 +365,23 @@ def _gate_updates(edit: GraphEditor) -> None:
             edit.add_control(node.id, [gate])
         elif written & buffers:
             edit.add_control(gate, [node.id])
+
+
+def _updates_after_loss(edit: GraphEditor) -> None:
+    """Every write of a parameter or of optimizer state runs after the loss, as in the eager
+    loop: a step that fails on its batch (a label out of range, a NaN check in the model)
+    then leaves the model and optimizer untouched. Without these edges a schedule may hoist
+    the parts of an update that need no gradient (AdamW's weight decay, beta2 * exp_avg_sq)
+    into the forward; those writes are in place, so the order costs no memory."""
+    g = edit.graph
+    loss = g.producer(g.outputs[0]) if g.outputs and g.output_names[0] == "loss" else None
+    if loss is None:
+        return
+    owned = _input_storages(g, ("param:", "state:"))
+    for node in list(g.nodes.values()):
+        if node.phase is Phase.OPTIMIZER and node.id != loss and owned & {
+                g.tensors[t].storage for t in node.mutated_ids()}:
+            edit.add_control(node.id, [loss])
 
 
 def _hook_backward_meta(loss: torch.Tensor) -> None:

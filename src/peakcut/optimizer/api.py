@@ -410,6 +410,7 @@ def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, A
     `check`, the search leaves `keep` seconds (default VERIFY_SHARE of the budget) and
     check(found, seconds left) picks the plan that meets the limit when run."""
     t0 = time.perf_counter()
+    budget = max(0.0, budget)       # what capture and calibration left of the user's time budget
     keep = 0.0 if check is None else min(keep, budget) if keep is not None else VERIFY_SHARE * budget
     found = optimize_graph(g, time_budget=max(0.0, budget - keep), **search)
     found.report["title"] = f"peakcut plan for {type(model).__name__}"

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from peakcut.capture.trace import CaptureError
 from peakcut.codegen.program import Step, StepBindingError
 from peakcut.ir.graph import Graph
 from peakcut.ir.serialize import graph_from_json, graph_to_json
@@ -113,11 +114,17 @@ class Plan:
         if self._key is None or key == self._key or key in self._programs:
             return self._built(key if key in self._programs else self._key)
         if self._replan is None:
-            raise StepBindingError(f"batch of another shape ({_shapes(key)}; planned for {_shapes(self._key)}) "
+            raise StepBindingError(f"batch of another shape or dtype ({_shapes(key)}; planned for "
+                                   f"{_shapes(self._key)}) "
                                    "and replan=False: plan this shape with peakcut.optimize, or pass replan=True")
         t0 = time.perf_counter()
-        self._programs[key] = self._replan(batch)
-        warnings.warn(f"peakcut: batch of a new shape ({_shapes(key)}; planned for {_shapes(self._key)}): "
+        try:
+            self._programs[key] = self._replan(batch)
+        except CaptureError as e:
+            raise CaptureError(f"batch of another shape or dtype ({_shapes(key)}; planned for "
+                               f"{_shapes(self._key)}) could not be planned: {e}") from e
+        warnings.warn(f"peakcut: batch of a new shape or dtype ({_shapes(key)}; planned for "
+                      f"{_shapes(self._key)}): "
                       f"planned again in {time.perf_counter() - t0:.1f} s; cached for this shape",
                       stacklevel=3)
         return self._built(key)
@@ -158,7 +165,8 @@ class Plan:
 def _shapes(key: tuple[Any, ...] | None) -> str:
     if key is None:
         return "?"
-    return ", ".join("x".join(map(str, k[0])) if len(k) == 2 else k[0] for k in key[1:])
+    return ", ".join(f"{'x'.join(map(str, k[0]))} {str(k[1]).removeprefix('torch.')}" if len(k) == 2 else k[0]
+                     for k in key[1:])
 
 
 def load_plan(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
