@@ -44,6 +44,13 @@ def test_interleaved_times_each_call_and_pads_small_batches():
     assert not made  # big batches need no filler
 
 
+def test_past_the_deadline_one_round_is_timed_and_no_more():
+    made = []
+    seconds = time_calls([_sleeper(1e-5)], CPU, FAST, [lambda: made.append(1)], deadline=time.perf_counter())
+    assert len(seconds) == 1 and seconds[0] >= 1e-5
+    assert len(made) == FAST.warmup + 1
+
+
 def test_loop_timing_and_mode_switch():
     slow = _sleeper(1e-4)
     assert time_call(slow, CPU, FAST) >= 1e-4

@@ -169,7 +169,8 @@ class MeasuredCostModel:
     # ------------------------------------------------------------------ measuring
     def profile(self, g: Graph, deadline: float = math.inf) -> int:
         """Measure every distinct key of `g` not yet known; returns how many were new. No new
-        batch of keys is started after `deadline` (perf_counter): those stay unknown."""
+        batch of keys is started after `deadline` (perf_counter): those stay unknown; a batch
+        running then stops after its current round of timings."""
         jobs: dict[str, _Job] = {}
         for nid in g.order:
             if is_swap(g, nid):
@@ -228,12 +229,12 @@ class MeasuredCostModel:
                 if call is None:
                     continue
                 if batch and held + job.nbytes > self.max_batch_bytes:
-                    self._time_batch(batch)
+                    self._time_batch(batch, deadline)
                     batch, held = [], 0
                 batch.append((job.key, call))
                 held += job.nbytes
             if batch:
-                self._time_batch(batch)
+                self._time_batch(batch, deadline)
         for job in jobs:
             if job.key in self._table.entries:
                 self._note(job.key)
@@ -258,11 +259,11 @@ class MeasuredCostModel:
             job.estimate(), estimated=True, reason=f"{reason} (estimated by {self._fallback.name})")
         self.measurements += 1
 
-    def _time_batch(self, batch: list[tuple[str, Callable[[], Any]]]) -> None:
+    def _time_batch(self, batch: list[tuple[str, Callable[[], Any]]], deadline: float = math.inf) -> None:
         if not self._filler:
             self._filler = list(mix_calls(mix_operands(self.device)))
         seconds = time_calls([call for _, call in batch], self.device, self.settings,
-                             filler=self._filler)
+                             filler=self._filler, deadline=deadline)
         for (key, _), value in zip(batch, seconds, strict=True):
             self._table.entries[key] = CostEntry(value)
             self.measurements += 1

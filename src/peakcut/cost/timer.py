@@ -144,13 +144,14 @@ def time_call(fn: Callable[[], Any], device: torch.device, settings: TimingSetti
 
 def time_interleaved(calls: Sequence[Callable[[], Any]], device: torch.device,
                      settings: TimingSettings,
-                     filler: Sequence[Callable[[], Any]] = ()) -> list[float]:
+                     filler: Sequence[Callable[[], Any]] = (), deadline: float = math.inf) -> list[float]:
     """Median seconds of each call, interleaved in rounds (see the module docstring).
 
     `filler` calls are made after the batch in every round when the batch has fewer than
     MIN_INTERLEAVED calls; they are not timed. A round counts only if the CPU threads are
     still hot right after it (threads_hot); disturbed rounds are replaced, up to
     ``settings.rounds * settings.retries`` extra rounds, and used only if no round was clean.
+    After `deadline` (perf_counter) no new round starts once one has been timed.
     """
     sequence = list(calls) + (list(filler) if len(calls) < MIN_INTERLEAVED else [])
     timed = len(calls)
@@ -160,7 +161,7 @@ def time_interleaved(calls: Sequence[Callable[[], Any]], device: torch.device,
     clean: list[list[float]] = []
     disturbed: list[list[float]] = []
     for _ in range(settings.rounds * (1 + settings.retries)):
-        if len(clean) == settings.rounds:
+        if len(clean) == settings.rounds or ((clean or disturbed) and time.perf_counter() > deadline):
             break
         sample = []
         for fn in sequence:
@@ -178,12 +179,13 @@ def time_interleaved(calls: Sequence[Callable[[], Any]], device: torch.device,
 
 def time_calls(calls: Sequence[Callable[[], Any]], device: torch.device,
                settings: TimingSettings,
-               filler: Sequence[Callable[[], Any]] = ()) -> list[float]:
+               filler: Sequence[Callable[[], Any]] = (), deadline: float = math.inf) -> list[float]:
     """Seconds of each call: interleaved on CPU (unless settings.interleave is False),
-    loop-timed one by one on CUDA."""
+    loop-timed one by one on CUDA. After `deadline`, interleaved timing stops at the first
+    round done (fewer rounds, each call still timed)."""
     if device.type == "cuda" or not settings.interleave:
         return [time_call(fn, device, settings) for fn in calls]
-    return time_interleaved(calls, device, settings, filler)
+    return time_interleaved(calls, device, settings, filler, deadline)
 
 
 def copy_call(nbytes: int, direction: str, device: torch.device) -> Callable[[], Any]:

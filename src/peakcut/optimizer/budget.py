@@ -1,8 +1,9 @@
 """A measured cost model that stops measuring when the time budget runs out.
 
 Measuring a call the first time it is seen takes tens of milliseconds; a fissioned or
-swapped program brings many new calls. Within the budget every unknown call is measured
-(and cached); past the deadline, unknown calls are priced by the measured model's own
+swapped program brings many new calls. Within the budget the first unknown call of a graph
+has all of the graph's unknown calls measured together (and cached), none of it running
+on past the deadline by more than a round of timings; past the deadline, unknown calls are priced by the measured model's own
 analytic fallback and counted, so the report can say how many figures are estimates.
 """
 
@@ -25,7 +26,9 @@ class BudgetedCost:
         self.estimated: set[tuple[str, tuple]] = set()
 
     def node_seconds(self, g: Graph, nid: int) -> float:
-        if self.measured.known(g, nid) or time.perf_counter() < self.deadline:
+        if not self.measured.known(g, nid) and time.perf_counter() < self.deadline:
+            self.measured.profile(g, self.deadline)    # every new call of g at once, up to the deadline
+        if self.measured.known(g, nid):
             return self.measured.node_seconds(g, nid)
         node = g.nodes[nid]
         self.estimated.add((node.op, tuple(g.tensors[t].shape for t in node.input_ids())))
