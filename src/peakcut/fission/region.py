@@ -31,7 +31,7 @@ from peakcut.fission.boundary import boundary, copied_members, interleaved
 from peakcut.fission.expanded import Expanded, ExpandedRegion, FissionError
 from peakcut.fission.merge import allocate, finish, write_part
 from peakcut.fission.reuse import ExpansionStep, Snapshot
-from peakcut.ir.dims import CAT, SAME, DimRule, PartCall, split_node_args
+from peakcut.ir.dims import CAT, SAME, DimRule, PartCall, part_rule, split_node_args
 from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.infer import InferenceError, Layout, LayoutMemo
@@ -177,7 +177,7 @@ class RegionExpander:
 
         for copy_of in parts:
             for v, c in copy_of.items():
-                self.rules[c] = self.rules[v]
+                self.rules[c] = part_rule(self.rules[v], labels[v])
         self._remove([v for v in members if v in removed], {o.tensor for o in outs})
         block_order = allocs + [nid for b in blocks for nid in b] + merges
         after = [v for v in members if v in replayed] + after

@@ -18,11 +18,13 @@ from peakcut.ir.dims.split import (
     can_split,
     label_sizes,
     merge_outputs,
+    part_rule,
     split_node_args,
 )
 from peakcut.ir.dims.table import BUILDERS, NO_RULE, dim_rule
 
 __all__ = [
     "BUILDERS", "CAT", "MERGE_KINDS", "NO_RULE", "SAME", "DimRule", "Dims", "Label", "Narrow",
-    "PartCall", "as_outputs", "can_split", "dim_rule", "label_sizes", "merge_outputs", "split_node_args",
+    "PartCall", "as_outputs", "can_split", "dim_rule", "label_sizes", "merge_outputs", "part_rule",
+    "split_node_args",
 ]

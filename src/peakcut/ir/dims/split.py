@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -178,6 +178,16 @@ def split_node_args(g: Graph, nid: int, rule: DimRule, label: Label, n: int, par
     contiguous = frozenset(t for t in narrows if TensorRef(t) in quirky)
     return PartCall(op, tuple(args), MappingProxyType(kwargs), MappingProxyType(narrows),
                     contiguous)
+
+
+def part_rule(rule: DimRule, label: Label) -> DimRule:
+    """The rule of a part's copy of a node split along `label` by split_node_args: a mean
+    nll_loss split along a merged label runs as a sum (reduction=sum), so its copy merges
+    as one when a region nested inside the part splits it again."""
+    if rule.merge.get(label) != "nll_mean":
+        return rule
+    return replace(rule, merge=MappingProxyType(
+        {k: "sum" if kind == "nll_mean" else kind for k, kind in rule.merge.items()}))
 
 
 def merge_outputs(
