@@ -99,12 +99,15 @@ def check_equivalence(
     rtol: float | None = None,
     atol: float | None = None,
     loss_tolerance: tuple[float, float] | None = None,
+    seed: int | None = None,
 ) -> EquivalenceReport:
     """Run `steps` steps eagerly and with build(model) on copies of `model`; compare everything.
 
     build(model) must return a Step whose outputs include the gradients
     (capture with keep_grads=True, or optimizer None). loss_tolerance: (rtol, atol) of the
-    loss alone, for a loss computed in a narrower dtype than the parameters.
+    loss alone, for a loss computed in a narrower dtype than the parameters. seed: seed the
+    default generator with seed + k before both runs of step k, so that random ops
+    (dropout) draw the same numbers in both (None: leave the generator alone).
     """
     dtype = next(model.parameters()).dtype
     d_rtol, d_atol = default_tolerance(dtype)
@@ -130,10 +133,14 @@ def check_equivalence(
             p.grad = None
         for p in our_model.parameters():
             p.grad = None
+        if seed is not None:
+            torch.manual_seed(seed + k)
         ref_loss = loss_fn(ref_model, batch)
         ref_loss.backward()
         if opt is not None:
             opt.step()
+        if seed is not None:
+            torch.manual_seed(seed + k)
         loss = step_fn(our_model, batch)
         compare(k, "loss", "loss", loss, ref_loss)
         ref_params = dict(ref_model.named_parameters())
