@@ -14,6 +14,8 @@ range / median). Peak: the parameters, buffers, optimizer state and batch the ca
 plus the CPU allocator's peak over one step (torch.profiler memory events). Every peakcut
 plan's first two steps are compared with eager's (loss, parameter updates, AdamW moments).
 
-Results: bench/measured/results.json, the table between the markers in BENCHMARKS.md
-(--no-write: stdout only) and a Pareto plot per workload in bench/measured/plots/.
+Several workloads run one after another in processes of their own (each saves its cells to
+results.json as it ends; a workload killed for memory leaves the others' cells). Results:
+bench/measured/results.json, the table between the markers in BENCHMARKS.md (--no-write:
+stdout only) and a Pareto plot per workload in bench/measured/plots/.
 """

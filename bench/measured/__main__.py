@@ -6,6 +6,8 @@ import argparse
 import gc
 import json
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -104,6 +106,9 @@ def main(argv: list[str] | None = None) -> None:
                    help=f"peakcut's time budget in eager steps (clamped to {BUDGET_RANGE[0]:g}-{BUDGET_RANGE[1]:g} s)")
     args = p.parse_args(argv)
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if len(names) > 1 and not args.no_write:
+        each_in_its_own_process(names, args.rounds, args.budget_factor)
+        return
     kept = keep_freed_host_memory()   # as peakcut.optimize does; every configuration runs under it
     env = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
            f"{torch.__version__}; glibc malloc keeps freed memory: {kept}; {args.rounds} rounds")
@@ -119,6 +124,26 @@ def main(argv: list[str] | None = None) -> None:
         report.write_benchmarks(text)
         report.plots(runs, HERE / "plots")
     print(text)
+
+
+def each_in_its_own_process(names: list[str], rounds: int, budget_factor: float) -> None:
+    """Every workload measured by a process of its own (each saves its cells as it ends), then
+    the table and plots from results.json. In one process the freed memory of the workloads
+    before (kept by malloc, as peakcut.optimize keeps it) added up: BTLM-3B, the last, was
+    killed for memory at 24 GB on a 24 GB machine."""
+    failed = []
+    for name in names:
+        done = subprocess.run([sys.executable, "-m", "bench.measured", "--workloads", name, "--rounds", str(rounds),
+                               "--budget-factor", str(budget_factor)], check=False)
+        if done.returncode != 0:
+            failed.append(f"{name} (exit {done.returncode})")
+    runs = json.loads(RESULTS.read_text())["runs"] if RESULTS.exists() else []
+    text = report.markdown(runs)
+    report.write_benchmarks(text)
+    report.plots(runs, HERE / "plots")
+    print(text)
+    if failed:
+        print(f"not measured: {', '.join(failed)}", file=sys.stderr)
 
 
 def save(run: dict[str, Any]) -> list[dict[str, Any]]:
