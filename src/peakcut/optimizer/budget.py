@@ -2,9 +2,10 @@
 
 Measuring a call the first time it is seen takes tens of milliseconds; a fissioned or
 swapped program brings many new calls. Within the budget the first unknown call of a graph
-has all of the graph's unknown calls measured together (and cached), none of it running
-on past the deadline by more than a round of timings; past the deadline, unknown calls are priced by the measured model's own
-analytic fallback and counted, so the report can say how many figures are estimates.
+has all of the graph's unknown calls measured together (and cached), none of it running on
+past the deadline by more than a round of timings; past the deadline, unknown calls are
+priced by the measured model's own analytic fallback and counted, so the report can say
+how many figures are estimates.
 """
 
 from __future__ import annotations
