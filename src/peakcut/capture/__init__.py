@@ -381,7 +381,7 @@ def _updates_after_loss(edit: GraphEditor) -> None:
     for node in list(g.nodes.values()):
         if node.phase is Phase.OPTIMIZER and node.id != loss and owned & {
                 g.tensors[t].storage for t in node.mutated_ids()}:
-            edit.add_control(node.id, [loss])
+            edit.set_control(node.id, sorted({*g.control.get(node.id, ()), loss}))   # ids ascending, as capture's
 
 
 def _hook_backward_meta(loss: torch.Tensor) -> None:
