@@ -9,7 +9,7 @@ refused and the walk goes on from the same state. The state reached is run next 
 from the CPU allocator's events is compared with the simulated one (within PEAK_TOLERANCE).
 
 Tolerance: rounding of a reordered or split reduction of length K differs by about
-u * sqrt(K) (u: unit roundoff), times SAFETY, carried through the steps; K is bounded by the
+u * sqrt(K) (peakcut.runtime.equivalence.rounding_tolerance), carried through the steps; K is bounded by the
 largest tensor of the step. float32 cases use SGD: Adam's update divides by sqrt(v), which
 turns a rounding-sized gradient (a zero up to rounding) into an update of about lr, so the
 same float32 step can differ by lr in a parameter without any error (float64 keeps that far
@@ -19,14 +19,11 @@ below the tolerance).
 from __future__ import annotations
 
 import copy
-import math
 import random
 import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-
-import torch
 
 import peakcut
 from bench.fuzz.models import Case
@@ -35,9 +32,8 @@ from peakcut.memory import simulate
 from peakcut.optimizer import optimize_graph
 from peakcut.optimizer.children import MoveSettings, children
 from peakcut.optimizer.derive import DeriveError
-from peakcut.runtime.equivalence import check_equivalence
+from peakcut.runtime.equivalence import check_equivalence, rounding_tolerance
 
-SAFETY = 16.0
 STEPS = 3
 PEAK_TOLERANCE = 0.05    # simulated against measured peak: the spine's tolerance (tests/runtime)
 DEVICE = "h200"      # a GPU profile: swaps and offload are priced as freeing memory, so they are tried
@@ -55,11 +51,6 @@ class Outcome:
     steps: list[str] = field(default_factory=list)        # the applied moves' descriptions
     detail: str = ""
     seconds: float = 0.0
-
-
-def tolerance(dtype: torch.dtype, reduction: int, steps: int = STEPS) -> float:
-    u = torch.finfo(dtype).eps / 2
-    return SAFETY * u * math.sqrt(max(1, reduction)) * steps
 
 
 def run_case(case: Case, moves: int = 3) -> Outcome:
@@ -102,7 +93,7 @@ def run_case(case: Case, moves: int = 3) -> Outcome:
             state = deriver.exact(state)
         where = "running the program"
         largest = max((t.numel for t in g.tensors.values()), default=1)
-        tol = tolerance(case.dtype, largest)
+        tol = rounding_tolerance(case.dtype, largest, STEPS)
         report = check_equivalence(case.model, case.batch, case.loss_fn, case.optimizer,
                                    lambda _m: Step(state.program, state.order), steps=STEPS,
                                    rtol=tol, atol=tol, seed=case.seed)

@@ -15,8 +15,7 @@ from bench.measured.configs import Built
 from bench.peers.measure import caller_held_bytes
 from peakcut.optimizer.verify import noise_band
 from peakcut.runtime import profiler_peak
-
-SAFETY = 16.0
+from peakcut.runtime.equivalence import rounding_tolerance
 
 
 @dataclass
@@ -69,10 +68,9 @@ def interleaved(eager: Callable[[], Any], steps: Sequence[Callable[[], Any]], ro
 
 
 def number_tolerance(steps: int, reduction: int = 1 << 16) -> float:
-    """Relative (norm-wise) tolerance of float32 results that differ only in rounding:
-    u * sqrt(K) per reduction of length up to K, times SAFETY, carried through `steps`."""
-    u = torch.finfo(torch.float32).eps / 2
-    return SAFETY * u * math.sqrt(reduction) * steps
+    """Relative (norm-wise) tolerance of float32 results that differ only in rounding, for
+    reductions of length up to `reduction` (peakcut.runtime.equivalence.rounding_tolerance)."""
+    return rounding_tolerance(torch.float32, reduction, steps)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -9,6 +9,7 @@ optimizer state.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,18 @@ class EquivalenceReport:
         lines = [f"{len(bad)} of {len(self.differences)} comparisons differ (rtol={self.rtol}, atol={self.atol}):"]
         lines += [f"  step {d.step} {d.kind} {d.name}: max |diff| {d.max_abs:.3g}" for d in bad[:20]]
         return "\n".join(lines)
+
+
+ROUNDING_SAFETY = 16.0
+
+
+def rounding_tolerance(dtype: torch.dtype, reduction: int, steps: int = 1) -> float:
+    """Relative tolerance of `dtype` results that differ only in rounding: two computations of
+    a reduction of length K (another summation order, kernel or split) differ by about
+    u * sqrt(K) (u: unit roundoff, eps / 2); ROUNDING_SAFETY covers the constant in front,
+    and errors carried through `steps` optimizer steps add up at most linearly."""
+    u = torch.finfo(dtype).eps / 2
+    return ROUNDING_SAFETY * u * math.sqrt(max(1, reduction)) * max(1, steps)
 
 
 def default_tolerance(dtype: torch.dtype) -> tuple[float, float]:
