@@ -16,7 +16,6 @@ import torch
 from peakcut.runtime.equivalence import rounding_tolerance
 
 
-
 def tolerance(dtype: torch.dtype, reduction: int, steps: int = 1) -> float:
     """rtol (and atol, for values of order one) for `dtype` after reductions of length
     `reduction`, carried through `steps` steps."""
