@@ -92,13 +92,36 @@ def test_nonsense_limits_are_named(limits: dict[str, Any], match: str) -> None:
     _fails_cleanly(lambda m, o, b: peakcut.optimize(m, b, loss_fn, o, **FAST, **limits), LimitError, match)
 
 
+@pytest.mark.parametrize(("arguments", "match"), [
+    ({"time_budget": -1}, "time_budget=-1"),
+    ({"time_budget": float("nan")}, "time_budget=nan"),
+    ({"time_budget": "soon"}, "time_budget='soon'"),
+    ({"time_budget": None}, "time_budget=None"),
+    ({"seed": "x"}, "seed='x'"),
+    ({"max_states": 0}, "max_states=0"),
+    ({"jobs": 0}, "jobs=0"),
+    ({"device": "tpu9"}, "unknown cost model 'tpu9'"),
+    ({"fission_dims": "banana"}, "fission_dims='banana'"),
+    ({"memory_limit": 0.5, "latency_limit": 1.1}, "not both"),
+])
+def test_nonsense_search_arguments_are_named(arguments: dict[str, Any], match: str) -> None:
+    _fails_cleanly(lambda m, o, b: peakcut.optimize(m, b, loss_fn, o, **(FAST | arguments)), ValueError, match)
+
+
 def test_an_infeasible_limit_and_a_zero_budget_say_so_with_the_best_plan() -> None:
     _fails_cleanly(lambda m, o, b: peakcut.optimize(m, b, loss_fn, o, memory_limit=10, **FAST),
                    peakcut.LimitNotMet, "peak limit not met: best .*, limit 10 B")
+    errors: list[peakcut.LimitNotMet] = []
+
+    def zero_budget(m: nn.Module, o: torch.optim.Optimizer, b: Any) -> None:
+        try:
+            peakcut.optimize(m, b, loss_fn, o, memory_limit=0.5, device="h200", time_budget=0)
+        except peakcut.LimitNotMet as e:
+            errors.append(e)
+            raise
+    _fails_cleanly(zero_budget, peakcut.LimitNotMet, r"of a 0 s budget")
     model, opt, batch = _trained()
-    with pytest.raises(peakcut.LimitNotMet, match=r"of a 0 s budget") as err:
-        peakcut.optimize(model, batch, loss_fn, opt, memory_limit=0.5, device="h200", time_budget=0)
-    assert err.value.plan.step(batch).isfinite()        # the best plan found runs
+    assert errors[0].plan.step(batch).isfinite()        # the best plan found runs
 
 
 def test_a_batch_that_fails_in_the_loss_leaves_model_and_optimizer_untouched() -> None:

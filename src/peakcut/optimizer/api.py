@@ -160,6 +160,28 @@ def _on_host(settings: MoveSettings | None, cost: CostModel) -> MoveSettings | N
     return replace(settings or MoveSettings(), kinds=kept)
 
 
+def _check_arguments(memory_limit: Any, latency_limit: Any, fission_dims: Any, time_budget: Any, jobs: Any,
+                     seed: Any, max_states: Any) -> None:
+    """Refuse, by name, the search arguments that are not what they must be (the limits'
+    values are checked by peakcut.optimizer.objective)."""
+    def whole(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    if memory_limit is not None and latency_limit is not None:
+        raise ValueError("give memory_limit or latency_limit, not both (the other is minimized)")
+    if fission_dims not in ("batch", "all"):
+        raise ValueError(f"fission_dims={fission_dims!r}: expected 'batch' or 'all'")
+    if (not isinstance(time_budget, (int, float)) or isinstance(time_budget, bool) or time_budget < 0
+            or not math.isfinite(time_budget)):
+        raise ValueError(f"time_budget={time_budget!r}: expected seconds >= 0")
+    if not whole(jobs) or jobs < 1:
+        raise ValueError(f"jobs={jobs!r}: expected a number of processes >= 1")
+    if not whole(seed):
+        raise ValueError(f"seed={seed!r}: expected an integer")
+    if max_states is not None and (not whole(max_states) or max_states < 1):
+        raise ValueError(f"max_states={max_states!r}: expected None or a number of states >= 1")
+
+
 def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    latency_limit: float | str | None = None, time_budget: float = 60.0,
                    device: str | CostModel = "h200", seed: int = 0, max_states: int | None = None,
@@ -176,14 +198,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     (peakcut.optimizer.context); a latency limit is a ratio to the user's eager step.
     """
     t0 = time.perf_counter()
-    if memory_limit is not None and latency_limit is not None:
-        raise ValueError("give memory_limit or latency_limit, not both (the other is minimized)")
-    if fission_dims not in ("batch", "all"):
-        raise ValueError(f"fission_dims={fission_dims!r}: expected 'batch' or 'all'")
-    if not isinstance(time_budget, (int, float)) or time_budget < 0 or math.isnan(time_budget):
-        raise ValueError(f"time_budget={time_budget!r}: expected seconds >= 0")
-    if not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"jobs={jobs!r}: expected a number of processes >= 1")
+    _check_arguments(memory_limit, latency_limit, fission_dims, time_budget, jobs, seed, max_states)
     cost = _cost(device, t0 + MEASURE_SHARE * time_budget)
     if jobs > 1 and isinstance(cost, BudgetedCost):
         raise ValueError(f"jobs={jobs} with device {cost.name!r}: a measured cost model measures op "
@@ -292,6 +307,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
       per-op times assume it; False leaves the allocator alone.
     Raises LimitNotMet (with `.plan`, the best plan found) when the limit is not met.
     """
+    _check_arguments(memory_limit, latency_limit, fission_dims, time_budget, jobs, seed, max_states)
     if optimizer is not None and loss_fn is None:
         raise ValueError("an optimizer needs loss_fn(model, batch) -> scalar loss")
     if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
