@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
+from peakcut.capture.real_layouts import real_layout_table
 from peakcut.ir.node import Phase
 
 
@@ -105,7 +106,7 @@ def trace_step(
         _install_module_hooks(model, log, stack)
         stack.enter_context(fx_traceback.preserve_node_meta())
         try:
-            return make_fx(fn, tracing_mode="fake", decomposition_table=_NO_DECOMPOSITION)(*args)
+            return make_fx(fn, tracing_mode="fake", decomposition_table=real_layout_table())(*args)
         except CaptureError:
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with the module path and cause
@@ -178,13 +179,13 @@ def _module_type(model: torch.nn.Module, path: str) -> str:
         return ""
 
 
-# The op set: no decomposition table. make_fx records ops after PyTorch's own
+# The op set: no decompositions. make_fx records ops after PyTorch's own
 # CompositeImplicitAutograd decompositions, i.e. exactly the ATen kernels eager
 # PyTorch runs (fused batch-norm/layer-norm backward, convolution_backward, ...).
 # Core-ATen decompositions changed ResNet-50 gradients by ~3e-6 after one step
 # and allocate temporaries eager never does, so they are not used. docs/ir.md
-# lists the ops that occur in the seven workloads.
-_NO_DECOMPOSITION: dict = {}
+# lists the ops that occur in the seven workloads. The only table entries make the
+# inputs of a few kernels contiguous, as the real kernels do (capture.real_layouts).
 
 
 def new_fake_mode() -> FakeTensorMode:
