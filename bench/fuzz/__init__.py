@@ -1,13 +1,19 @@
 """Random training steps through every registered rule (issue 19).
 
-    python -m bench.fuzz --cases N [--seed S] [--moves K]
+    python -m bench.fuzz --cases N [--seed S] [--moves K]     N cases, seeds S .. S+N-1
+    python -m bench.fuzz --shrink N [--seed S]                hypothesis draws up to N cases
+                                                              and shrinks the first failing one
 
-models.py makes a random small training step from a vocabulary of real layers (embeddings,
-linear, convolutions, every kind of norm, attention through SDPA and by hand, dropout,
-views, slices, concatenations, in-place ops, residuals), random shapes, losses and
-optimizers; a seed reproduces a case exactly. harness.py captures it, walks K random moves
-of the search (peakcut.optimizer.children: every rule of peakcut.rules.RULES, fission at
+blocks.py is the vocabulary of real layers (embeddings, linear, convolutions, every kind of
+norm, attention through SDPA and by hand, dropout, views, slices, concatenations, in-place
+ops, residuals). models.py draws a small training step from it: random shapes, losses,
+dtypes (float64, float32, bf16 autocast) and optimizers, either a recipe or the user's own
+loop (loop.py: torch.optim in param groups, a frozen stem, a parameter left out of the
+optimizer, clipping, an LR schedule). A seed reproduces a case exactly; under hypothesis
+(st.randoms()) every choice shrinks. harness.py captures the case, walks K random moves of
+the search (peakcut.optimizer.children: every rule of peakcut.rules.RULES, fission at
 random n, re-ordering, undo), generates the program and runs it next to eager for 3 steps
 (loss, gradients, parameters, buffers, optimizer state; tolerance from dtype and the
-longest reduction). __main__ prints the table of rule x outcome.
+longest reduction), then compares its measured peak with the simulated one. __main__
+prints the table of rule x outcome.
 """

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import time
 from collections import Counter
 
+from hypothesis import find, settings
+from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from bench.fuzz.harness import Outcome, run_case
-from bench.fuzz.models import make_case
+from bench.fuzz.models import draw_case, make_case
 from peakcut.rules import RULES, UNDO_MOVES
 
 
@@ -31,13 +35,42 @@ def rule_table(outcomes: list[Outcome]) -> Table:
     return table
 
 
+def shrink(console: Console, examples: int, moves: int, seed: int) -> int:
+    """Hypothesis draws cases (st.randoms(): every choice of draw_case and of the walk) until
+    one is not ok, then shrinks it; print the smallest failing case it ran."""
+    failing: list[tuple[str, Outcome]] = []
+
+    def not_ok(rng: random.Random) -> bool:
+        case = draw_case(rng)
+        out = run_case(case, rng.randint(0, moves))
+        if out.status != "ok":
+            failing.append((case.description, out))
+        return out.status != "ok"
+
+    try:
+        find(st.randoms(use_true_random=False), not_ok,
+             settings=settings(max_examples=examples, database=None, deadline=None),
+             random=random.Random(seed))
+    except NoSuchExample:
+        console.print(f"{examples} cases drawn by hypothesis: all ok")
+        return 0
+    description, out = failing[-1]
+    console.print(f"[red]shrunk {out.status}[/red] ({len(failing)} failing cases seen): "
+                  + escape(f"{description}; moves {out.steps}\n{out.detail}"))
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.fuzz", description=__doc__)
     p.add_argument("--cases", type=int, default=100)
     p.add_argument("--seed", type=int, default=0, help="first case's seed (cases are seed, seed+1, ...)")
     p.add_argument("--moves", type=int, default=3, help="random moves per case")
+    p.add_argument("--shrink", type=int, metavar="N", default=0,
+                   help="instead: let hypothesis draw up to N cases and shrink the first that is not ok")
     args = p.parse_args(argv)
     console = Console()
+    if args.shrink:
+        return shrink(console, args.shrink, args.moves, args.seed)
     t0 = time.perf_counter()
     outcomes = []
     for seed in range(args.seed, args.seed + args.cases):

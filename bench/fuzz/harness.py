@@ -19,13 +19,17 @@ below the tolerance).
 from __future__ import annotations
 
 import copy
-import random
 import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
+
+import torch
 
 import peakcut
+from bench.fuzz.blocks import flip
+from bench.fuzz.loop import UserLoop, run_user_loop
 from bench.fuzz.models import Case
 from peakcut.codegen.program import Step
 from peakcut.memory import simulate
@@ -51,23 +55,28 @@ class Outcome:
     steps: list[str] = field(default_factory=list)        # the applied moves' descriptions
     detail: str = ""
     seconds: float = 0.0
+    worst: float | None = None    # user-loop cases: largest difference / allowed (bench.fuzz.loop)
 
 
 def run_case(case: Case, moves: int = 3) -> Outcome:
     """Capture `case`, walk `moves` random moves, compare the program with eager."""
     t0 = time.perf_counter()
     out = Outcome(case.seed, case.description)
-    rng = random.Random(case.seed)
+    rng = case.rng
     where = "capture"
     try:
-        g = peakcut.capture(case.model, case.batch, case.loss_fn, case.optimizer, keep_grads=True)
+        if case.loop is not None:
+            g = peakcut.capture(case.model, case.batch, case.loss_fn, case.loop.make_optimizer(case.model),
+                                keep_grads=True, max_grad_norm=case.loop.max_grad_norm)
+        else:
+            g = peakcut.capture(case.model, case.batch, case.loss_fn, case.optimizer, keep_grads=True)
         where = "search root"
         dims = rng.choice(["batch", "all"])
         found = optimize_graph(g, time_budget=0.3, max_states=1, device=DEVICE, fission_dims=dims)
         deriver, state = found.deriver, found.result.root
         if state.applied:
             out.applied["re-order"] += 1
-        settings = MoveSettings(hotspots_only=rng.random() < 0.5)
+        settings = MoveSettings(hotspots_only=flip(rng, 0.5))
         for _ in range(moves):
             where = "moves"
             by_kind: dict[str, list] = {}
@@ -94,9 +103,19 @@ def run_case(case: Case, moves: int = 3) -> Outcome:
         where = "running the program"
         largest = max((t.numel for t in g.tensors.values()), default=1)
         tol = rounding_tolerance(case.dtype, largest, STEPS)
-        report = check_equivalence(case.model, case.batch, case.loss_fn, case.optimizer,
-                                   lambda _m: Step(state.program, state.order), steps=STEPS,
-                                   rtol=tol, atol=tol, seed=case.seed)
+        report: Any
+        if case.loop is not None or case.autocast:
+            loop = case.loop or UserLoop(lambda m: case.optimizer.build(p for p in m.parameters() if p.requires_grad))
+            if case.autocast:       # bf16 outputs of matmuls and convolutions (bench.fuzz.loop)
+                tol = rounding_tolerance(torch.bfloat16, 1, STEPS)
+            report = run_user_loop(case.model, case.batch, case.loss_fn, loop,
+                                   lambda _m, opt: Step(state.program, state.order, optimizer=opt), STEPS,
+                                   tol, seed=case.seed, precise_loss_fn=case.precise_loss_fn)
+            out.worst = report.worst
+        else:
+            report = check_equivalence(case.model, case.batch, case.loss_fn, case.optimizer,
+                                       lambda _m: Step(state.program, state.order), steps=STEPS,
+                                       rtol=tol, atol=tol, seed=case.seed)
         if not report.ok:
             out.status, out.detail = "mismatch", str(report)
             return out

@@ -1,15 +1,15 @@
 """Random training steps: a model assembled from a vocabulary of real layers, a batch, a
 loss and an optimizer, all drawn from one seed.
 
-Two families: sequences (B, T, D), entered by token ids through an embedding or by float
-features through a linear layer; images (B, C, H, W), entered through a convolution
-(sometimes channels-last). Each block keeps the family's shape, so any sequence of blocks
-is a valid model.
+Two families (blocks from bench.fuzz.blocks): sequences (B, T, D), entered by token ids
+through an embedding or by float features through a linear layer; images (B, C, H, W),
+entered through a convolution (sometimes channels-last). Sometimes the user's own loop
+(bench.fuzz.loop: torch.optim in param groups, clipping, an LR schedule), sometimes bf16
+autocast.
 """
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import peakcut
+from bench.fuzz.blocks import ImageModel, SequenceModel, flip, image_block, sequence_block
+from bench.fuzz.loop import UserLoop
 from peakcut.capture.optimizers import Recipe
 
 
@@ -27,217 +29,17 @@ from peakcut.capture.optimizers import Recipe
 class Case:
     """One random training step."""
 
-    seed: int
+    seed: int                     # -1: drawn by hypothesis
     model: nn.Module
     batch: tuple[torch.Tensor, ...]
     loss_fn: Callable[[nn.Module, Any], torch.Tensor]
-    optimizer: Recipe
+    optimizer: Recipe | None      # a recipe over all trainable parameters, or
+    loop: UserLoop | None         # the user's loop: torch.optim in param groups, clipping, a schedule
     dtype: torch.dtype
+    autocast: bool                # loss_fn runs the model under torch.autocast("cpu", bfloat16)
     description: str
-
-
-# ---------------------------------------------------------------- sequence blocks (B, T, D)
-class LinearAct(nn.Module):
-    def __init__(self, d: int, act: str) -> None:
-        super().__init__()
-        self.fc, self.act = nn.Linear(d, d), act
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return getattr(F, self.act)(self.fc(x))
-
-
-class ResidualMLP(nn.Module):
-    def __init__(self, d: int, act: str) -> None:
-        super().__init__()
-        self.up, self.down, self.act = nn.Linear(d, 2 * d), nn.Linear(2 * d, d), act
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(getattr(F, self.act)(self.up(x)))
-
-
-class RMSNorm(nn.Module):
-    """By hand, as Llama writes it."""
-
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
-
-
-class Attention(nn.Module):
-    def __init__(self, d: int, heads: int, by_hand: bool, causal: bool) -> None:
-        super().__init__()
-        self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.heads, self.by_hand, self.causal = heads, by_hand, causal
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = (z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2)
-                   for z in self.qkv(x).chunk(3, dim=-1))
-        if self.by_hand:
-            scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads)
-            if self.causal:
-                scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1),
-                                            float("-inf"))
-            y = scores.softmax(-1) @ v
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        return x + self.out(y.transpose(1, 2).reshape(b, t, d))
-
-
-class MixTokens(nn.Module):
-    """A linear layer across the sequence: transposes on both sides."""
-
-    def __init__(self, t: int) -> None:
-        super().__init__()
-        self.fc = nn.Linear(t, t)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x.transpose(1, 2)).transpose(1, 2)
-
-
-class SliceCat(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.fc = nn.Linear(d // 2, d // 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.shape[-1] // 2
-        return torch.cat([self.fc(x[..., :h]), x[..., h:] * 0.5], dim=-1)
-
-
-class InPlace(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.fc = nn.Linear(d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.fc(x)
-        y.mul_(0.5)
-        return torch.relu_(y) + x
-
-
-class FlattenBack(nn.Module):
-    """A reshape to (B, T*D) and back, around a linear layer over the flat features."""
-
-    def __init__(self, t: int, d: int) -> None:
-        super().__init__()
-        self.fc = nn.Linear(t * d, t * d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x.reshape(x.shape[0], -1)).view(x.shape)
-
-
-class SeqGroupNorm(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.norm = nn.GroupNorm(2, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(x.transpose(1, 2)).transpose(1, 2)
-
-
-def _sequence_block(rng: random.Random, t: int, d: int) -> tuple[nn.Module, str]:
-    act = rng.choice(["relu", "gelu", "silu", "tanh"])
-    options: list[tuple[str, Callable[[], nn.Module]]] = [
-        (f"linear+{act}", lambda: LinearAct(d, act)),
-        (f"residual mlp {act}", lambda: ResidualMLP(d, act)),
-        ("layernorm", lambda: nn.LayerNorm(d)),
-        ("rmsnorm", lambda: RMSNorm(d)),
-        ("groupnorm", lambda: SeqGroupNorm(d)),
-        ("attention sdpa", lambda: Attention(d, 2, by_hand=False, causal=rng.random() < 0.5)),
-        ("attention by hand", lambda: Attention(d, 2, by_hand=True, causal=rng.random() < 0.5)),
-        ("dropout", lambda: nn.Dropout(0.2)),
-        ("mix tokens", lambda: MixTokens(t)),
-        ("slice+cat", lambda: SliceCat(d)),
-        ("in-place", lambda: InPlace(d)),
-        ("flatten", lambda: FlattenBack(t, d)),
-    ]
-    name, make = rng.choice(options)
-    return make(), name
-
-
-# ---------------------------------------------------------------- image blocks (B, C, H, W)
-class ConvNorm(nn.Module):
-    def __init__(self, c: int, norm: str, depthwise: bool) -> None:
-        super().__init__()
-        # no bias before a norm that removes each channel's mean (as torchvision writes it): its
-        # gradient would be zero up to rounding, which Adam turns into updates of about lr
-        bias = norm not in ("batch", "instance")
-        self.conv = nn.Conv2d(c, c, 3, padding=1, groups=c if depthwise else 1, bias=bias)
-        self.norm = {"batch": lambda: nn.BatchNorm2d(c), "group": lambda: nn.GroupNorm(2, c),
-                     "instance": lambda: nn.InstanceNorm2d(c, affine=True), "none": nn.Identity}[norm]()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.norm(self.conv(x)))
-
-
-class ResidualConv(nn.Module):
-    def __init__(self, c: int) -> None:
-        super().__init__()
-        self.a, self.b = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, c, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.b(F.gelu(self.a(x)))
-
-
-class PoolUp(nn.Module):
-    def __init__(self, c: int, kind: str) -> None:
-        super().__init__()
-        self.conv, self.kind = nn.Conv2d(c, c, 3, padding=1), kind
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pooled = F.max_pool2d(x, 2) if self.kind == "max" else F.avg_pool2d(x, 2)
-        return x + F.interpolate(self.conv(pooled), scale_factor=2.0, mode="nearest")
-
-
-class ConcatBranches(nn.Module):
-    def __init__(self, c: int) -> None:
-        super().__init__()
-        self.a, self.b = nn.Conv2d(c, c // 2, 1), nn.Conv2d(c, c - c // 2, 3, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.a(x), self.b(x)], dim=1)
-
-
-def _image_block(rng: random.Random, c: int) -> tuple[nn.Module, str]:
-    norm = rng.choice(["batch", "group", "instance", "none"])
-    options: list[tuple[str, Callable[[], nn.Module]]] = [
-        (f"conv+{norm}norm", lambda: ConvNorm(c, norm, depthwise=False)),
-        (f"depthwise conv+{norm}norm", lambda: ConvNorm(c, norm, depthwise=True)),
-        ("residual conv", lambda: ResidualConv(c)),
-        ("maxpool+up", lambda: PoolUp(c, "max")),
-        ("avgpool+up", lambda: PoolUp(c, "avg")),
-        ("concat branches", lambda: ConcatBranches(c)),
-        ("dropout2d", lambda: nn.Dropout2d(0.2)),
-    ]
-    name, make = rng.choice(options)
-    return make(), name
-
-
-# ---------------------------------------------------------------- models
-class SequenceModel(nn.Module):
-    def __init__(self, stem: nn.Module, blocks: list[nn.Module], head: nn.Module, tokens: bool) -> None:
-        super().__init__()
-        self.stem, self.blocks, self.head, self.tokens = stem, nn.Sequential(*blocks), head, tokens
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(self.stem(x)))
-
-
-class ImageModel(nn.Module):
-    def __init__(self, c: int, blocks: list[nn.Module], classes: int, per_pixel: bool) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(3, c, 3, padding=1)
-        self.blocks = nn.Sequential(*blocks)
-        self.head = nn.Conv2d(c, classes, 1) if per_pixel else nn.Linear(c, classes)
-        self.per_pixel = per_pixel
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.blocks(F.relu(self.stem(x)))
-        return self.head(h) if self.per_pixel else self.head(h.mean((2, 3)))
+    rng: random.Random            # what drew the case; the harness's walk draws on from it
+    precise_loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None   # autocast: loss_fn without it
 
 
 def _optimizer(rng: random.Random, dtype: torch.dtype) -> Recipe:
@@ -254,20 +56,83 @@ def _optimizer(rng: random.Random, dtype: torch.dtype) -> Recipe:
     return peakcut.AdamW(lr=1e-2, eps=1e-4, weight_decay=0.1)
 
 
+MAX_BLOCKS = 4
+
+
+def _blocks(rng: random.Random, block: Callable[[], tuple[nn.Module, str]]) -> list[tuple[nn.Module, str]]:
+    """One to MAX_BLOCKS blocks: after each, another with probability 0.7. Drawn one by one
+    (not a depth first), so that a shrinker can drop any block with its own choices."""
+    picked = [block()]
+    while len(picked) < MAX_BLOCKS and rng.random() >= 0.3:
+        picked.append(block())
+    return picked
+
+
+def _user_loop(rng: random.Random, model: nn.Module, dtype: torch.dtype) -> tuple[UserLoop, str]:
+    """A torch.optim optimizer as a user writes one: matrices with weight decay, the rest
+    without and at half the lr; sometimes a frozen stem, a head bias left out of the
+    optimizer (its gradient accumulates in .grad, as with loss.backward()), clipping, an LR
+    schedule. Adam and AdamW only in float64 (see _optimizer)."""
+    kind = rng.choice(["sgd", "adam", "adamw"]) if dtype == torch.float64 else "sgd"
+    options: dict[str, Any] = {"maximize": flip(rng, 0.15)}
+    if kind == "sgd":
+        momentum = rng.choice([0.0, 0.9])
+        options.update(momentum=momentum, nesterov=momentum > 0 and flip(rng, 0.5))
+    else:
+        options.update(eps=1e-4, amsgrad=kind == "adam" and flip(rng, 0.4))
+    lr = 0.05 if kind == "sgd" else 1e-2
+    freeze = flip(rng, 0.2)
+    leave_out = flip(rng, 0.15)
+    if freeze:
+        model.stem.requires_grad_(False)
+    head_bias = getattr(model.head, "bias", None)
+    clip = rng.choice([None, None, 0.1, 1.0])
+    schedule = rng.choice([None, "inverse", "warm-up"])
+    lr_lambda = {None: None, "inverse": lambda k: 1.0 / (1 + k), "warm-up": lambda k: min(1.0, (k + 1) / 3)}[schedule]
+    cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[kind]
+
+    def make_optimizer(m: nn.Module) -> torch.optim.Optimizer:
+        out = getattr(m.head, "bias", None) if leave_out else None
+        trainable = [p for p in m.parameters() if p.requires_grad and p is not out]
+        decay = [p for p in trainable if p.dim() > 1]
+        rest = [p for p in trainable if p.dim() <= 1]
+        groups = [{"params": decay, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0, "lr": lr / 2}]
+        return cls([g for g in groups if g["params"]], lr=lr, foreach=False, **options)
+
+    parts = [f"torch.optim.{cls.__name__}({', '.join(f'{k}={v}' for k, v in options.items() if v)}) in groups"]
+    parts += ["frozen stem"] * freeze + ["head bias outside"] * (leave_out and head_bias is not None)
+    parts += [f"clip {clip}"] * (clip is not None) + [f"{schedule} schedule"] * (schedule is not None)
+    return UserLoop(make_optimizer, clip, lr_lambda), ", ".join(parts)
+
+
+def _autocast(loss_fn: Callable[[nn.Module, Any], torch.Tensor]) -> Callable[[nn.Module, Any], torch.Tensor]:
+    def under_autocast(m: nn.Module, batch: Any) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return loss_fn(m, batch)
+    return under_autocast
+
+
 def make_case(seed: int) -> Case:
     """The random training step of `seed` (the same seed gives the same case)."""
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
-    dtype = torch.float64 if rng.random() < 0.6 else torch.float32
+    return draw_case(random.Random(seed), seed)
+
+
+def draw_case(rng: random.Random, seed: int | None = None) -> Case:
+    """The random training step drawn from `rng`, which the case keeps for its walk over the
+    rules (bench.fuzz.harness). Weights and data come from torch's generator seeded with
+    `seed`, or (None) with a number drawn from rng. rng may be hypothesis's (st.randoms()):
+    every choice is then a hypothesis choice, and a failing case shrinks to fewer and
+    simpler blocks, smaller shapes and fewer moves (tests/fuzz/test_fuzz_shrinks.py)."""
+    torch.manual_seed(rng.randrange(1 << 16) if seed is None else seed)
+    dtype = torch.float64 if flip(rng, 0.6) else torch.float32
     classes = rng.choice([3, 5])
     b = rng.choice([2, 4])
-    depth = rng.randint(1, 4)
-    if rng.random() < 0.65:
+    if flip(rng, 0.65):
         t, d = rng.choice([4, 6]), rng.choice([8, 12])
-        picked = [_sequence_block(rng, t, d) for _ in range(depth)]
-        tokens = rng.random() < 0.5
+        picked = _blocks(rng, lambda: sequence_block(rng, t, d))
+        tokens = flip(rng, 0.5)
         stem: nn.Module = nn.Embedding(17, d) if tokens else nn.Linear(5, d)
-        per_token = rng.random() < 0.5
+        per_token = flip(rng, 0.5)
         model: nn.Module = SequenceModel(stem, [m for m, _ in picked], nn.Linear(d, classes), tokens)
         x = torch.randint(0, 17, (b, t)) if tokens else torch.randn(b, t, 5)
         y = torch.randint(0, classes, (b, t) if per_token else (b,))
@@ -280,11 +145,11 @@ def make_case(seed: int) -> Case:
             return F.cross_entropy(out.mean(1), batch[1])
     else:
         c, hw = rng.choice([4, 6]), rng.choice([4, 8])
-        picked = [_image_block(rng, c) for _ in range(depth)]
-        per_pixel = rng.random() < 0.4
+        picked = _blocks(rng, lambda: image_block(rng, c))
+        per_pixel = flip(rng, 0.4)
         model = ImageModel(c, [m for m, _ in picked], classes, per_pixel)
         x = torch.randn(b, 3, hw, hw)
-        if rng.random() < 0.3:
+        if flip(rng, 0.3):
             x = x.to(memory_format=torch.channels_last)
         y = torch.randint(0, classes, (b, hw, hw) if per_pixel else (b,))
         layout = " channels-last" if not x.is_contiguous() else ""
@@ -295,8 +160,17 @@ def make_case(seed: int) -> Case:
     model = model.to(dtype).train()
     if x.is_floating_point():
         x = x.to(dtype)
-    optimizer = _optimizer(rng, dtype)
+    optimizer: Recipe | None = _optimizer(rng, dtype)
+    loop, how = None, type(optimizer).__name__
+    if flip(rng, 0.4):
+        optimizer = None
+        loop, how = _user_loop(rng, model, dtype)
+    autocast = dtype == torch.float32 and flip(rng, 0.5)
+    precise_loss_fn = loss_fn if autocast else None
+    if autocast:
+        loss_fn = _autocast(loss_fn)
     blocks = ", ".join(name for _, name in picked)
-    description = (f"{shape}, {str(dtype).removeprefix('torch.')}, [{blocks}], "
-                   f"{type(optimizer).__name__}")
-    return Case(seed, model, (x, y), loss_fn, optimizer, dtype, description)
+    description = (f"{shape}, {str(dtype).removeprefix('torch.')}{' bf16 autocast' if autocast else ''}, "
+                   f"[{blocks}], {how}")
+    return Case(-1 if seed is None else seed, model, (x, y), loss_fn, optimizer, loop, dtype, autocast,
+                description, rng, precise_loss_fn)

@@ -1,0 +1,196 @@
+"""The user's training loop, next to the plan: a torch.optim optimizer in param groups, an LR
+schedule, gradient clipping and bf16 autocast, as the README's loop writes them.
+
+Eager: `loss_fn(model, batch).backward(); clip_grad_norm_; optimizer.step();
+optimizer.zero_grad(); scheduler.step()`. Ours: the plan's Step bound to its own copy of
+the same optimizer (peakcut.build(..., optimizer=)), then the same scheduler.step(). After
+every step: the loss, every parameter, every buffer and the optimizer's state_dict (its
+state tensors and each group's hyper-parameters, the scheduled lr included).
+
+Tolerance. Without autocast, each value elementwise within rounding_tolerance(dtype, K,
+steps) (bench.fuzz.harness). Under bf16 autocast the matmuls and convolutions round their
+outputs to bf16 and a split or rewritten op rounds differently from eager's. How much that
+moves a value depends on the case (a gradient that is a small difference of large terms
+moves far), so the running machine measures it: a third loop runs the same step without
+autocast, and each value (all its elements together) may differ from eager's by
+NOISE_FACTOR times eager's distance from that precise loop, or by rounding_tolerance(
+bfloat16, 1, steps) times its size (the loss, buffers) or, for parameters and optimizer
+state, times how far eager training moved it, whichever is larger. That catches a lost
+term, a wrong scale or a wrong cast, not a last-bit difference; the exact checks are the
+float32 and float64 cases.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from peakcut.codegen.program import Step
+
+NOISE_FACTOR = 4.0    # two bf16 computations of one value differ by up to ~2x either's error; 2x margin
+
+
+@dataclass
+class LoopReport:
+    """Every difference above the tolerance, as 'step k: what (measured vs allowed)'."""
+
+    tolerance: float
+    norm_wise: bool
+    failures: list[str] = field(default_factory=list)
+    worst: float = 0.0           # largest measured / allowed ratio seen
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def __str__(self) -> str:
+        how = "norm-wise" if self.norm_wise else "elementwise"
+        head = f"user loop, {how} tolerance {self.tolerance:.2e}, worst {self.worst:.2f} of allowed"
+        return head if self.ok else head + ":\n  " + "\n  ".join(self.failures[:12])
+
+
+@dataclass
+class UserLoop:
+    """What the user's loop uses besides the model: how to make the optimizer for a model,
+    the clipping norm, the LR schedule's lambda (None: no scheduler)."""
+
+    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer]
+    max_grad_norm: float | None = None
+    lr_lambda: Callable[[int], float] | None = None
+
+    def scheduler(self, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR | None:
+        return None if self.lr_lambda is None else torch.optim.lr_scheduler.LambdaLR(opt, self.lr_lambda)
+
+
+class _EagerLoop:
+    """The user's eager loop on its own copy of the model."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[[nn.Module, Any], torch.Tensor], loop: UserLoop) -> None:
+        self.model, self.loss_fn, self.loop = copy.deepcopy(model), loss_fn, loop
+        self.opt = loop.make_optimizer(self.model)
+        self.sched = loop.scheduler(self.opt)
+
+    def step(self, batch: Any, seed: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One step; the loss and the (clipped) gradients the update used."""
+        torch.manual_seed(seed)
+        loss = self.loss_fn(self.model, batch)
+        loss.backward()
+        if self.loop.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]],
+                                           self.loop.max_grad_norm)
+        grads = {n: p.grad.clone() for n, p in self.model.named_parameters() if p.grad is not None}
+        self.opt.step()
+        self.opt.zero_grad()
+        if self.sched is not None:
+            self.sched.step()
+        return loss.detach(), grads
+
+
+def run_user_loop(model: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, Any], torch.Tensor],
+                  loop: UserLoop, build: Callable[[nn.Module, torch.optim.Optimizer], Step], steps: int,
+                  tolerance: float, seed: int,
+                  precise_loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None) -> LoopReport:
+    """Run `steps` steps of the eager loop and of build(model copy, its optimizer), compare.
+    precise_loss_fn (for a loss_fn under autocast: the same without it): compare norm-wise,
+    and allow NOISE_FACTOR times how far the eager loop is from the precise one."""
+    report = LoopReport(tolerance, precise_loss_fn is not None)
+    ref = _EagerLoop(model, loss_fn, loop)
+    precise = _EagerLoop(model, precise_loss_fn, loop) if precise_loss_fn is not None else None
+    ours = copy.deepcopy(model)
+    our_opt = loop.make_optimizer(ours)
+    our_sched = loop.scheduler(our_opt)
+    step = build(ours, our_opt)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    compare = _Compare(report)
+    for k in range(1, steps + 1):
+        ref_loss, ref_grads = ref.step(batch, seed + k)
+        near_loss, near_grads = precise.step(batch, seed + k) if precise is not None else (None, {})
+        torch.manual_seed(seed + k)
+        loss = step(ours, batch)
+        for name, p in ours.named_parameters():     # the step returns the clipped gradients (keep_grads)
+            if name in ref_grads or p.grad is not None:
+                compare(k, f"gradient {name}", p.grad, ref_grads.get(name), None, near_grads.get(name))
+        our_opt.zero_grad()
+        if our_sched is not None:
+            our_sched.step()
+        compare(k, "loss", loss.detach(), ref_loss, None, near_loss)
+        ref_params = dict(ref.model.named_parameters())
+        near_params = dict(precise.model.named_parameters()) if precise is not None else {}
+        for name, p in ours.named_parameters():
+            compare(k, f"parameter {name}", p, ref_params[name], start[name], near_params.get(name))
+        ref_buffers = dict(ref.model.named_buffers())
+        near_buffers = dict(precise.model.named_buffers()) if precise is not None else {}
+        for name, b in ours.named_buffers():
+            compare(k, f"buffer {name}", b, ref_buffers[name], None, near_buffers.get(name))
+        near_state = {w: b for w, _, b in _state_pairs(precise.opt, precise.opt)} if precise is not None else {}
+        for what, a, b in _state_pairs(our_opt, ref.opt):
+            compare(k, what, a, b, torch.zeros_like(b) if isinstance(b, torch.Tensor) else None, near_state.get(what))
+        groups = [_hyper(g) for g in our_opt.param_groups], [_hyper(g) for g in ref.opt.param_groups]
+        if groups[0] != groups[1]:
+            report.failures.append(f"step {k}: param groups {groups[0]} vs eager {groups[1]}")
+    return report
+
+
+def _hyper(group: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in group.items() if k != "params"}
+
+
+def _state_pairs(ours: torch.optim.Optimizer, ref: torch.optim.Optimizer) -> Iterator[tuple[str, Any, Any]]:
+    a, b = ours.state_dict()["state"], ref.state_dict()["state"]
+    if a.keys() != b.keys():
+        yield f"optimizer state keys {sorted(a)}", None, sorted(b)
+        return
+    for i, slots in b.items():
+        if a[i].keys() != slots.keys():
+            yield f"optimizer state {i} slots {sorted(a[i])}", None, sorted(slots)
+            continue
+        for slot, value in slots.items():
+            yield f"optimizer state {i}.{slot}", a[i][slot], value
+
+
+class _Compare:
+    """ours against ref: elementwise (torch.allclose with rtol = atol = the tolerance), or
+    norm-wise: ||ours - ref|| against the larger of the tolerance times ||ref - start||
+    (start given: how far training moved it) or ||ref||, and NOISE_FACTOR times
+    ||ref - precise|| (how far rounding to bf16 took eager from the precise loop)."""
+
+    def __init__(self, report: LoopReport) -> None:
+        self.report = report
+
+    def __call__(self, k: int, what: str, ours: Any, ref: Any, start: torch.Tensor | None,
+                 precise: torch.Tensor | None = None) -> None:
+        report = self.report
+        if not isinstance(ref, torch.Tensor) or not isinstance(ours, torch.Tensor):
+            if ours != ref:
+                report.failures.append(f"step {k}: {what}: {ours!r} vs eager {ref!r}")
+            return
+        if ours.shape != ref.shape or ours.dtype != ref.dtype:
+            report.failures.append(f"step {k}: {what}: {ours.dtype}{list(ours.shape)} "
+                                   f"vs eager {ref.dtype}{list(ref.shape)}")
+            return
+        if not ref.is_floating_point():
+            if not torch.equal(ours, ref):
+                report.failures.append(f"step {k}: {what}: integer values differ")
+            return
+        a, b = ours.detach().double(), ref.detach().double()
+        if not a.numel():
+            return
+        tol = report.tolerance
+        if report.norm_wise:
+            scale = float((b - start.double()).norm()) if start is not None else float(b.norm())
+            noise = float((b - precise.detach().double()).norm()) if precise is not None else 0.0
+            diff, allowed = float((a - b).norm()), max(tol * scale, NOISE_FACTOR * noise)
+            ratio = diff / allowed if allowed > 0 else (0.0 if diff == 0 else float("inf"))
+        else:
+            bound = tol * (1 + b.abs())
+            ratio = float(((a - b).abs() / bound).max())
+            diff, allowed = float((a - b).abs().max()), float(bound.max())
+        same_finite = bool((torch.isfinite(a) == torch.isfinite(b)).all())
+        report.worst = max(report.worst, ratio if same_finite else float("inf"))
+        if ratio > 1.0 or not same_finite:
+            report.failures.append(f"step {k}: {what}: {diff:.3e} vs allowed {allowed:.3e}")
