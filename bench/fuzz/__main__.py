@@ -25,13 +25,28 @@ def rule_table(outcomes: list[Outcome]) -> Table:
     kinds = ["re-order", *RULES.move_kinds, UNDO_MOVES]
     table = Table(title=f"bench.fuzz: {len(outcomes)} cases")
     for col in ("move kind", "cases applied", "ok", "mismatch", "memory", "crash", "times applied", "times refused"):
-        table.add_column(col, justify="left" if col == "move kind" else "right")
+        table.add_column(col, justify="left" if col == "move kind" else "right", no_wrap=col == "move kind")
     for kind in kinds:
         used = [o for o in outcomes if o.applied[kind]]
         status = Counter(o.status for o in used)
         table.add_row(kind, str(len(used)), str(status["ok"]), str(status["mismatch"]), str(status["memory"]),
                       str(status["crash"]),
                       str(sum(o.applied[kind] for o in outcomes)), str(sum(o.refused[kind] for o in outcomes)))
+    return table
+
+
+def case_table(outcomes: list[Outcome]) -> Table:
+    """Case kind x outcome, and for the cases compared by bench.fuzz.loop (the user's loop,
+    bf16 autocast) the largest difference seen as a share of what is allowed."""
+    table = Table(title="cases by kind")
+    for col in ("case kind", "cases", "ok", "mismatch", "memory", "crash", "worst / allowed"):
+        table.add_column(col, justify="left" if col == "case kind" else "right", no_wrap=col == "case kind")
+    for tag in sorted({t for o in outcomes for t in o.tags}):
+        cases = [o for o in outcomes if tag in o.tags]
+        status = Counter(o.status for o in cases)
+        worst = [o.worst for o in cases if o.worst is not None]
+        table.add_row(tag, str(len(cases)), str(status["ok"]), str(status["mismatch"]), str(status["memory"]),
+                      str(status["crash"]), f"{max(worst):.3f}" if worst else "-")
     return table
 
 
@@ -64,11 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.fuzz", description=__doc__)
     p.add_argument("--cases", type=int, default=100)
     p.add_argument("--seed", type=int, default=0, help="first case's seed (cases are seed, seed+1, ...)")
-    p.add_argument("--moves", type=int, default=3, help="random moves per case")
+    p.add_argument("--moves", type=int, default=5, help="random moves per case")
     p.add_argument("--shrink", type=int, metavar="N", default=0,
                    help="instead: let hypothesis draw up to N cases and shrink the first that is not ok")
     args = p.parse_args(argv)
-    console = Console()
+    console = Console(width=max(100, Console().width))
     if args.shrink:
         return shrink(console, args.shrink, args.moves, args.seed)
     t0 = time.perf_counter()
@@ -80,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[red]seed {seed} {out.status}[/red]: "
                           + escape(f"{out.description}; moves {out.steps}\n{out.detail}"))
     console.print(rule_table(outcomes))
+    console.print(case_table(outcomes))
     bad = [o for o in outcomes if o.status != "ok"]
     console.print(f"{len(outcomes)} cases in {time.perf_counter() - t0:.0f} s: {len(bad)} not ok "
                   f"({', '.join(str(o.seed) for o in bad) or 'none'})")

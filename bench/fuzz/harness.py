@@ -49,6 +49,7 @@ class Outcome:
 
     seed: int
     description: str
+    tags: tuple[str, ...] = ()         # the case's kind (bench.fuzz.models.Case.tags)
     status: str = "ok"                 # ok | mismatch (numbers) | memory (peak) | crash
     applied: Counter = field(default_factory=Counter)     # move kind -> times applied
     refused: Counter = field(default_factory=Counter)     # move kind -> times a rule refused it
@@ -61,7 +62,7 @@ class Outcome:
 def run_case(case: Case, moves: int = 3) -> Outcome:
     """Capture `case`, walk `moves` random moves, compare the program with eager."""
     t0 = time.perf_counter()
-    out = Outcome(case.seed, case.description)
+    out = Outcome(case.seed, case.description, case.tags)
     rng = case.rng
     where = "capture"
     try:

@@ -41,6 +41,15 @@ class Case:
     rng: random.Random            # what drew the case; the harness's walk draws on from it
     precise_loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None   # autocast: loss_fn without it
 
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """What kind of case this is (the rows of bench.fuzz's case table)."""
+        x = self.batch[0]
+        return (("sequence model" if isinstance(self.model, SequenceModel) else "image model"),
+                "bf16 autocast" if self.autocast else str(self.dtype).removeprefix("torch."),
+                "user's torch.optim loop" if self.loop is not None else "optimizer recipe",
+                *(["channels-last input"] * (x.dim() == 4 and not x.is_contiguous())))
+
 
 def _optimizer(rng: random.Random, dtype: torch.dtype) -> Recipe:
     """SGD (with or without momentum and decay), Adam or AdamW; float32 steps get SGD
