@@ -9,15 +9,20 @@ a contiguous input gradient (the CPU and CUDA kernels make grad_out and input co
 first); the fake kernel returns it in the input's transposed layout. The reshape of that
 gradient in the linear layer's backward was traced as a view, which the real, contiguous
 gradient cannot take: the captured program failed with "view size is not compatible
-with input tensor's size and stride". ``_log_softmax_backward_data`` disagrees the same way.
+with input tensor's size and stride". ``_log_softmax_backward_data`` and batch norm
+(forward and backward, on a transposed input) disagree the same way.
 
-Each op here is traced with the inputs the real kernel makes contiguous made contiguous
-in the graph (a copy the kernel makes anyway, now visible to the memory model and the
-rules), so the fake kernel sees what the real one computes on and agrees on the layout.
-Calls whose inputs are contiguous already are traced as they are. Ops whose fake and real
-layouts agree (checked on transposed and channels-last inputs, tests/capture/
-test_real_layouts.py: softmax, GELU, pooling, upsampling and convolution backward, layer
-and group norm forward) are not listed.
+Two remedies, per op. Where the real kernel copies its inputs to contiguous ones first
+(layer norm backward, log-softmax backward), the op is traced on inputs made contiguous in
+the graph: the copy the kernel makes anyway, now visible to the memory model and the rules,
+and the fake kernel sees what the real one computes on. Where the real kernel computes on
+the strided input as it is (batch norm, forward and backward: a copy would change the
+rounding of its statistics), the op is traced as it is and its result copied into the
+format the real kernel writes (contiguous for a transposed input, channels-last for a
+channels-last one). Calls whose inputs or results are in that format already are traced
+as they are. tests/capture/test_real_layouts.py compares traced and real strides on
+transposed and channels-last inputs for these ops and for those that need nothing
+(softmax, GELU, pooling and convolution backward, layer norm forward).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._prims_common import suggest_memory_format
+from torch.fx.experimental.proxy_tensor import decompose
 
 aten = torch.ops.aten
 
@@ -44,13 +51,47 @@ def _made_contiguous(op: torch._ops.OpOverload, positions: Sequence[int]) -> Cal
     return call
 
 
-# op -> the argument positions its real kernel makes contiguous
+def _result_in_input_format(op: torch._ops.OpOverload, source: int) -> Callable[..., Any]:
+    """A make_fx decomposition: `op` as it is, then its first result copied into the memory
+    format PyTorch suggests for argument `source` (contiguous, or channels-last), where the
+    fake result is in neither: the real kernel writes that format, the fake one keeps the
+    input's strides. The copy is exact; at run time it copies a result already in that
+    format (a cost the memory model sees)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with decompose({}):                     # the op itself, traced as it is
+            out = op(*args, **kwargs)
+        first = out[0] if isinstance(out, (tuple, list)) else out
+        fmt = suggest_memory_format(args[source])
+        mask = kwargs.get("output_mask", args[-1] if isinstance(args[-1], (list, tuple)) else None)
+        if mask is not None and not mask[0]:    # not computed: the real kernel returns None (fake: a tensor)
+            return out
+        if first is None or first.is_contiguous(memory_format=fmt):
+            return out
+        first = first.contiguous(memory_format=fmt)
+        return (first, *out[1:]) if isinstance(out, (tuple, list)) else first
+    return call
+
+
+# op -> the argument positions its real kernel makes contiguous (and computes on: the
+# kernel copies them first, so copying them in the graph changes no number)
 CONTIGUOUS_INPUTS: dict[torch._ops.OpOverload, tuple[int, ...]] = {
     aten.native_layer_norm_backward.default: (0, 1),        # grad_out, input
     aten._log_softmax_backward_data.default: (0, 1),         # grad_output, output
 }
 
+# op -> the argument whose suggested memory format the real kernel writes its first result
+# in; its kernel computes on strided inputs as they are (copying them first changes the
+# batch statistics' rounding), so the result is copied instead
+RESULT_IN_INPUT_FORMAT: dict[torch._ops.OpOverload, int] = {
+    aten.native_batch_norm.default: 0,
+    aten._native_batch_norm_legit.default: 0,
+    aten._native_batch_norm_legit.no_stats: 0,
+    aten.native_batch_norm_backward.default: 1,              # grad_input in the input's format
+}
+
 
 def real_layout_table() -> dict[torch._ops.OpOverload, Callable[..., Any]]:
     """The decomposition table capture traces with (peakcut.capture.trace)."""
-    return {op: _made_contiguous(op, positions) for op, positions in CONTIGUOUS_INPUTS.items()}
+    table = {op: _made_contiguous(op, positions) for op, positions in CONTIGUOUS_INPUTS.items()}
+    table.update({op: _result_in_input_format(op, source) for op, source in RESULT_IN_INPUT_FORMAT.items()})
+    return table
