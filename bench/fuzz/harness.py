@@ -25,11 +25,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 import peakcut
 from bench.fuzz.blocks import flip
-from bench.fuzz.loop import UserLoop, run_user_loop
+from bench.fuzz.loop import UserLoop, autocast_tolerance, run_user_loop
 from bench.fuzz.models import Case
 from peakcut.codegen.program import Step
 from peakcut.memory import simulate
@@ -108,7 +106,7 @@ def run_case(case: Case, moves: int = 3) -> Outcome:
         if case.loop is not None or case.autocast:
             loop = case.loop or UserLoop(lambda m: case.optimizer.build(p for p in m.parameters() if p.requires_grad))
             if case.autocast:       # bf16 outputs of matmuls and convolutions (bench.fuzz.loop)
-                tol = rounding_tolerance(torch.bfloat16, 1, STEPS)
+                tol = autocast_tolerance(STEPS)
             report = run_user_loop(case.model, case.batch, case.loss_fn, loop,
                                    lambda _m, opt: Step(state.program, state.order, optimizer=opt), STEPS,
                                    tol, seed=case.seed, precise_loss_fn=case.precise_loss_fn)
