@@ -1,11 +1,14 @@
 """The vocabulary of the random training steps (bench.fuzz.models): real layers and ops,
 as blocks that keep their family's shape, so that any sequence of blocks is a valid model.
 
-Sequences (B, T, D): linear layers and MLPs, every norm (LayerNorm, RMSNorm by hand,
-GroupNorm across a transpose), attention through SDPA and by hand (causal or not),
-dropout, a linear layer across the sequence, slices and concatenation, in-place ops and a
-flatten. Images (B, C, H, W): convolutions (depthwise too) with batch, group, instance or
-no norm, residuals, pooling and upsampling, concatenated branches, 2-d dropout.
+Sequences (B, T, D): linear layers and MLPs (SwiGLU too), every norm (LayerNorm, RMSNorm
+by hand, GroupNorm and BatchNorm across a transpose), attention through SDPA and by hand (causal or
+not), attention pooling (a softmax along the sequence), dropout, a linear layer across the
+sequence, slices and concatenation, index_select by an int64 buffer, a cumsum, a 0-dim
+parameter, a layer applied twice, masks from the data (masked_fill, where), in-place ops
+and a flatten. Images (B, C, H, W): convolutions (depthwise, strided, transposed) with
+batch, group, instance or no norm, residuals, pooling and upsampling, squeeze-excite,
+concatenated branches, 2-d dropout.
 """
 
 from __future__ import annotations
@@ -128,6 +131,90 @@ class SeqGroupNorm(nn.Module):
         return self.norm(x.transpose(1, 2)).transpose(1, 2)
 
 
+class SeqBatchNorm(nn.Module):
+    """BatchNorm1d over the features, between two transposes (batch statistics: no batch
+    fission crosses it)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.transpose(1, 2)).transpose(1, 2)
+
+
+class SwiGLU(nn.Module):
+    """Llama's MLP: silu(gate) * up, then down, as a residual."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(d, 2 * d, bias=False), nn.Linear(d, 2 * d, bias=False), \
+            nn.Linear(2 * d, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class TokenPool(nn.Module):
+    """Attention pooling over the sequence (a softmax along dim 1, not the last), added back
+    to every token."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.score = nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.score(x).softmax(dim=1)
+        return x + (w * x).sum(1, keepdim=True)
+
+
+class Shuffle(nn.Module):
+    """index_select along the sequence by a fixed permutation (an int64 buffer)."""
+
+    def __init__(self, t: int) -> None:
+        super().__init__()
+        self.register_buffer("perm", torch.arange(t).roll(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.index_select(1, self.perm) * 0.5 + x
+
+
+class CumulativeMean(nn.Module):
+    """A causal running mean over the sequence (cumsum / positions) and a 0-dim learned scale."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype).view(1, -1, 1)
+        return x + self.scale * x.cumsum(1) / n
+
+
+class SharedTwice(nn.Module):
+    """One linear layer applied twice (a parameter read twice, as tied weights are)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.tanh(self.fc(x)))
+
+
+class MaskedFill(nn.Module):
+    """A mask from the data (positive first feature) through masked_fill and where."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = x[..., :1] > 0
+        y = self.fc(x).masked_fill(mask, 0.0)
+        return torch.where(mask, x, y)
+
+
 def sequence_block(rng: random.Random, t: int, d: int) -> tuple[nn.Module, str]:
     act = rng.choice(["relu", "gelu", "silu", "tanh"])
     options: list[tuple[str, Callable[[], nn.Module]]] = [
@@ -136,6 +223,7 @@ def sequence_block(rng: random.Random, t: int, d: int) -> tuple[nn.Module, str]:
         ("layernorm", lambda: nn.LayerNorm(d)),
         ("rmsnorm", lambda: RMSNorm(d)),
         ("groupnorm", lambda: SeqGroupNorm(d)),
+        ("batchnorm", lambda: SeqBatchNorm(d)),
         ("attention sdpa", lambda: Attention(d, 2, by_hand=False, causal=flip(rng, 0.5))),
         ("attention by hand", lambda: Attention(d, 2, by_hand=True, causal=flip(rng, 0.5))),
         ("dropout", lambda: nn.Dropout(0.2)),
@@ -143,6 +231,12 @@ def sequence_block(rng: random.Random, t: int, d: int) -> tuple[nn.Module, str]:
         ("slice+cat", lambda: SliceCat(d)),
         ("in-place", lambda: InPlace(d)),
         ("flatten", lambda: FlattenBack(t, d)),
+        ("swiglu", lambda: SwiGLU(d)),
+        ("token pool", lambda: TokenPool(d)),
+        ("shuffle", lambda: Shuffle(t)),
+        ("cumulative mean", lambda: CumulativeMean()),
+        ("shared twice", lambda: SharedTwice(d)),
+        ("masked fill", lambda: MaskedFill(d)),
     ]
     name, make = rng.choice(options)
     return make(), name
@@ -191,6 +285,29 @@ class ConcatBranches(nn.Module):
         return torch.cat([self.a(x), self.b(x)], dim=1)
 
 
+class SqueezeExcite(nn.Module):
+    """Channel attention: a global average, two 1x1 layers, a sigmoid gate per channel."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.down, self.up = nn.Conv2d(c, 2, 1), nn.Conv2d(2, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(self.up(F.relu(self.down(F.adaptive_avg_pool2d(x, 1)))))
+
+
+class DownUp(nn.Module):
+    """A strided convolution down and a transposed convolution back up, as a residual."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.down = nn.Conv2d(c, c, 3, stride=2, padding=1)
+        self.up = nn.ConvTranspose2d(c, c, 2, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.up(F.silu(self.down(x)))
+
+
 def image_block(rng: random.Random, c: int) -> tuple[nn.Module, str]:
     norm = rng.choice(["batch", "group", "instance", "none"])
     options: list[tuple[str, Callable[[], nn.Module]]] = [
@@ -201,6 +318,8 @@ def image_block(rng: random.Random, c: int) -> tuple[nn.Module, str]:
         ("avgpool+up", lambda: PoolUp(c, "avg")),
         ("concat branches", lambda: ConcatBranches(c)),
         ("dropout2d", lambda: nn.Dropout2d(0.2)),
+        ("squeeze-excite", lambda: SqueezeExcite(c)),
+        ("down+up", lambda: DownUp(c)),
     ]
     name, make = rng.choice(options)
     return make(), name

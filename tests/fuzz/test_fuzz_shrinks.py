@@ -2,10 +2,12 @@
 failing case shrinks to a small one (issue 19).
 
 The first test is the fuzz slice again, with hypothesis choosing (derandomized: the same
-cases on every machine); were one to fail, hypothesis would report it shrunk. The second
+cases on every machine; a walk can differ where the time-bounded re-ordering of its root
+does); were one to fail, hypothesis would report it shrunk. The second
 shows what shrinking gives, on a property cheap to check: among the cases with a
-layer norm, the one hypothesis shrinks to is a single LayerNorm block at the smallest
-sizes.
+layer norm, the one hypothesis shrinks to is a single LayerNorm block, at the smaller
+batch, with an optimizer recipe (what exactly it shrinks to may vary between hypothesis
+versions; these properties should not).
 """
 
 from __future__ import annotations
@@ -43,6 +45,6 @@ def test_a_failing_case_shrinks_to_a_small_one() -> None:
     find(st.randoms(use_true_random=False), failing,
          settings=settings(max_examples=300, derandomize=True, database=None))
     smallest = shrunk[-1]
-    assert smallest.startswith("seq B2 T4 D8"), smallest
     assert "[layernorm]" in smallest, smallest        # one block: the one that 'fails'
-    assert smallest.endswith(", SGD"), smallest       # the first optimizer, no user loop
+    assert smallest.startswith("seq B2 "), smallest  # the smaller batch
+    assert "in groups" not in smallest, smallest      # no user loop: a recipe

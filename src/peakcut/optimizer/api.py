@@ -12,6 +12,7 @@ report without building a program.
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -79,8 +80,8 @@ class Optimized:
 
     def candidates(self, k: int) -> list[State]:
         """Plans worth running for real: the best, then the latest bests the limit admits as
-        predicted, newest first, on their full expansion (k in all), then the root, the
-        untransformed step: the plan of last resort. Under a latency limit the root is always
+        predicted, newest first, on their full expansion (k in all), then the root (the
+        captured step, untransformed, in its memory-aware order): the plan of last resort. Under a latency limit the root is always
         run: it is eager's computation, so when run it takes about eager's time, even when a
         calibration that measured eager faster put the limit below its predicted time;
         under a memory limit only when the limit admits its predicted peak."""
@@ -165,15 +166,21 @@ def _check_arguments(memory_limit: Any, latency_limit: Any, fission_dims: Any, t
     """Refuse, by name, the search arguments that are not what they must be (the limits'
     values are checked by peakcut.optimizer.objective)."""
     def whole(x: Any) -> bool:
-        return isinstance(x, int) and not isinstance(x, bool)
+        if isinstance(x, bool):
+            return False
+        try:
+            operator.index(x)          # int, numpy integers
+        except TypeError:
+            return False
+        return True
 
     if memory_limit is not None and latency_limit is not None:
         raise ValueError("give memory_limit or latency_limit, not both (the other is minimized)")
     if fission_dims not in ("batch", "all"):
         raise ValueError(f"fission_dims={fission_dims!r}: expected 'batch' or 'all'")
     if (not isinstance(time_budget, (int, float)) or isinstance(time_budget, bool) or time_budget < 0
-            or not math.isfinite(time_budget)):
-        raise ValueError(f"time_budget={time_budget!r}: expected seconds >= 0")
+            or math.isnan(time_budget)):
+        raise ValueError(f"time_budget={time_budget!r}: expected seconds >= 0 (inf: no bound but max_states)")
     if not whole(jobs) or jobs < 1:
         raise ValueError(f"jobs={jobs!r}: expected a number of processes >= 1")
     if not whole(seed):
