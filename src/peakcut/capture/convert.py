@@ -111,8 +111,11 @@ def fx_to_graph(
             vals = list(val) if multi else [val]
             outs: list[int | None] = []
             real_dtypes = real.dtypes.get(fx_node)
+            computed = _output_mask(fx_node)
             for i, v in enumerate(vals):
-                if isinstance(v, torch.Tensor):
+                if isinstance(v, torch.Tensor) and computed is not None and i < len(computed) and not computed[i]:
+                    outs.append(None)       # not asked for: the real kernel returns None (the fake a tensor)
+                elif isinstance(v, torch.Tensor):
                     name = fx_node.name if not multi else f"{fx_node.name}_{i}"
                     outs.append(b.tensor(v, Role.ACTIVATION, name, real_dtypes[i] if real_dtypes else None))
                 elif v is None:
@@ -229,3 +232,15 @@ def mutation_hazards(g: Graph) -> dict[int, tuple[int, ...]]:
             else:
                 reads_since_write.setdefault(s, []).append(nid)
     return {k: tuple(sorted(v)) for k, v in control.items() if v}
+
+
+def _output_mask(fx_node: torch.fx.Node) -> list[bool] | None:
+    """The call's output_mask argument (which results a backward kernel computes), if its op
+    has one. native_batch_norm_backward's fake kernel returns a tensor for a result the mask
+    leaves out, where the real kernel returns None: such a result takes no memory."""
+    schema = fx_node.target._schema
+    for i, arg in enumerate(schema.arguments):
+        if arg.name == "output_mask":
+            value = fx_node.kwargs.get("output_mask", fx_node.args[i] if i < len(fx_node.args) else None)
+            return list(value) if isinstance(value, (list, tuple)) else None
+    return None
