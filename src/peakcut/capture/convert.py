@@ -238,8 +238,10 @@ def _output_mask(fx_node: torch.fx.Node) -> list[bool] | None:
     """The call's output_mask argument (which results a backward kernel computes), if its op
     has one. native_batch_norm_backward's fake kernel returns a tensor for a result the mask
     leaves out, where the real kernel returns None: such a result takes no memory."""
-    schema = fx_node.target._schema
-    for i, arg in enumerate(schema.arguments):
+    target = fx_node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    for i, arg in enumerate(target._schema.arguments):
         if arg.name == "output_mask":
             value = fx_node.kwargs.get("output_mask", fx_node.args[i] if i < len(fx_node.args) else None)
             return list(value) if isinstance(value, (list, tuple)) else None
