@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from peakcut.capture.real_layouts import output_mask
 from peakcut.capture.realcheck import real_output_dtypes
 from peakcut.capture.trace import CaptureError, TraceLog, kv_cache_hint
 from peakcut.ir.edit import GraphEditor
@@ -111,7 +112,7 @@ def fx_to_graph(
             vals = list(val) if multi else [val]
             outs: list[int | None] = []
             real_dtypes = real.dtypes.get(fx_node)
-            computed = _output_mask(fx_node)
+            computed = output_mask(fx_node.target, fx_node.args, dict(fx_node.kwargs))
             for i, v in enumerate(vals):
                 if isinstance(v, torch.Tensor) and computed is not None and i < len(computed) and not computed[i]:
                     outs.append(None)       # not asked for: the real kernel returns None (the fake a tensor)
@@ -233,16 +234,3 @@ def mutation_hazards(g: Graph) -> dict[int, tuple[int, ...]]:
                 reads_since_write.setdefault(s, []).append(nid)
     return {k: tuple(sorted(v)) for k, v in control.items() if v}
 
-
-def _output_mask(fx_node: torch.fx.Node) -> list[bool] | None:
-    """The call's output_mask argument (which results a backward kernel computes), if its op
-    has one. native_batch_norm_backward's fake kernel returns a tensor for a result the mask
-    leaves out, where the real kernel returns None: such a result takes no memory."""
-    target = fx_node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        return None
-    for i, arg in enumerate(target._schema.arguments):
-        if arg.name == "output_mask":
-            value = fx_node.kwargs.get("output_mask", fx_node.args[i] if i < len(fx_node.args) else None)
-            return list(value) if isinstance(value, (list, tuple)) else None
-    return None

@@ -62,7 +62,7 @@ def _result_in_input_format(op: torch._ops.OpOverload, source: int) -> Callable[
             out = op(*args, **kwargs)
         first = out[0] if isinstance(out, (tuple, list)) else out
         fmt = suggest_memory_format(args[source])
-        mask = kwargs.get("output_mask", args[-1] if isinstance(args[-1], (list, tuple)) else None)
+        mask = output_mask(op, args, kwargs)
         if mask is not None and not mask[0]:    # not computed: the real kernel returns None (fake: a tensor)
             return out
         if first is None or first.is_contiguous(memory_format=fmt):
@@ -70,6 +70,19 @@ def _result_in_input_format(op: torch._ops.OpOverload, source: int) -> Callable[
         first = first.contiguous(memory_format=fmt)
         return (first, *out[1:]) if isinstance(out, (tuple, list)) else first
     return call
+
+
+def output_mask(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list[bool] | None:
+    """The call's output_mask argument (which results a backward kernel computes), if `op`
+    has one. native_batch_norm_backward's fake kernel returns a tensor for a result the mask
+    leaves out, where the real kernel returns None (capture.convert records None there)."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    for i, arg in enumerate(op._schema.arguments):
+        if arg.name == "output_mask":
+            value = kwargs.get("output_mask", args[i] if i < len(args) else None)
+            return list(value) if isinstance(value, (list, tuple)) else None
+    return None
 
 
 # op -> the argument positions its real kernel makes contiguous (and computes on: the

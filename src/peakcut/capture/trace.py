@@ -184,8 +184,9 @@ def _module_type(model: torch.nn.Module, path: str) -> str:
 # PyTorch runs (fused batch-norm/layer-norm backward, convolution_backward, ...).
 # Core-ATen decompositions changed ResNet-50 gradients by ~3e-6 after one step
 # and allocate temporaries eager never does, so they are not used. docs/ir.md
-# lists the ops that occur in the seven workloads. The only table entries make the
-# inputs of a few kernels contiguous, as the real kernels do (capture.real_layouts).
+# lists the ops that occur in the seven workloads. The only table entries keep the
+# traced layouts the real ones (capture.real_layouts): a few kernels' inputs made
+# contiguous as their real kernels do, batch norm's result copied into the real format.
 
 
 def new_fake_mode() -> FakeTensorMode:
