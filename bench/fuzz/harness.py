@@ -27,7 +27,7 @@ from typing import Any
 
 import peakcut
 from bench.fuzz.blocks import flip
-from bench.fuzz.loop import UserLoop, autocast_tolerance, run_user_loop
+from bench.fuzz.loop import autocast_tolerance, run_user_loop
 from bench.fuzz.models import Case
 from peakcut.codegen.program import Step
 from peakcut.memory import simulate
@@ -104,7 +104,7 @@ def run_case(case: Case, moves: int = 3) -> Outcome:
         tol = rounding_tolerance(case.dtype, largest, STEPS)
         report: Any
         if case.loop is not None or case.autocast:
-            loop = case.loop or UserLoop(lambda m: case.optimizer.build(p for p in m.parameters() if p.requires_grad))
+            loop = case.as_user_loop()
             if case.autocast:       # bf16 outputs of matmuls and convolutions (bench.fuzz.loop)
                 tol = autocast_tolerance(STEPS)
             report = run_user_loop(case.model, case.batch, case.loss_fn, loop,

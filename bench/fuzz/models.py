@@ -23,6 +23,7 @@ import peakcut
 from bench.fuzz.blocks import ImageModel, SequenceModel, flip, image_block, sequence_block
 from bench.fuzz.loop import UserLoop
 from peakcut.capture.optimizers import Recipe
+from peakcut.runtime.equivalence import torch_optimizer
 
 
 @dataclass
@@ -40,6 +41,11 @@ class Case:
     description: str
     rng: random.Random            # what drew the case; the harness's walk draws on from it
     precise_loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None   # autocast: loss_fn without it
+
+    def as_user_loop(self) -> UserLoop:
+        """The case's loop for bench.fuzz.loop: the user's own, or its recipe's optimizer."""
+        recipe = self.optimizer
+        return self.loop or UserLoop(lambda m: torch_optimizer(recipe, m.parameters()))
 
     @property
     def tags(self) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ import torch
 
 import peakcut
 from bench.fuzz.harness import STEPS
-from bench.fuzz.loop import UserLoop, autocast_tolerance, run_user_loop
+from bench.fuzz.loop import autocast_tolerance, run_user_loop
 from bench.fuzz.models import Case, make_case
 from peakcut.runtime.equivalence import rounding_tolerance
 
@@ -26,7 +26,7 @@ def _first(autocast: bool) -> Case:
 @pytest.mark.parametrize(("autocast", "scale"), [(False, 1 + 1e-9), (True, 1.05)], ids=["float64", "bf16 autocast"])
 def test_a_planted_error_is_caught_and_its_absence_passes(autocast: bool, scale: float) -> None:
     case = _first(autocast)
-    loop = case.loop or UserLoop(lambda m: case.optimizer.build(p for p in m.parameters() if p.requires_grad))
+    loop = case.as_user_loop()
 
     def report(factor: float) -> bool:
         def loss_fn(m: torch.nn.Module, b: object) -> torch.Tensor:
