@@ -24,6 +24,7 @@ from peakcut.capture import capture
 from peakcut.capture.optimizers import OptimizerSpec, resolve_optimizer
 from peakcut.cost import get_cost_model
 from peakcut.cost.measured import MeasuredCostModel
+from peakcut.cost.profiles import DeviceProfile
 from peakcut.cost.protocol import CostModel
 from peakcut.fission.analyzer import DEFAULT_LEVELS
 from peakcut.fission.build import find_ftree, random_ftree
@@ -47,6 +48,7 @@ from peakcut.optimizer.verify import (
     programs_for,
 )
 from peakcut.optimizer.verify import runs_here as verify_runs_here
+from peakcut.report.floors import Floors, step_floors
 from peakcut.rules import RULES
 from peakcut.runtime.host_allocator import keep_freed_host_memory
 from peakcut.schedule import schedule
@@ -190,6 +192,15 @@ def _check_arguments(memory_limit: Any, latency_limit: Any, fission_dims: Any, t
         raise ValueError(f"max_states={max_states!r}: expected None or a number of states >= 1")
 
 
+def _floors(g: Graph, cost: CostModel, workspace: WorkspaceSpec) -> Floors | None:
+    """The step's physical floors on an analytic device profile (report.floors); None for a
+    measured cost model, which has no peak figures to price them with."""
+    profile = getattr(cost, "profile", None)
+    if not isinstance(profile, DeviceProfile):
+        return None
+    return step_floors(g, profile, workspace=workspace, tf32=bool(getattr(cost, "tf32", False)))
+
+
 def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    latency_limit: float | str | None = None, time_budget: float = 60.0,
                    device: str | CostModel = "h200", seed: int = 0, max_states: int | None = None,
@@ -213,6 +224,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                          "latencies during the search, which parallel searches would disturb; use jobs=1")
     settings = _on_host(settings, cost)
     eager = simulate_timeline(g, g.order, cost, workspace)
+    floors = _floors(g, cost, workspace)
     if pareto:
         objective = Objective("latency", math.inf)
     elif memory_limit is not None:
@@ -258,6 +270,8 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         "memory_method": memory_method,
         "latency_method": latency_method,
         "capture_notes": list(g.signature.notes),
+        "floors": floors.as_dict() if floors is not None else None,
+        "overhead_vs_compute_floor": floors.overhead(best.latency_s) if floors is not None else None,
         "ftree": tree.summary(),
         "search": {"states": result.states, "expanded": result.expanded, "duplicates": result.duplicates,
                    "failed": result.failed, "seconds": round(result.seconds, 3),
