@@ -24,7 +24,7 @@ def cmd_workloads(args: argparse.Namespace, out: Console) -> int:
         print(json.dumps([{"name": w.name, "summary": w.summary, **{s: w.facts(s) for s in SIZES}}
                           for w in list_workloads()], indent=2))
         return 0
-    table = Table(title="peakcut workloads (MAGIS Table 2)")
+    table = Table(title="peakcut workloads (MAGIS Table 2, then the full-size LLMs)")
     for col in ("name", "model", *(f"{s} size" for s in SIZES)):
         table.add_column(col)
     for w in list_workloads():
@@ -138,7 +138,7 @@ def cmd_profile(args: argparse.Namespace, out: Console) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from peakcut.workloads import SIZES, WORKLOAD_NAMES
+    from peakcut.workloads import ALL_WORKLOAD_NAMES, SIZES
 
     p = argparse.ArgumentParser(prog="peakcut", description="Fit training steps into less accelerator memory.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--json", action="store_true", help="print JSON instead of a table")
     w.set_defaults(func=cmd_workloads)
     pr = sub.add_parser("profile", help="capture a workload's training step and simulate its memory")
-    pr.add_argument("workload", choices=WORKLOAD_NAMES)
+    pr.add_argument("workload", choices=ALL_WORKLOAD_NAMES)
     pr.add_argument("--size", choices=SIZES, default="paper")
     pr.add_argument("--batch", type=int, default=None, help="batch size (default: the size's own)")
     pr.add_argument("--optimizer", choices=("sgd", "adamw"), default="adamw")

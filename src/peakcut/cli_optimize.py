@@ -38,9 +38,9 @@ def _load_factory(spec: str) -> tuple[Any, Any, Any, str]:
 
 
 def _workload(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:
-    from peakcut.workloads import WORKLOAD_NAMES, get_workload
+    from peakcut.workloads import ALL_WORKLOAD_NAMES, get_workload
 
-    if args.workload in WORKLOAD_NAMES:
+    if args.workload in ALL_WORKLOAD_NAMES:
         inst = get_workload(args.workload).build(args.size)
         return inst.model, inst.batch, inst.loss_fn, inst.description
     return _load_factory(args.workload)

@@ -1,4 +1,6 @@
-"""Workload registry: the seven benchmark training steps of the MAGIS paper (Table 2).
+"""Workload registry: the seven benchmark training steps of the MAGIS paper (Table 2),
+:data:`WORKLOAD_NAMES`, and the full-size LLMs of issue 17, :data:`LLM_WORKLOAD_NAMES`
+(Llama-2-7B, GPT-2-XL; :mod:`.llm`). :data:`ALL_WORKLOAD_NAMES` is both.
 
 A :class:`Workload` describes one benchmark; :meth:`Workload.build` turns it into a
 :class:`WorkloadInstance` holding a model, an example batch and a loss function such that
@@ -8,7 +10,8 @@ Three sizes exist for every workload:
 
 * ``"paper"``: the configuration of the paper. The model and batch live on the ``meta`` device
   (no memory is allocated), cast to the paper dtype. Meant for shape-only capture.
-* ``"medium"``: the paper architecture (the LLMs: the paper's widths and vocabulary, 2 layers)
+* ``"medium"``: the paper architecture (the LLMs: the paper's widths and vocabulary, 2 layers;
+  llama2-7b: its decoder widths, 1 layer, vocabulary 8000, see :mod:`.llm`)
   at a batch and input where one real fp32 eager AdamW step on a 2-core CPU takes about 1-4 s
   and holds about 1-5 GB (bench.medium_sizes): big enough that the work is in the kernels, for measured comparisons.
   Real tensors, deterministic in ``seed``; ``facts("medium")`` says what was scaled.
@@ -16,7 +19,7 @@ Three sizes exist for every workload:
   takes milliseconds. Weights and batch are real tensors, deterministic in ``seed``.
 
 Model families live in their own modules (:mod:`.resnet`, :mod:`.unet`, :mod:`.hf`,
-:mod:`.btlm`); each exposes ``make_<workload>(size, batch_size) -> (model, batch)`` which
+:mod:`.btlm`, :mod:`.llm`); each exposes ``make_<workload>(size, batch_size) -> (model, batch)`` which
 creates tensors on the ambient default device, and a loss function.
 """
 
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from peakcut.workloads import btlm, hf, resnet, unet
+from peakcut.workloads import btlm, hf, llm, resnet, unet
 
 Batch = tuple[torch.Tensor, ...]
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
@@ -194,17 +197,45 @@ _WORKLOADS: tuple[Workload, ...] = (
     ),
 )
 
+_LLM_WORKLOADS: tuple[Workload, ...] = (
+    Workload(
+        name="llama2-7b",
+        summary="Llama-2-7B causal LM (HF LlamaForCausalLM, RoPE, SwiGLU, RMSNorm, untied head), LM loss",
+        paper={"batch": 8, "input": "seq 2048", "dtype": "bf16", "params": "6.74B"},
+        medium={"batch": 1, "input": "seq 128", "dtype": "fp32", "layers": 1, "vocab": 8000,
+                "params": "268M"},
+        tiny={"batch": 4, "input": "seq 32", "dtype": "fp32", "layers": 2, "hidden": 64},
+        title="Llama-2-7B",
+        make=llm.make_llama2_7b,
+        loss=hf.causal_lm_loss,
+    ),
+    Workload(
+        name="gpt2-xl",
+        summary="GPT-2-XL causal LM (HF GPT2LMHeadModel, 48x1600, 25 heads, tied head), LM loss",
+        paper={"batch": 16, "input": "seq 1024", "dtype": "fp32", "params": "1.56B"},
+        medium={"batch": 1, "input": "seq 128", "dtype": "fp32", "layers": 2, "params": "144M"},
+        tiny={"batch": 4, "input": "seq 32", "dtype": "fp32", "layers": 2, "hidden": 64},
+        title="GPT-2-XL",
+        make=llm.make_gpt2_xl,
+        loss=hf.causal_lm_loss,
+    ),
+)
+
 WORKLOAD_NAMES: tuple[str, ...] = tuple(w.name for w in _WORKLOADS)
+"""The seven MAGIS Table 2 workloads (what benchmarks iterate; no 7B model among them)."""
+LLM_WORKLOAD_NAMES: tuple[str, ...] = tuple(w.name for w in _LLM_WORKLOADS)
+"""The full-size LLMs of issue 17."""
+ALL_WORKLOAD_NAMES: tuple[str, ...] = WORKLOAD_NAMES + LLM_WORKLOAD_NAMES
 
 
 def list_workloads() -> list[Workload]:
-    """All workloads in the order of the paper's Table 2."""
-    return list(_WORKLOADS)
+    """All workloads: the paper's Table 2 in its order, then the LLMs."""
+    return [*_WORKLOADS, *_LLM_WORKLOADS]
 
 
 def get_workload(name: str) -> Workload:
     """The workload called ``name``; raises ``ValueError`` listing valid names otherwise."""
-    for workload in _WORKLOADS:
+    for workload in (*_WORKLOADS, *_LLM_WORKLOADS):
         if workload.name == name:
             return workload
-    raise ValueError(f"unknown workload {name!r}; valid names: {', '.join(WORKLOAD_NAMES)}")
+    raise ValueError(f"unknown workload {name!r}; valid names: {', '.join(ALL_WORKLOAD_NAMES)}")
