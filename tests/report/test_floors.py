@@ -11,6 +11,7 @@ from peakcut.cost import get_cost_model
 from peakcut.cost.profiles import get_profile
 from peakcut.ir.node import Phase
 from peakcut.ir.tensor import Role
+from peakcut.optimizer import optimize_graph
 from peakcut.report.floors import step_floors, working_set_bytes
 from peakcut.simulate import simulate_timeline
 from peakcut.workloads import get_workload
@@ -25,10 +26,11 @@ def test_no_simulated_plan_goes_below_the_floors(device: str) -> None:
     eager = simulate_timeline(g, g.order, get_cost_model(device))
     assert 0 < floors.memory_bytes <= eager.peak_bytes
     assert 0 < floors.compute_seconds < eager.latency_seconds
-    plan = peakcut.optimize(inst.model, inst.batch, inst.loss_fn, "adamw", device=device,
-                            memory_limit=0.6, time_budget=5, seed=0)
-    assert plan.report["peak_bytes"] >= floors.memory_bytes
-    assert plan.report["latency_s"] >= floors.compute_seconds
+    found = optimize_graph(g, device=device, pareto=True, time_budget=120, max_states=40, seed=0)
+    assert found.report["floors"]["memory_bytes"] == floors.memory_bytes
+    for state in found.result.front:
+        assert state.peak_bytes >= floors.memory_bytes
+        assert state.latency_s >= floors.compute_seconds
 
 
 def test_the_floors_of_a_small_step_by_hand() -> None:

@@ -15,7 +15,7 @@ from torch.utils import _pytree as pytree
 
 from peakcut.capture.optimizers import OptimizerSpec
 from peakcut.codegen.source import generate_source, hyper_names, hyper_values
-from peakcut.codegen.swap import HostPool
+from peakcut.codegen.swap import HostPool, host_copy
 from peakcut.codegen.update_inputs import Prepared, StepBindingError, UpdateInputs
 from peakcut.ir.graph import Graph
 from peakcut.ir.tensor import TensorMeta
@@ -69,10 +69,13 @@ class Step:
         names = dict(zip(graph.inputs, graph.input_names, strict=True))
         kept = [names[t] for t in graph.host_inputs()]
         host_state = frozenset(n for n in kept if n.startswith("state:"))
-        other = sorted(set(kept) - host_state)
+        self._host_params = frozenset(n.removeprefix("param:") for n in kept if n.startswith("param:"))
+        other = sorted(set(kept) - host_state - {f"param:{n}" for n in self._host_params})
         if other:
             raise StepBindingError(f"input {other[0]!r} is kept in host memory by the plan; a step binds "
-                                   "only optimizer state there so far")
+                                   "only parameters and optimizer state there so far")
+        self._host_positions = frozenset(graph.inputs.index(t) for t in graph.host_inputs())
+        self._kept_params: dict[str, torch.Tensor] = {}    # name -> the host buffer its .data is
         self.update = UpdateInputs(OptimizerSpec.from_dict(sig.optimizer), sig.grad_scaler, host_state)
         self.update.attach(optimizer, scaler)
         self._hypers = bool(hyper_names(graph))
@@ -128,6 +131,8 @@ class Step:
         buffers = dict(model.named_buffers())
         leaves, spec = pytree.tree_flatten(batch)
         self._check_model_and_batch(params, buffers, leaves, spec)
+        self.update.device = _device_of(
+            {n: p for n, p in params.items() if n not in self._host_params}, leaves)
         self.ensure_state(model)
         try:
             return self._inputs(model, params, buffers, leaves)
@@ -171,7 +176,9 @@ class Step:
             kind, _, key = name.partition(":")
             source = {"param": params, "buffer": buffers}.get(kind)
             value: torch.Tensor | None
-            if source is not None:
+            if kind == "param" and key in self._host_params:
+                value = self._kept_on_host(key, params[key])
+            elif source is not None:
                 value = source[key]             # present: _check_model_and_batch checked
             elif kind == "state":
                 value = opt_state.get(name)
@@ -184,8 +191,25 @@ class Step:
             values.append(self._check(name, value, self.graph.tensors[tid]))
         return values
 
+    def _kept_on_host(self, name: str, p: torch.Tensor) -> torch.Tensor:
+        """Parameter `p`, its data in a host buffer apart from device memory (pinned when it
+        came from CUDA; numpy-backed on CPU, outside the allocator measurements see:
+        codegen.swap). It is moved there once, by replacing p.data: the model, the optimizer
+        (whose state is keyed by the Parameter) and checkpoints keep the same Parameter."""
+        kept = self._kept_params.get(name)
+        if kept is not None and p.data.data_ptr() == kept.data_ptr():
+            return p
+        buffer = host_copy(p.detach(), pinned=p.is_cuda)
+        p.data = buffer
+        self._kept_params[name] = buffer
+        return p
+
     def device_of(self, inputs: list[torch.Tensor]) -> str:
-        return str(inputs[0].device) if inputs else self.graph.device
+        """The device the program runs on: that of its first input not kept in host memory."""
+        for i, t in enumerate(inputs):
+            if i not in self._host_positions:
+                return str(t.device)
+        return self.graph.device
 
     def capture_scalars(self) -> dict[str, float]:
         """The run-time scalars' values at capture (for runs without an optimizer: fake tracking)."""

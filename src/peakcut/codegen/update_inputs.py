@@ -48,6 +48,7 @@ class UpdateInputs:
         self.grad_scaler = grad_scaler
         self.host_state = host_state
         self._kept: dict[tuple[int, str], torch.Tensor] = {}   # (id(param), slot) -> host buffer
+        self.device: torch.device | None = None    # the step's device (a parameter may be in host memory)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scaler: Any = None
 
@@ -212,12 +213,17 @@ class UpdateInputs:
     def _on_host(self, name: str, slot: str) -> bool:
         return f"state:{name}.{slot}" in self.host_state
 
+    def _home(self, p: torch.Tensor) -> torch.device:
+        """The device p's update runs on: the step's (p itself may be kept in host memory)."""
+        return p.device if self.device is None else self.device
+
     def _zeros(self, name: str, slot: str, p: torch.Tensor) -> torch.Tensor:
         """New state for p, as torch.optim makes it; made in host memory (no device buffer
         first) when the plan keeps it there."""
+        home = self._home(p)
         if not self._on_host(name, slot):
-            return torch.zeros_like(p, memory_format=torch.preserve_format)
-        kept = host_empty_strided(p.shape, p.stride(), p.dtype, pinned=p.is_cuda)[0].zero_()
+            return torch.zeros_like(p, memory_format=torch.preserve_format, device=home)
+        kept = host_empty_strided(p.shape, p.stride(), p.dtype, pinned=home.type == "cuda")[0].zero_()
         self._kept[(id(p), slot)] = kept
         return kept
 
@@ -228,11 +234,12 @@ class UpdateInputs:
         codegen.swap); a tensor found elsewhere (new, or put back beside its parameter by
         optimizer.load_state_dict) is copied into one once."""
         on_host = self._on_host(name, slot)
-        _check_like(name, slot, t, p, host_ok=on_host)
+        home = self._home(p)
+        _check_like(name, slot, t, p, home, host_ok=on_host)
         key = (id(p), slot)
         if not on_host or self._kept.get(key) is t:
             return t
-        kept = host_copy(t, pinned=p.is_cuda)
+        kept = host_copy(t, pinned=home.type == "cuda")
         self._kept[key] = kept
         return kept
 
@@ -248,9 +255,11 @@ def _what_changed(was: GroupSpec, now: GroupSpec) -> str:
     return f"options {list(was.flags)} -> {list(now.flags)}"
 
 
-def _check_like(name: str, slot: str, t: torch.Tensor, p: torch.Tensor, host_ok: bool = False) -> None:
-    """t has p's shape and dtype, and lives on p's device (or in host memory, when host_ok)."""
-    placed = t.device == p.device or (host_ok and t.device.type == HOST_DEVICE)
+def _check_like(name: str, slot: str, t: torch.Tensor, p: torch.Tensor, home: torch.device,
+                host_ok: bool = False) -> None:
+    """t has p's shape and dtype, and lives on the step's device `home` (or in host memory,
+    when host_ok)."""
+    placed = t.device == home or (host_ok and t.device.type == HOST_DEVICE)
     if t.shape != p.shape or t.dtype != p.dtype or not placed:
         raise StepBindingError(f"optimizer state {name}.{slot}: {tuple(t.shape)} {t.dtype} on {t.device}, the "
-                               f"parameter is {tuple(p.shape)} {p.dtype} on {p.device}")
+                               f"parameter is {tuple(p.shape)} {p.dtype} and the step runs on {home}")

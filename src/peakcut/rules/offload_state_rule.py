@@ -49,9 +49,33 @@ from peakcut.transform.rewrite import (
 from peakcut.transform.swap import is_dense
 
 
+def input_copies(g: Graph, role: Role) -> dict[int, Node]:
+    """The loads and writebacks in g of the host-resident program inputs of `role` (this
+    rule's for optimizer state, the parameter offload rule's for parameters)."""
+    return {nid: n for nid, n in g.nodes.items()
+            if n.op in (LOAD_OP, WRITEBACK_OP) and g.is_input_copy(n) and g.tensors[n.input_tuple[0]].role is role}
+
+
+def input_copy_lines(g: Graph, names: Names, node: Node, what: str, purpose: str) -> list[str]:
+    """The code of a load or writeback of a host-resident program input (on the compute
+    stream; non-blocking on CUDA): `what` names the input's kind, `purpose` the load's use."""
+    name = names.by_tensor
+    if node.op == LOAD_OP:
+        (host,) = node.input_ids()
+        (dev,) = node.output_ids()
+        meta = g.tensors[dev]
+        layout = f"{tuple(meta.shape)!r}, {tuple(meta.stride)!r}"
+        non_blocking = ", non_blocking=True" if torch.device(g.device).type == "cuda" else ""
+        return [f"    # {what} {name[host]} lives in host memory: copy it in for {purpose}",
+                f"    {name[dev]} = torch.empty_strided({layout}, dtype={meta.torch_dtype}, device=device)",
+                f"    {name[dev]}.copy_({name[host]}{non_blocking})"]
+    host, source = node.input_ids()
+    return [f"    {name[host]}.copy_({name[source]})  # the updated {what} back to host memory"]
+
+
 def _offload_nodes(g: Graph) -> dict[int, Node]:
-    """This rule's nodes in g: loads of program inputs and writebacks."""
-    return {nid: n for nid, n in g.nodes.items() if n.op in (LOAD_OP, WRITEBACK_OP) and g.is_input_copy(n)}
+    """This rule's nodes in g: loads and writebacks of optimizer state kept in host memory."""
+    return input_copies(g, Role.OPT_STATE)
 
 
 def _aliases(g: Graph, tensor: int) -> list[int]:
@@ -187,19 +211,8 @@ class OffloadCode(NodeCode):
         self.g = g
         self.names = names
         self.mine = _offload_nodes(g)
-        self.async_copy = ", non_blocking=True" if torch.device(g.device).type == "cuda" else ""
 
     def emit(self, node: Node) -> list[str] | None:
         if node.id not in self.mine:
             return None
-        name = self.names.by_tensor
-        if node.op == LOAD_OP:
-            (host,) = node.input_ids()
-            (dev,) = node.output_ids()
-            meta = self.g.tensors[dev]
-            layout = f"{tuple(meta.shape)!r}, {tuple(meta.stride)!r}"
-            return [f"    # optimizer state {name[host]} lives in host memory: copy it in for its update",
-                    f"    {name[dev]} = torch.empty_strided({layout}, dtype={meta.torch_dtype}, device=device)",
-                    f"    {name[dev]}.copy_({name[host]}{self.async_copy})"]
-        host, source = node.input_ids()
-        return [f"    {name[host]}.copy_({name[source]})  # the updated state back to host memory"]
+        return input_copy_lines(self.g, self.names, node, "optimizer state", "its update")

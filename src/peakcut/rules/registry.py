@@ -21,6 +21,7 @@ from peakcut.ir.graph import Graph
 from peakcut.memory import MemoryProfile, simulate
 from peakcut.rules.fission_rule import FissionRule
 from peakcut.rules.hotspot import Hotspot
+from peakcut.rules.offload_param_rule import OffloadParamRule
 from peakcut.rules.offload_state_rule import OffloadStateRule
 from peakcut.rules.protocol import (
     REWRITE_MOVES,
@@ -223,6 +224,7 @@ RULES = Registry(
         SwapRule(),
         RematRule(),
         OffloadStateRule(),
+        OffloadParamRule(),
     ),
     rewrites=(
         MergeMatmulsRule(),
