@@ -18,13 +18,13 @@ memory of every candidate order is evaluated exactly (Problem.curve).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from peakcut.schedule.problem import Problem
-from peakcut.schedule.reach import Reachability, members
+from peakcut.schedule.reach import Reachability, _bits, members
 
 BLOCK_LIMIT = 48  # largest block moved as one piece (nodes)
 
@@ -78,28 +78,37 @@ def moved(problem: Problem, order: list[int], pos: np.ndarray, block: Block) -> 
     return rest + inside + order[limit:]
 
 
+def _mask(flags: np.ndarray) -> int:
+    """The bitset (bit v = node v) of the True entries of a bool array."""
+    return int.from_bytes(np.packbits(flags, bitorder="little").tobytes(), "little")
+
+
 def hoist_blocks(problem: Problem, order: list[int], reach: Reachability, peak_index: int,
-                 limit: int = BLOCK_LIMIT) -> list[list[int]]:
-    """Blocks that could run before the peak node but run after it.
+                 limit: int = BLOCK_LIMIT) -> Iterator[list[int]]:
+    """Blocks that could run before the peak node but run after it, made one at a time.
 
     For each node w after the peak node p that does not depend on p, the block
     is w with its ancestors that also run after p (in order). Run just before
     p, such a block can free tensors that only it still reads (e.g. the parts
     of an activation's backward that do not need the incoming gradient).
+
+    Each block costs its members, not a scan of the whole order: the caller
+    stops at the first block that helps, and an order of 20k+ nodes has about
+    as many blocks.
     """
+    n = problem.n
     p = order[peak_index]
     after = order[peak_index + 1:]
-    later = 0
-    for v in after:
-        later |= 1 << v
-    blocks = []
+    position = np.full(n, -1, dtype=np.int64)
+    position[np.asarray(after, dtype=np.int64)] = np.arange(len(after), dtype=np.int64)
+    later = _mask(position >= 0)
+    below = _bits(reach.des[p], n)
     for w in after:
-        if reach.des[p] >> w & 1:
+        if below[w]:
             continue
-        members = (reach.anc[w] & later) | (1 << w)
-        if members.bit_count() <= limit:
-            blocks.append([v for v in after if members >> v & 1])
-    return blocks
+        block = (reach.anc[w] & later) | (1 << w)
+        if block.bit_count() <= limit:
+            yield sorted(members(block), key=position.__getitem__)
 
 
 def hoisted(order: list[int], peak_index: int, block: list[int]) -> list[int]:
