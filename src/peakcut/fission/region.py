@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from peakcut.fission.boundary import boundary, copied_members, interleaved
+from peakcut.fission.boundary import BoundaryOutput, boundary, copied_members, interleaved
 from peakcut.fission.expanded import Expanded, ExpandedRegion, FissionError
 from peakcut.fission.merge import allocate, finish, write_part
 from peakcut.fission.reuse import ExpansionStep, Snapshot
@@ -140,6 +140,9 @@ class RegionExpander:
         parts: list[dict[int, int]] = []
         blocks: list[list[int]] = []
         last_write: dict[int, int] = {}    # preallocated tensor -> its latest write node
+        written: dict[int, list[BoundaryOutput]] = {}  # node -> the boundary outputs it writes (outs order)
+        for o in outs:
+            written.setdefault(o.writer, []).append(o)
         for k in range(1 if self.compact else n):
             copy_of: dict[int, int] = {}
             part_of: dict[int, int] = {}   # tensor of S -> its part tensor
@@ -153,9 +156,8 @@ class RegionExpander:
                 for t, c in zip(g.nodes[v].outputs, copy.outputs, strict=True):
                     if t is not None and c is not None:   # add() checked they come together
                         part_of[t] = c
-                for o in outs:
-                    if o.writer == v:
-                        write_part(self, o, part_of, totals, k, n, fid, here, block, last_write)
+                for o in written.get(v, ()):
+                    write_part(self, o, part_of, totals, k, n, fid, here, block, last_write)
             parts.append(copy_of)
             blocks.append(block)
         if self.compact:
