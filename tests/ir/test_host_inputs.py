@@ -117,12 +117,15 @@ def test_the_binding_accepts_host_state_only_where_the_plan_keeps_it() -> None:
         _check_like("w", "exp_avg", on_host, p, p.device)
 
 
-def test_a_host_inputs_copies_are_timed_on_the_compute_stream() -> None:
-    """The code of a load of a program input and of a writeback copies on the compute stream
-    (rules/offload_state_rule.py), so the timeline times them there, exposed."""
+def test_a_host_inputs_copies_are_timed_on_the_copy_streams_where_copies_overlap() -> None:
+    """The code of a load of a program input and of a writeback copies on the copy streams on
+    CUDA (rules/input_copy_code.py) and on the one stream on CPU; the timeline times them so."""
     g, _ = _state_graph(offloaded=True)
-    timeline = simulate_timeline(g, g.order, FakeCost(constant(1.0), copy=3.0), None)
     copies = [n for n in g.order if g.nodes[n].op in (LOAD_OP, WRITEBACK_OP)]
-    assert [timeline.stream_of(n) for n in copies] == [COMPUTE, COMPUTE]
-    assert timeline.exposed_copy_seconds == 6.0
-    assert timeline.latency_seconds == 3.0 + 1.0 + 1.0 + 3.0
+    overlapped = simulate_timeline(g, g.order, FakeCost(constant(1.0), copy=3.0), None)
+    assert [overlapped.stream_of(n) for n in copies] == [H2D, D2H]
+    assert overlapped.exposed_copy_seconds == 3.0          # exp waits for the load; nothing waits for the writeback
+    assert overlapped.latency_seconds == 3.0 + 1.0 + 1.0 + 3.0
+    inline = simulate_timeline(g, g.order, FakeCost(constant(1.0), overlap_copies=False, copy=3.0), None)
+    assert [inline.stream_of(n) for n in copies] == [COMPUTE, COMPUTE]
+    assert inline.exposed_copy_seconds == 6.0

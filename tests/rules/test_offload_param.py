@@ -5,6 +5,7 @@ the state offloaded too and the gradients swapped, device memory, checkpoints an
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -12,7 +13,9 @@ import torch
 from torch import nn
 
 import peakcut
+from peakcut.codegen.source import generate_source
 from peakcut.ir.check import check_graph
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Phase
 from peakcut.ir.ops import LOAD_OP, STORE_OP, WRITEBACK_OP
@@ -251,3 +254,61 @@ def test_measured_device_memory_drops_by_the_parameters_kept_in_host_memory() ->
     print(f"measured peak: plain {plain:,} B, offloaded {kept:,} B; simulated {simulated:,} B")
     assert kept < plain
     assert kept <= simulated
+
+
+# ------------------------------------------------------------------ CUDA code (compiled, not run here)
+def _cuda(g: Graph) -> Graph:
+    edit = GraphEditor(g)
+    edit.set_device("cuda")
+    return edit.finish()
+
+
+def _index(lines: list[str], pattern: str, start: int = 0) -> int:
+    for i in range(start, len(lines)):
+        if re.search(pattern, lines[i]):
+            return i
+    raise AssertionError(f"no line matching {pattern!r} after line {start}")
+
+
+@pytest.mark.parametrize("with_swaps", [False, True])
+def test_cuda_copies_of_host_kept_inputs_run_on_the_copy_streams(with_swaps: bool) -> None:
+    """Each load copies on h2d after h2d waited for compute and records an event that compute
+    waits for before the copy's first reader; each writeback copies on d2h after an event
+    recorded on compute; the streams are made once and the step ends with d2h synchronised."""
+    model, batch = make_mlp()
+    g = peakcut.capture(model, batch, loss_fn, torch.optim.AdamW(model.parameters()))
+    g, order = offload(g, g.order, RULE, Role.PARAM)
+    g, order = offload(g, order, STATE_RULE, Role.OPT_STATE)
+    if with_swaps:
+        g, order = swap_gradients(g, order)
+    cuda = _cuda(g)
+    source = generate_source(cuda, order)
+    compile(source, "<generated>", "exec")
+    lines = [line.strip() for line in source.splitlines()]
+    assert sum(line.startswith("h2d = torch.cuda.Stream") for line in lines) == 1
+    assert sum(line.startswith("d2h.synchronize()") for line in lines) == 1
+    assert _index(lines, r"^d2h\.synchronize\(\)") > max(i for i, x in enumerate(lines) if "copy_(" in x)
+    loads = [i for i, line in enumerate(lines) if "lives in host memory: copy it in" in line]
+    n_loads = sum(1 for n in order if cuda.nodes[n].op == LOAD_OP and cuda.is_input_copy(cuda.nodes[n]))
+    assert len(loads) == n_loads > 6
+    for at in loads:
+        assert lines[at].endswith("on the h2d stream")
+        yn = re.match(r"^(\w+) = torch\.empty_strided\(.*device=device\)$", lines[at + 1]).group(1)
+        after = _index(lines, r"^h2d\.wait_stream\(compute\)", at + 1)
+        copy_line = _index(lines, rf"^{yn}\.copy_\(\w+, non_blocking=True\)$", after)
+        assert lines[copy_line - 1] == "with torch.cuda.stream(h2d):"
+        recorded = _index(lines, rf"^ev_{yn}\w*\.record\(h2d\)$", copy_line)
+        event = lines[recorded].split(".")[0]
+        waited = _index(lines, rf"^compute\.wait_event\({event}\)$", recorded)
+        first_use = min(i for i in range(copy_line + 1, len(lines)) if re.search(rf"\b{yn}\b", lines[i])
+                        and not lines[i].startswith((f"{yn}.record_stream", "del ")))
+        assert waited < first_use, f"{yn}: read at line {first_use} before its copy is waited for"
+    backs = [i for i, line in enumerate(lines) if "back to host memory, on the d2h stream" in line]
+    assert len(backs) == sum(1 for n in order if cuda.nodes[n].op == WRITEBACK_OP) > 6
+    for at in backs:
+        assert re.match(r"^ev_\w+ = torch\.cuda\.Event\(\)$", lines[at + 1])
+        assert re.match(r"^ev_\w+\.record\(compute\)$", lines[at + 2])
+        assert re.match(r"^d2h\.wait_event\(ev_\w+\)$", lines[at + 3])
+        assert lines[at + 4] == "with torch.cuda.stream(d2h):" and "non_blocking=True" in lines[at + 5]
+    cpu_source = generate_source(g, order)
+    assert "torch.cuda" not in cpu_source and "non_blocking" not in cpu_source

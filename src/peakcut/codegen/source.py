@@ -162,6 +162,8 @@ def generate_source(g: Graph, order: list[int] | None = None, title: str = "", p
         lines.extend(code.prologue())
     emitter = _Emitter(g, names, frees, codes, plan)
     lines.extend(emitter.items(plan.items if plan else order, 1))
+    for code in codes:
+        lines.extend(code.epilogue())
     outs = ", ".join(names.by_tensor[t] for t in g.outputs)
     lines.append(f"    return ({outs}{',' if len(g.outputs) == 1 else ''})")
     return "\n".join(lines) + "\n"

@@ -19,7 +19,7 @@ Device memory then holds the parameter only from each load to its phase's last u
 the whole step; the host link carries it in once per phase and out once (the writeback). The
 step binding keeps the parameter's tensor in (pinned) host memory between steps, as it does
 for offloaded optimizer state (rules/offload_state_rule.py, whose loads and writebacks these
-are, with the same copy code).
+are, with the same copy code: rules/input_copy_code.py).
 
 Sites: the parameters still on the device that no phase copy would hold at the memory peak,
 largest first; score = bytes x the distance from the peak to the nearest phase's window.
@@ -39,7 +39,7 @@ from peakcut.ir.ops import LOAD_OP, WRITEBACK_OP
 from peakcut.ir.registry import OpKind, lookup
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.rules.hotspot import Hotspot, HotspotSite
-from peakcut.rules.offload_state_rule import input_copies, input_copy_lines
+from peakcut.rules.input_copy_code import InputCopyCode, input_copies
 from peakcut.rules.protocol import LoopRefusal, Names, NodeCode, ProgramRule, Site
 from peakcut.schedule.placement import Placement
 from peakcut.transform.rewrite import (
@@ -230,8 +230,9 @@ class OffloadParamRule(ProgramRule):
         return refuse
 
     def code(self, g: Graph, order: Sequence[int], names: Names) -> NodeCode | None:
-        mine = _param_nodes(g)
-        return _ParamCopyCode(g, names, mine) if mine else None
+        if not _param_nodes(g):
+            return None
+        return InputCopyCode(g, order, names, Role.PARAM, "parameter", lambda n: f"its {SEGMENTS[n.phase]} use")
 
 
 def _copy_for_segment(edit: GraphEditor, g: Graph, t: int, uses: _Uses, segment: str,
@@ -291,17 +292,3 @@ def _remade_views(g: Graph, mine: Mapping[int, Node]) -> list[int]:
             found.append(user)
             frontier.extend(node.output_ids())
     return found
-
-
-class _ParamCopyCode(NodeCode):
-    """The lines of this rule's loads and writebacks (copies on the compute stream)."""
-
-    def __init__(self, g: Graph, names: Names, mine: Mapping[int, Node]) -> None:
-        self.g = g
-        self.names = names
-        self.mine = mine
-
-    def emit(self, node: Node) -> list[str] | None:
-        if node.id not in self.mine:
-            return None
-        return input_copy_lines(self.g, self.names, node, "parameter", f"its {SEGMENTS[node.phase]} use")

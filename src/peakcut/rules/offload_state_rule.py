@@ -18,8 +18,7 @@ in another buffer, and the writeback puts the result where the optimizer keeps i
 Sites: the optimizer-state inputs still on the device whose update window (load to last write)
 lies away from the memory peak, largest first; score = bytes x the distance from the peak to
 the window. The load goes as late as its copy can be hidden, the writeback right after the last
-write. Generated code copies on the compute stream (correct on any device, not overlapped with
-compute yet), and the timeline times the copies there (simulate.streams.inline_copies).
+write. Generated code copies on the copy streams on CUDA (rules/input_copy_code.py), plainly on CPU.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from peakcut.ir.node import Node, Phase, TensorRef
 from peakcut.ir.ops import LOAD_OP, WRITEBACK_OP
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.rules.hotspot import Hotspot, HotspotSite
+from peakcut.rules.input_copy_code import InputCopyCode, input_copies
 from peakcut.rules.protocol import LoopRefusal, Names, NodeCode, ProgramRule, Site
 from peakcut.schedule.placement import Placement
 from peakcut.transform.rewrite import (
@@ -47,30 +47,6 @@ from peakcut.transform.rewrite import (
     positions,
 )
 from peakcut.transform.swap import is_dense
-
-
-def input_copies(g: Graph, role: Role) -> dict[int, Node]:
-    """The loads and writebacks in g of the host-resident program inputs of `role` (this
-    rule's for optimizer state, the parameter offload rule's for parameters)."""
-    return {nid: n for nid, n in g.nodes.items()
-            if n.op in (LOAD_OP, WRITEBACK_OP) and g.is_input_copy(n) and g.tensors[n.input_tuple[0]].role is role}
-
-
-def input_copy_lines(g: Graph, names: Names, node: Node, what: str, purpose: str) -> list[str]:
-    """The code of a load or writeback of a host-resident program input (on the compute
-    stream; non-blocking on CUDA): `what` names the input's kind, `purpose` the load's use."""
-    name = names.by_tensor
-    if node.op == LOAD_OP:
-        (host,) = node.input_ids()
-        (dev,) = node.output_ids()
-        meta = g.tensors[dev]
-        layout = f"{tuple(meta.shape)!r}, {tuple(meta.stride)!r}"
-        non_blocking = ", non_blocking=True" if torch.device(g.device).type == "cuda" else ""
-        return [f"    # {what} {name[host]} lives in host memory: copy it in for {purpose}",
-                f"    {name[dev]} = torch.empty_strided({layout}, dtype={meta.torch_dtype}, device=device)",
-                f"    {name[dev]}.copy_({name[host]}{non_blocking})"]
-    host, source = node.input_ids()
-    return [f"    {name[host]}.copy_({name[source]})  # the updated {what} back to host memory"]
 
 
 def _offload_nodes(g: Graph) -> dict[int, Node]:
@@ -201,18 +177,6 @@ class OffloadStateRule(ProgramRule):
         return refuse
 
     def code(self, g: Graph, order: Sequence[int], names: Names) -> NodeCode | None:
-        return OffloadCode(g, names) if _offload_nodes(g) else None
-
-
-class OffloadCode(NodeCode):
-    """The lines of this rule's loads and writebacks (copies on the compute stream)."""
-
-    def __init__(self, g: Graph, names: Names) -> None:
-        self.g = g
-        self.names = names
-        self.mine = _offload_nodes(g)
-
-    def emit(self, node: Node) -> list[str] | None:
-        if node.id not in self.mine:
+        if not _offload_nodes(g):
             return None
-        return input_copy_lines(self.g, self.names, node, "optimizer state", "its update")
+        return InputCopyCode(g, order, names, Role.OPT_STATE, "optimizer state", lambda _: "its update")

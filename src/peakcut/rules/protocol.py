@@ -82,6 +82,10 @@ class NodeCode(Protocol):
         """The node's own lines when this rule writes them, else None (an ordinary ATen call)."""
         return None
 
+    def epilogue(self) -> list[str]:
+        """Lines at the end of the step's body, before it returns."""
+        return []
+
 
 class ProgramRule(Protocol):
     """A rule applied to the state's program at a site, kept as a recipe (see module doc).

@@ -34,7 +34,7 @@ import torch
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node
 from peakcut.ir.ops import LOAD_OP, STORE_OP
-from peakcut.rules.protocol import Names
+from peakcut.rules.protocol import Names, NodeCode
 
 
 def _layout(g: Graph, tid: int) -> str:
@@ -42,7 +42,7 @@ def _layout(g: Graph, tid: int) -> str:
     return f"{tuple(t.shape)!r}, {tuple(t.stride)!r}"
 
 
-class SwapCode:
+class SwapCode(NodeCode):
     """Emits the lines of store and load nodes, and the waits before the loaded tensors' first
     consumers (CUDA), for one program (`order` on `g`, device type from g.device)."""
 

@@ -1,19 +1,19 @@
 """Event timing: when each node starts and ends on the compute and copy streams.
 
 One compute stream runs compute nodes in issue order. When the cost model
-overlaps copies, swap-outs (peakcut.store) run on a device->host stream and
-swap-ins (peakcut.load) on a host->device stream; they never block the compute
+overlaps copies, swap-outs (peakcut.store) and writebacks of host-kept inputs
+(peakcut.writeback) run on a device->host stream, and swap-ins and loads of host-kept
+inputs (peakcut.load) on a host->device stream, as the generated code runs them
+(rules/swap_code.py, rules/input_copy_code.py); they never block the compute
 stream, only a consumer waiting for a copy's completion does. Otherwise every
 node, copies included, runs on the compute stream in issue order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from peakcut.cost.protocol import CostModel
 from peakcut.ir.graph import Graph
@@ -55,17 +55,6 @@ def node_stream(op: str, overlap_copies: bool) -> str:
     return D2H if direction == "d2h" else H2D
 
 
-def inline_copies(g: Graph, order: Sequence[int], host_copies: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
-    """Which nodes of `order` are host copies the generated code runs on the compute stream:
-    loads of program inputs kept in host memory, and writebacks (the offload rule's code,
-    rules/offload_state_rule.py, copies there). They are timed there, exposed, so that a
-    simulated latency is that of the code; swaps' stores and loads run on copy streams."""
-    inline = np.zeros(len(order), dtype=bool)
-    for i in np.flatnonzero(host_copies).tolist():
-        inline[i] = g.is_input_copy(g.nodes[order[i]])
-    return inline
-
-
 def node_seconds(g: Graph, order: tuple[int, ...], cost: CostModel) -> np.ndarray:
     """The cost model's latency of each node in order, checked to be finite and >= 0."""
     seconds = np.fromiter((cost.node_seconds(g, nid) for nid in order), dtype=np.float64,
@@ -87,15 +76,13 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
     n = len(issued.order)
     times = node_seconds(g, issued.order, cost)
     ops = [g.nodes[nid].op for nid in issued.order]
-    host_copies = np.fromiter((op in COPY_DIRECTION for op in ops), dtype=bool, count=n)
-    inline = inline_copies(g, issued.order, host_copies)
-    copies = host_copies & ~inline      # the copies that may run on a copy stream
+    copies = np.fromiter((op in COPY_DIRECTION for op in ops), dtype=bool, count=n)
     if not (overlap and copies.any()):
         # one stream: each node starts when the one before ends (cumsum adds in order, as the
-        # loop below would); inline copies are exposed for their whole time
+        # loop below would); copies are exposed for their whole time
         ends = np.cumsum(np.concatenate(([0.0], times)))
         exposed = 0.0
-        for s in times[host_copies if not overlap else inline].tolist():
+        for s in times[copies].tolist():
             exposed += s
         return StreamTiming(start=ends[:-1].copy(), end=ends[1:].copy(), stream=(COMPUTE,) * n,
                             exposed_copy_seconds=float(exposed))
@@ -121,8 +108,6 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
                 if on_copy_stream[p] and end[p] > begin:
                     begin = end[p]
             exposed += begin - compute_free
-            if inline[i]:
-                exposed += seconds[i]
         else:
             # issued once the compute node before it in order has finished
             begin = max(stream_free[stream], compute_free)
