@@ -92,11 +92,31 @@ def test_it_applies_to_parameters_only() -> None:
     assert RULE.why_not(g, order, HotspotSite(10**9, -1, (), 0, 0)) == f"tensor {10**9} is not a program input"
 
 
-def test_a_gradient_the_caller_receives_keeps_its_parameter_on_the_device() -> None:
+def test_a_gradient_the_caller_accumulates_keeps_its_parameter_on_the_device() -> None:
     model, batch = make_mlp()
-    g = peakcut.capture(model, batch, loss_fn, torch.optim.AdamW(model.parameters()), keep_grads=True)
+    g = peakcut.capture(model, batch, loss_fn, torch.optim.AdamW(model.parameters()), accumulate=True)
     weight = named_input(g, "param:fc1.weight")
-    assert "gradient is the caller's" in (RULE.why_not(g, g.order, site(g, weight)) or "")
+    assert "adds to its p.grad in place" in (RULE.why_not(g, g.order, site(g, weight)) or "")
+
+
+def test_gradients_returned_to_the_caller_are_eager_ones() -> None:
+    """keep_grads: p.grad after the step is eager's (in host memory with its parameter on CUDA)."""
+    model, batch = make_mlp()
+    ref = copy.deepcopy(model)
+    opt, ref_opt = OPTIMIZERS["adamw"](model), OPTIMIZERS["adamw"](ref)
+    captured = peakcut.capture(model, batch, loss_fn, opt, keep_grads=True)
+    g, order = offload(captured, captured.order, RULE, Role.PARAM)
+    assert len(g.host_inputs()) == 6
+    step = peakcut.build(g, order, optimizer=opt)
+    for _ in range(2):
+        opt.zero_grad()
+        step(model, batch)
+        loss_fn(ref, batch).backward()
+        ref_opt.step()
+        for (pname, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None
+            assert_close(p.grad, q.grad, f"{pname}.grad")
+        ref_opt.zero_grad()
 
 
 def test_the_rewrite_is_a_load_per_phase_views_made_again_and_one_writeback() -> None:

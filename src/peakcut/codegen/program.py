@@ -252,6 +252,8 @@ class Step:
             if name.startswith("grad:"):
                 key = name.removeprefix("grad:")
                 p = params[key]
+                if value.device != p.device:        # a parameter kept in host memory: its .grad too
+                    value = value.to(p.device)
                 if p.grad is None or key in self._updated:
                     p.grad = value
                 else:

@@ -134,9 +134,9 @@ class OffloadParamRule(ProgramRule):
         if meta.role is not Role.PARAM or not input_name.startswith("param:"):
             return f"{what} is not a parameter ({meta.role.value})"
         name = input_name.removeprefix("param:")
-        if f"grad:{name}" in g.output_names or f"acc:{name}" in g.input_names:
-            return (f"{what}: its gradient is the caller's (returned or accumulated in p.grad), "
-                    "which must live where the parameter does")
+        if f"acc:{name}" in g.input_names:
+            return (f"{what}: the step adds to its p.grad in place (accumulate=k), which lives where "
+                    "the parameter does")
         if g.is_host_storage(meta.storage):
             return f"{what} is kept in host memory already"
         if not g.users(t):
