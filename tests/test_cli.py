@@ -10,7 +10,8 @@ from peakcut.cli import main
 def test_workloads_lists_all(capsys):
     assert main(["workloads", "--json"]) == 0
     names = [w["name"] for w in json.loads(capsys.readouterr().out)]
-    assert names == ["resnet50", "bert-base", "vit-base", "unet", "unetpp", "gpt-neo-1.3b", "btlm-3b"]
+    assert names == ["resnet50", "bert-base", "vit-base", "unet", "unetpp", "gpt-neo-1.3b", "btlm-3b",
+                     "llama2-7b", "gpt2-xl"]
 
 
 def test_profile_json_and_plot(capsys, tmp_path):
@@ -24,13 +25,17 @@ def test_profile_json_and_plot(capsys, tmp_path):
     assert facts["reorder_lower_bound_bytes"] <= facts["reordered_peak_bytes"] <= facts["eager_peak_bytes"]
     assert facts["ftree_levels"] == len(facts["ftree_nodes_per_level"])
     assert "fission_root_peak_bytes" in facts
+    floors = facts["floors"]
+    assert floors["device"] == "h100" and 0 < floors["memory_bytes"] <= facts["eager_peak_bytes"]
+    assert 0 < floors["compute_seconds"] <= floors["latency_at_memory_floor_seconds"]
     assert plot.stat().st_size > 10_000
 
 
 def test_profile_table(capsys):
-    assert main(["profile", "resnet50", "--size", "tiny"]) == 0
+    assert main(["profile", "resnet50", "--size", "tiny", "--device", "rtx3090"]) == 0
     out = capsys.readouterr().out
     assert "eager peak (simulated)" in out and "hot-spots" in out
+    assert "memory floor on rtx3090" in out and "compute floor on rtx3090" in out
     assert "re-ordered peak (simulated)" in out
 
 
@@ -41,12 +46,13 @@ def test_optimize_writes_program_report_and_plots(capsys, tmp_path):
     assert code == 0
     report = json.loads((out / "report.json").read_text())
     for key in ("eager_peak_bytes", "peak_bytes", "eager_latency_s", "latency_s", "memory_method",
-                "latency_method", "applied"):
+                "latency_method", "applied", "floors", "overhead_vs_compute_floor"):
         assert key in report
     assert report["peak_bytes"] <= report["eager_peak_bytes"]
     assert (out / "program.py").read_text().startswith('"""')
     assert (out / "memory.png").stat().st_size > 10_000 and (out / "pareto.png").stat().st_size > 5_000
-    assert "peak memory" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "peak memory" in printed and "over the compute floor" in printed
 
 
 def test_optimize_exits_3_when_the_limit_is_not_met(tmp_path):

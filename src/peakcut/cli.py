@@ -14,7 +14,7 @@ from rich.table import Table
 
 from peakcut.cli_optimize import add_parser as add_optimize_parser
 from peakcut.memory.workspace import describe_workspace
-from peakcut.units import format_bytes
+from peakcut.units import format_bytes, format_seconds
 
 
 def cmd_workloads(args: argparse.Namespace, out: Console) -> int:
@@ -53,8 +53,9 @@ def fission_facts(g: Any) -> dict:
 
 
 def profile_facts(name: str, size: str, batch: int | None, optimizer: str, status: Any,
-                  reorder_seconds: float = 20.0) -> tuple[dict, Any, Any]:
-    """Capture and simulate a workload; returns (facts, graph, memory profile)."""
+                  reorder_seconds: float = 20.0, device: str = "h100") -> tuple[dict, Any, Any]:
+    """Capture and simulate a workload; returns (facts, graph, memory profile). `device`: the
+    analytic profile the physical floors are priced on (report.floors)."""
     import peakcut
     from peakcut.memory import simulate
     from peakcut.workloads import get_workload
@@ -73,6 +74,11 @@ def profile_facts(name: str, size: str, batch: int | None, optimizer: str, statu
     sched = schedule(g, time_limit=reorder_seconds)
     status("building the F-Tree of the batch dimension")
     ftree = fission_facts(g)
+    status(f"pricing the physical floors on {device}")
+    from peakcut.cost.profiles import get_profile
+    from peakcut.report.floors import step_floors
+
+    floors = step_floors(g, get_profile(device)).as_dict()
     facts = {
         "workload": name, "size": size, "description": inst.description, "optimizer": optimizer,
         "batch_size": inst.batch_size, "nodes": len(g.nodes),
@@ -85,6 +91,7 @@ def profile_facts(name: str, size: str, batch: int | None, optimizer: str, statu
         "reorder_method": sched.method,
         "reorder_seconds": round(sched.seconds, 3),
         **ftree,
+        "floors": floors,
         "peak_op": g.nodes[prof.peak_node].name, "peak_phase": g.nodes[prof.peak_node].phase.value,
         "hotspots_by_module": [{"module": m, "bytes": b} for m, b in prof.hotspots_by_module()[:10]],
         "capture_seconds": round(t_capture, 3),
@@ -97,7 +104,7 @@ def cmd_profile(args: argparse.Namespace, out: Console) -> int:
     err = Console(stderr=True)
     with err.status("starting", spinner="dots") as spinner:
         facts, g, prof = profile_facts(args.workload, args.size, args.batch, args.optimizer,
-                                       lambda text: spinner.update(text), args.reorder_seconds)
+                                       lambda text: spinner.update(text), args.reorder_seconds, args.device)
         if args.plot:
             from peakcut.report.plot import plot_timeline
 
@@ -124,6 +131,13 @@ def cmd_profile(args: argparse.Namespace, out: Console) -> int:
         table.add_row("peak with the F-Tree root in 2 parts (simulated)",
                       format_bytes(facts["fission_root_peak_bytes"]))
     table.add_row("peak reached at", f"{facts['peak_op']} ({facts['peak_phase']})")
+    floors = facts["floors"]
+    table.add_row(f"memory floor on {floors['device']} (largest one-op working set)",
+                  f"{format_bytes(floors['memory_bytes'])} ({floors['memory_op']})")
+    table.add_row(f"compute floor on {floors['device']} (every op at peak rate)",
+                  format_seconds(floors["compute_seconds"]))
+    table.add_row("latency floor at the memory floor (state over the host link)",
+                  format_seconds(floors["latency_at_memory_floor_seconds"]))
     table.add_row("capture + simulate + re-order + F-Tree", f"{facts['seconds']:.1f} s")
     out.print(table)
     hot = Table(title="largest memory hot-spots at the peak, by producing module")
@@ -138,8 +152,10 @@ def cmd_profile(args: argparse.Namespace, out: Console) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from peakcut.cost.profiles import GPU_PROFILES
     from peakcut.workloads import ALL_WORKLOAD_NAMES, SIZES
 
+    gpu_names = tuple(GPU_PROFILES)
     p = argparse.ArgumentParser(prog="peakcut", description="Fit training steps into less accelerator memory.")
     sub = p.add_subparsers(dest="command", required=True)
     w = sub.add_parser("workloads", help="list the benchmark workloads and their sizes")
@@ -154,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", action="store_true", help="print the facts as one JSON object")
     pr.add_argument("--reorder-seconds", type=float, default=20.0,
                     help="time limit of the re-ordering search (default 20)")
+    pr.add_argument("--device", choices=gpu_names, default="h100",
+                    help="device profile the physical floors are priced on (default h100)")
     pr.set_defaults(func=cmd_profile)
     add_optimize_parser(sub)
     return p

@@ -92,6 +92,11 @@ def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
                   f"{report['latency_ratio']:.1%}")
     out.print(table)
     out.print(f"memory: {report['memory_method']}\nlatency: {report['latency_method']}")
+    floors = report.get("floors")
+    if floors:
+        out.print(f"floors on {floors['device']}: memory {format_bytes(floors['memory_bytes'])} (largest one-op "
+                  f"working set), compute {format_seconds(floors['compute_seconds'])}; this plan's latency is "
+                  f"{report['overhead_vs_compute_floor']:+.0%} over the compute floor")
     s = report["search"]
     out.print(f"search: {s['states']} states in {s['seconds']:.1f} s ({s['states_per_minute']:.0f}/min), "
               f"stopped: {s['stopped']}; limit {'met' if report['feasible'] else 'NOT met'}")
