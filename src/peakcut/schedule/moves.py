@@ -18,11 +18,12 @@ memory of every candidate order is evaluated exactly (Problem.curve).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from peakcut.memory.liveness import BoolArray, Int64Array
 from peakcut.schedule.problem import Problem
 from peakcut.schedule.reach import Reachability, _bits, members
 
@@ -49,8 +50,15 @@ def candidate_blocks(problem: Problem, reach: Reachability, limit: int = BLOCK_L
     return blocks
 
 
-def moved(problem: Problem, order: list[int], pos: np.ndarray, block: Block) -> list[int] | None:
-    """`order` with the block moved as far as allowed, or None if it cannot move."""
+def _flags(n: int, nodes: Iterable[int]) -> BoolArray:
+    """A bool array over node indices, True at `nodes`."""
+    flags = np.zeros(n, dtype=np.bool_)
+    flags[np.fromiter(nodes, dtype=np.int64)] = True
+    return flags
+
+
+def moved(problem: Problem, order: Int64Array, pos: Int64Array, block: Block) -> Int64Array | None:
+    """`order` (node indices) with the block moved as far as allowed, or None if it cannot move."""
     members = block.nodes
     if block.early:
         limit = -1
@@ -61,9 +69,9 @@ def moved(problem: Problem, order: list[int], pos: np.ndarray, block: Block) -> 
         first = min(int(pos[v]) for v in members)
         if limit + 1 >= first:
             return None
-        inside = [v for v in order[limit + 1:] if v in members]
-        rest = [v for v in order[limit + 1:] if v not in members]
-        return order[:limit + 1] + inside + rest
+        tail = order[limit + 1:]
+        inside = _flags(problem.n, members)[tail]
+        return np.concatenate((order[:limit + 1], tail[inside], tail[~inside]))
     limit = problem.n
     for v in members:
         for s in problem.succs[v]:
@@ -73,9 +81,8 @@ def moved(problem: Problem, order: list[int], pos: np.ndarray, block: Block) -> 
     if limit - 1 <= last:
         return None
     head = order[:limit]
-    inside = [v for v in head if v in members]
-    rest = [v for v in head if v not in members]
-    return rest + inside + order[limit:]
+    inside = _flags(problem.n, members)[head]
+    return np.concatenate((head[~inside], head[inside], order[limit:]))
 
 
 def _mask(flags: np.ndarray) -> int:
@@ -111,22 +118,26 @@ def hoist_blocks(problem: Problem, order: list[int], reach: Reachability, peak_i
             yield sorted(members(block), key=position.__getitem__)
 
 
-def hoisted(order: list[int], peak_index: int, block: list[int]) -> list[int]:
+def hoisted(order: Int64Array, peak_index: int, block: list[int]) -> Int64Array:
     """`order` with `block` (nodes after the peak, closed under ancestors after it) run before the peak."""
-    members = set(block)
-    return order[:peak_index] + block + [v for v in order[peak_index:] if v not in members]
+    rest = order[peak_index:]
+    return np.concatenate((order[:peak_index], np.asarray(block, dtype=np.int64),
+                           rest[~_flags(len(order), block)[rest]]))
 
 
 def improve_by_hoisting(problem: Problem, order: Sequence[int], reach: Reachability,
                         deadline: float, floor: int = 0) -> list[int]:
-    """Hoist blocks over the peak while that lowers (peak, area)."""
-    best = list(order)
+    """Hoist blocks over the peak while that lowers (peak, area).
+
+    Candidate orders are numpy arrays: building and pricing one is a few vector operations
+    over the order, not a Python pass (graphs of 20k+ nodes try thousands)."""
+    best = np.asarray(order, dtype=np.int64)
     curve = problem.curve(best)
     score = (curve.peak_bytes, int(curve.timeline.sum()))
     improved = True
     while improved and time.perf_counter() < deadline and score[0] > floor:
         improved = False
-        for block in hoist_blocks(problem, best, reach, curve.peak_index):
+        for block in hoist_blocks(problem, best.tolist(), reach, curve.peak_index):
             if time.perf_counter() > deadline:
                 break
             candidate = hoisted(best, curve.peak_index, block)
@@ -135,13 +146,14 @@ def improve_by_hoisting(problem: Problem, order: Sequence[int], reach: Reachabil
             if new < score:
                 best, score, curve, improved = candidate, new, c, True
                 break
-    return best
+    return best.tolist()
 
 
 def improve_by_moves(problem: Problem, order: Sequence[int], reach: Reachability,
                      deadline: float, floor: int = 0) -> list[int]:
     """Hill-climb over block moves until no move helps, `floor` is reached, or the deadline."""
-    best = list(order)
+    best = np.asarray(order, dtype=np.int64)
+    pos = problem.to_positions(best)
     curve = problem.curve(best)
     score = (curve.peak_bytes, int(curve.timeline.sum()))
     blocks = candidate_blocks(problem, reach)
@@ -151,11 +163,12 @@ def improve_by_moves(problem: Problem, order: Sequence[int], reach: Reachability
         for block in blocks:
             if time.perf_counter() > deadline:
                 break
-            candidate = moved(problem, best, problem.to_positions(best), block)
+            candidate = moved(problem, best, pos, block)
             if candidate is None:
                 continue
             c = problem.curve(candidate)
             new = (c.peak_bytes, int(c.timeline.sum()))
             if new < score:
                 best, score, improved = candidate, new, True
-    return best
+                pos = problem.to_positions(best)
+    return best.tolist()
