@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import rustworkx as rx
 
 from peakcut.fission.ftree import FNode, FTree
@@ -114,6 +115,7 @@ def compute_scores(comp: ComponentView, mem: MemoryView, n: int = 2, levels: int
     for v in comp.nodes:
         for s in mem.allocs.get(v, {}):
             alloc_pos[s] = start[v]
+    reads = _Reads(order, mem, alloc_pos)
     factor = 1 - 1 / n
     best = 0.0
     score: dict[int, float] = {}
@@ -122,17 +124,40 @@ def compute_scores(comp: ComponentView, mem: MemoryView, n: int = 2, levels: int
         upper = factor * heat[v]
         if upper <= 0 or upper < best / levels:
             break
-        lo, hi = start[v] + 1, stop[v]      # S = T.des(v) minus v
-        inputs: set[int] = set()
-        for u in order[lo:hi]:
-            for s in mem.reads.get(u, ()):
-                p = alloc_pos.get(s)
-                if s not in mem.hot and (p is None or not lo <= p < hi):
-                    inputs.add(s)
-        score[v] = upper - sum(mem.size[s] for s in inputs)
+        score[v] = upper - reads.input_bytes(start[v] + 1, stop[v])   # S = T.des(v) minus v
         subtree[v] = tuple(order[start[v]:stop[v]])
         best = max(best, score[v])
     return Scores(idom, heat, score, subtree)
+
+
+class _Reads:
+    """The non-hot storages each node of a DFS order reads, as arrays (CSR by position), so
+    that the inputs of a subtree are a slice: the nodes whose score is needed have nested
+    subtrees that together span about the whole order many times over on a deep model, and
+    a Python pass over each was quadratic in its size."""
+
+    def __init__(self, order: Sequence[int], mem: MemoryView, alloc_pos: Mapping[int, int]) -> None:
+        index: dict[int, int] = {}           # storage -> its column
+        ptr = [0]
+        read: list[int] = []
+        hot = mem.hot
+        for u in order:
+            read.extend(index.setdefault(s, len(index)) for s in mem.reads.get(u, ()) if s not in hot)
+            ptr.append(len(read))
+        self.ptr = ptr
+        self.read = np.asarray(read, dtype=np.int64)
+        storages = list(index)
+        self.size = np.fromiter((mem.size[s] for s in storages), dtype=np.int64, count=len(storages))
+        # position of the node allocating each storage in the order; -1: none of the order's
+        self.alloc = np.fromiter((alloc_pos.get(s, -1) for s in storages), dtype=np.int64, count=len(storages))
+
+    def input_bytes(self, lo: int, hi: int) -> int:
+        """Bytes of the non-hot storages the nodes at positions lo..hi-1 read and none of
+        them allocates (lo >= 1)."""
+        read = self.read[self.ptr[lo]:self.ptr[hi]]
+        where = self.alloc[read]
+        outside = read[(where < lo) | (where >= hi)]
+        return int(self.size[np.unique(outside)].sum())
 
 
 def select_dominators(scores: Scores, levels: int = DEFAULT_LEVELS) -> list[tuple[int, int]]:
