@@ -146,7 +146,8 @@ def improve_by_hoisting(problem: Problem, order: Sequence[int], reach: Reachabil
             if new < score:
                 best, score, curve, improved = candidate, new, c, True
                 break
-    return best.tolist()
+    found: list[int] = best.tolist()
+    return found
 
 
 def improve_by_moves(problem: Problem, order: Sequence[int], reach: Reachability,
@@ -171,4 +172,5 @@ def improve_by_moves(problem: Problem, order: Sequence[int], reach: Reachability
             if new < score:
                 best, score, improved = candidate, new, True
                 pos = problem.to_positions(best)
-    return best.tolist()
+    found: list[int] = best.tolist()
+    return found

@@ -30,6 +30,10 @@ class OrderMemory:
     peak_index: int
 
 
+Order = Sequence[int] | Int64Array
+"""An order of node indices: a list, or an int64 array (local search builds its candidates as arrays)."""
+
+
 class Problem:
     """A graph reduced to what ordering needs: dependencies, storages, sizes, workspaces."""
 
@@ -69,7 +73,7 @@ class Problem:
         self.workspace = order_workspace(g, self.ids, workspace)
 
     # ------------------------------------------------------------ orders
-    def to_positions(self, order: Sequence[int]) -> Int64Array:
+    def to_positions(self, order: Order) -> Int64Array:
         """Position of each node (by index) in an order given as node indices."""
         pos = np.empty(self.n, dtype=np.int64)
         pos[np.asarray(order, dtype=np.int64)] = np.arange(self.n, dtype=np.int64)
@@ -93,12 +97,12 @@ class Problem:
         return all(pos[p] < pos[v] for v in range(self.n) for p in self.preds[v])
 
     # ------------------------------------------------------------ memory
-    def intervals(self, order: Sequence[int]) -> tuple[Int64Array, Int64Array]:
+    def intervals(self, order: Order) -> tuple[Int64Array, Int64Array]:
         """Per storage: (position of its first touch, position of its last) in `order`
         (n - 1 for program output storages)."""
         return spans(self.storage_touches, self.to_positions(order))
 
-    def curve(self, order: Sequence[int]) -> OrderMemory:
+    def curve(self, order: Order) -> OrderMemory:
         """Memory timeline of an order of node indices (the step simulation's rules)."""
         n = self.n
         if n == 0:
@@ -109,7 +113,7 @@ class Problem:
         peak_index = int(np.argmax(timeline))
         return OrderMemory(timeline, int(timeline[peak_index]), peak_index)
 
-    def peak(self, order: Sequence[int]) -> int:
+    def peak(self, order: Order) -> int:
         return self.curve(order).peak_bytes
 
     def eager_order(self) -> list[int]:
