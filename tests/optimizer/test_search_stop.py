@@ -52,7 +52,10 @@ def test_nothing_left_to_try_ends_the_search_at_once() -> None:
     torch.manual_seed(0)
     model, x = nn.Linear(8, 4), torch.randn(2, 8)
     plan = peakcut.optimize(model, (x,), None, None, time_budget=30)
-    assert plan.report["search"]["stopped"] == "queue empty"    # not "time budget"
+    # every combination of the rules on two ops is tried (or the best stalls) long before the
+    # budget: parameter offload alone makes 4 programs of each one the other rules make
+    assert plan.report["search"]["stopped"] in ("queue empty", "stalled")    # not "time budget"
+    assert plan.report["search"]["seconds"] < 15
     with torch.no_grad():
         torch.testing.assert_close(plan.step((x,)), model(x))
 
