@@ -17,7 +17,8 @@ from peakcut.workloads import (
     get_workload,
     list_workloads,
 )
-from peakcut.workloads.llm import deepened_gpt2_xl, gpt2_xl_config, llama2_7b_config
+from peakcut.workloads.base import deepened_gpt2_xl
+from peakcut.workloads.llm import gpt2_xl_config, llama2_7b_config
 from tests.runtime.test_workloads_equivalence import OPTIMIZERS
 from tests.runtime.test_workloads_equivalence import (
     test_three_steps_match_eager as three_steps_match_eager,

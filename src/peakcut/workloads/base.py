@@ -26,6 +26,8 @@ creates tensors on the ambient default device, and a loss function.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -239,3 +241,12 @@ def get_workload(name: str) -> Workload:
         if workload.name == name:
             return workload
     raise ValueError(f"unknown workload {name!r}; valid names: {', '.join(ALL_WORKLOAD_NAMES)}")
+
+
+def deepened_gpt2_xl(n_layer: int = 96, size: str = "paper", batch_size: int | None = None,
+                     seed: int = 0) -> WorkloadInstance:
+    """The ``gpt2-xl`` workload with ``n_layer`` layers instead of 48, built as the registry builds
+    it (``paper``: on the meta device, nothing allocated), for scale tests."""
+    workload = dataclasses.replace(get_workload("gpt2-xl"), title=f"GPT-2-XL deepened to {n_layer} layers",
+                                   make=functools.partial(llm.make_gpt2_xl, n_layer=n_layer))
+    return workload.build(size, batch_size, seed)

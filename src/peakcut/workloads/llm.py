@@ -38,23 +38,18 @@ llama2-7b 4.63 s (3.24-4.69), 2.99 / 4.50 GiB; gpt2-xl 1.80 s (1.73-2.01), 1.60 
 ``tiny``: 2 layers, hidden 64, 4 heads, vocab 256, seq 32, batch 4, fp32.
 
 :func:`gpt2_xl_config` / :func:`llama2_7b_config` take an ``n_layer`` override, and
-:func:`deepened_gpt2_xl` builds GPT-2-XL with more layers (e.g. 96) on the meta device, for
+:func:`peakcut.workloads.base.deepened_gpt2_xl` builds GPT-2-XL with more layers (e.g. 96) on the meta device, for
 scale tests of capture and planning.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from peakcut.workloads.hf import Batch, _token_batch
-
-if TYPE_CHECKING:
-    from peakcut.workloads.base import WorkloadInstance
 
 _COMMON: dict[str, Any] = {"attn_implementation": "eager", "use_cache": False}
 
@@ -146,14 +141,3 @@ def make_gpt2_xl(size: str, batch_size: int, n_layer: int | None = None) -> tupl
     model = GPT2LMHeadModel(cfg)
     input_ids, attention_mask = _token_batch(cfg.vocab_size, batch_size, GPT2_SEQ[size])
     return model, (input_ids, attention_mask, input_ids.clone())
-
-
-def deepened_gpt2_xl(n_layer: int = 96, size: str = "paper", batch_size: int | None = None,
-                     seed: int = 0) -> WorkloadInstance:
-    """The ``gpt2-xl`` workload with ``n_layer`` layers instead of 48, built as the registry builds
-    it (``paper``: on the meta device, nothing allocated), for scale tests."""
-    from peakcut.workloads.base import get_workload  # base imports this module
-
-    workload = dataclasses.replace(get_workload("gpt2-xl"), title=f"GPT-2-XL deepened to {n_layer} layers",
-                                   make=functools.partial(make_gpt2_xl, n_layer=n_layer))
-    return workload.build(size, batch_size, seed)
