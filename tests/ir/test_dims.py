@@ -56,7 +56,7 @@ Impl = Callable[..., Any]
 DOCUMENTED_WITHOUT_RULE = {
     "aten.as_strided.default", "aten._foreach_add_.List",
     "aten._foreach_mul_.Scalar", "peakcut.store.default", "peakcut.load.default",
-    "peakcut.writeback.default",
+    "peakcut.writeback.default", "peakcut.upload.default",
     "peakcut.skip_update_if.default",
     "aten.native_dropout.default", "aten.native_dropout_backward.default", "aten.bernoulli.p",
     "aten.bernoulli.default", "aten.bernoulli_.float", "aten.bernoulli_.Tensor",

@@ -84,7 +84,7 @@ def test_check_refuses_other_readers_and_device_loads() -> None:
                      Role.ACTIVATION, "neg")
     edit.add_node(Node(reader, "aten.neg.default", (TensorRef(x),), {}, (out.id,), name="neg"), [out])
     edit.insert_in_order(0, [reader])
-    with pytest.raises(GraphError, match="lives in host memory: only loads read it"):
+    with pytest.raises(GraphError, match="lives in host memory: only loads and nodes on the host read it"):
         check_graph(edit.finish())
 
     plain, y = _state_graph(offloaded=False)

@@ -107,7 +107,8 @@ def storage_owner(g: Graph) -> dict[int, int]:
 
 
 def host_storages(g: Graph) -> set[int]:
-    return {g.tensors[t].storage for n in g.nodes.values() if n.op == STORE_OP for t in output_ids(n)}
+    return {g.tensors[t].storage for n in g.nodes.values() if n.op == STORE_OP or n.tags.on_host
+            for t in output_ids(n)}
 
 
 def positions(order: Sequence[int]) -> dict[int, int]:
@@ -354,7 +355,7 @@ def time_streams(g: Graph, schedule: tuple, cost) -> StreamTiming:
     exposed = 0.0
     for i, nid in enumerate(order):
         op = g.nodes[nid].op
-        stream = node_stream(op, overlap)
+        stream = node_stream(op, overlap, g.nodes[nid].tags.on_host)
         compute_free = stream_free[COMPUTE]
         if stream == COMPUTE:
             begin = compute_free

@@ -4,14 +4,16 @@ latency = launch + max(flops / achieved_flop_rate, bytes / achieved_bandwidth), 
 with work w (FLOPs for compute, bytes for memory) achieves peak * w / (w + w_half), i.e. its
 time is (w + w_half) / peak. Small ops -- like the slices fission produces -- therefore cost
 more per FLOP and per byte than large ones. Views cost the profile's view_seconds only; ops
-that only allocate (empty*) cost one launch; swap nodes cost launch + bytes / host bandwidth.
+that only allocate (empty*) cost one launch; swap nodes cost launch + bytes / host bandwidth;
+nodes on the host (an update moved there) are priced on the host's profile
+(profiles.host_profile: the rough CPU profile for 16 cores beside a GPU).
 FLOPs and bytes come from peakcut.ir.registry (flops, bytes_moved) on meta tensors.
 """
 
 from __future__ import annotations
 
 from peakcut.cost.calls import NodeWork, call_key, is_swap, node_work, swap_transfer
-from peakcut.cost.profiles import DeviceProfile
+from peakcut.cost.profiles import DeviceProfile, host_profile
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node
 from peakcut.ir.registry import OpKind
@@ -48,6 +50,9 @@ class AnalyticCostModel:
         self.tf32 = tf32
         self.name = f"analytic:{profile.name}"
         self.overlap_copies = profile.overlap_copies
+        host = host_profile(profile)
+        # nodes on the host (NodeTags.on_host): priced on the host's profile
+        self.host: AnalyticCostModel = self if host is profile else AnalyticCostModel(host)
         self._seconds: dict[str, float] = {}  # call key -> seconds, for this instance only
         # id(node) -> (node, its input metas, seconds). Nodes are immutable and shared by graph
         # copies; a node's call key is a function of the node and its input metas (and a swap's
@@ -71,6 +76,8 @@ class AnalyticCostModel:
         return seconds
 
     def _call_seconds(self, g: Graph, nid: int) -> float:
+        if self.host is not self and g.nodes[nid].tags.on_host:
+            return self.host._call_seconds(g, nid)
         if is_swap(g, nid):
             return self.copy_seconds(*swap_transfer(g, nid))
         key = call_key(g, nid)

@@ -108,6 +108,8 @@ class MeasuredCostModel:
                                 Path(cache_dir) if cache_dir is not None else None)
         self._table = self._cache.load()
         self._fallback = AnalyticCostModel(_fallback_profile(self.device))
+        # nodes on the host beside a GPU: the rough CPU profile of this machine's threads
+        self._host = None if self.device.type == "cpu" else AnalyticCostModel(cpu_profile(torch.get_num_threads()))
         self._estimated: dict[str, str] = {}  # key -> reason, for keys this model answered
         self._filler: list[Callable[[], Any]] = []  # built on first use
 
@@ -140,7 +142,10 @@ class MeasuredCostModel:
         return self._table.line_overhead_seconds
 
     def node_seconds(self, g: Graph, nid: int) -> float:
-        """Latency of node `nid`; measured (and cached) on the first miss."""
+        """Latency of node `nid`; measured (and cached) on the first miss. Beside a GPU, a node
+        on the host is priced by the analytic CPU profile of this machine's threads."""
+        if self._host is not None and g.nodes[nid].tags.on_host:
+            return self._host.node_seconds(g, nid)
         if is_swap(g, nid):
             return self.copy_seconds(*swap_transfer(g, nid))
         return self.standalone_seconds(g, nid) * self.context

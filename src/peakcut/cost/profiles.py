@@ -221,6 +221,17 @@ def cpu_profile(threads: int) -> DeviceProfile:
     )
 
 
+HOST_THREADS = 16
+"""Host cores that price work on the host beside a GPU profile (an update on the host, the
+floors): the GPU machines this project measures on have 16."""
+
+
+def host_profile(device: DeviceProfile) -> DeviceProfile:
+    """The profile that prices nodes on the host beside `device`: the device itself when it is
+    the CPU, else the rough CPU profile for HOST_THREADS cores."""
+    return device if device.name == "cpu" else cpu_profile(HOST_THREADS)
+
+
 def get_profile(name: str, *, cpu_threads: int = 1) -> DeviceProfile:
     """The profile called `name`; "cpu" is built for `cpu_threads` threads."""
     if name == "cpu":

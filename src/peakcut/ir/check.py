@@ -7,7 +7,7 @@ import torch
 
 from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.node import TensorRef, map_refs
-from peakcut.ir.ops import LOAD_OP, WRITEBACK_OP
+from peakcut.ir.ops import LOAD_OP, STORE_OP, UPLOAD_OP, WRITEBACK_OP
 from peakcut.ir.real_dtypes import with_real_dtypes
 from peakcut.ir.tensor import Role, TensorMeta
 
@@ -84,26 +84,49 @@ def _check_roles_and_storages(g: Graph) -> None:
 
 
 def _check_host_copies(g: Graph) -> None:
-    """Loads read host memory; a program input kept in host memory (Graph.host_inputs) is
-    read only by loads and written only by writebacks, whose source is device memory."""
+    """Host memory is reached only through its copies and the nodes on the host: loads read
+    host memory; stores read device memory; a writeback copies a device tensor into a program
+    input kept in host memory (Graph.host_inputs); an upload copies a host tensor into device
+    memory; a node on the host (NodeTags.on_host) reads and writes host memory only; any other
+    node touches no host memory."""
     host = g.host_storages()
     host_inputs = set(g.host_inputs())
+
+    def in_host(t: int | None) -> bool:
+        return t is not None and g.tensors[t].storage in host
+
     for nid in g.order:
         n = g.nodes[nid]
         if n.op == LOAD_OP:
-            if any(g.tensors[t].storage not in host for t in n.input_ids()):
+            if not all(in_host(t) for t in n.input_ids()):
                 raise GraphError(f"{_describe(g, nid)} loads a tensor that is not in host memory")
             continue
-        if n.op == WRITEBACK_OP:
+        if n.op == STORE_OP:
+            if any(in_host(t) for t in n.input_ids()):
+                raise GraphError(f"{_describe(g, nid)} stores a tensor that is in host memory already")
+            continue
+        if n.op in (WRITEBACK_OP, UPLOAD_OP):
             target, source = (a.id if isinstance(a, TensorRef) else None for a in n.args[:2])
-            if target not in host_inputs or source is None or g.tensors[source].storage in host:
+            if n.op == WRITEBACK_OP and (target not in host_inputs or source is None or in_host(source)):
                 raise GraphError(f"{_describe(g, nid)} must copy a device tensor into a program "
                                  "input kept in host memory")
+            if n.op == UPLOAD_OP and (target is None or in_host(target) or not in_host(source)):
+                raise GraphError(f"{_describe(g, nid)} must copy a host tensor into device memory")
+            continue
+        if n.tags.on_host:
+            device = [t for t in (*n.input_ids(), *n.output_ids()) if not in_host(t)]
+            if device:
+                raise GraphError(f"{_describe(g, nid)} runs on the host but touches "
+                                 f"{g.tensors[device[0]].name or device[0]}, which is in device memory")
             continue
         read = host_inputs.intersection(n.input_ids())
         if read:
             raise GraphError(f"{_describe(g, nid)} reads program input {min(read)}, which lives in "
-                             "host memory: only loads read it")
+                             "host memory: only loads and nodes on the host read it")
+        touched = [t for t in (*n.input_ids(), *n.output_ids()) if in_host(t)]
+        if touched:
+            raise GraphError(f"{_describe(g, nid)} runs on the device but touches "
+                             f"{g.tensors[touched[0]].name or touched[0]}, which is in host memory")
 
 
 def _check_order(g: Graph) -> None:

@@ -29,8 +29,10 @@ caches it leaves true and drops the others, which the graph rebuilds when next a
     storages, interface      kept        kept        kept       dropped (7) dropped (7)
 
 (1) unless a node added, removed or placed writes in place; (2) by the storages of a store's
-outputs; dropped by a load of anything else (a program input kept in host memory); (3) the new node must have the old one's outputs; (4) when both write the same
-tensors; (5) unless a store or a load comes or goes; (6) a tensor moved to another storage drops the
+outputs; dropped by a load of anything else (a program input kept in host memory) and by a
+node that runs on the host (NodeTags.on_host); (3) the new node must have the old one's
+outputs; (4) when both write the same tensors; (5) unless a store, a load or a node on the
+host comes or goes; (6) a tensor moved to another storage drops the
 writers when it is written in place, the owners, and the host storages when it left one;
 (7) owners and host storages only when the inputs change; (8) users are listed in order,
 successors do not depend on it. A node's cached workspace is dropped whenever the
@@ -184,7 +186,9 @@ class GraphEditor:
         written = node._mutated
         if written is None or written:
             self._drop_writers()
-        if node.op == STORE_OP and g._host is not None:
+        if node.tags.on_host:
+            _drop(g, "_host")        # its outputs, and the inputs it touches, are in host memory
+        elif node.op == STORE_OP and g._host is not None:
             g._host = g._host | {metas[t].storage for t in node.output_tuple}
         elif node.op == LOAD_OP and g._host is not None and not g._host.issuperset(
                 metas[t].storage for t in node.input_tuple):
@@ -275,7 +279,7 @@ class GraphEditor:
             g.forget_workspace(node.id)
         if old._mutated != node._mutated or old._mutated is None:
             self._drop_writers()
-        if is_swap_op(old.op) or is_swap_op(node.op):
+        if is_swap_op(old.op) or is_swap_op(node.op) or old.tags.on_host or node.tags.on_host:
             _drop(g, "_host")
         _drop(g, "_users", "_successors")
 
@@ -320,7 +324,7 @@ class GraphEditor:
                 g.forget_workspace(nid)
             if _writes(node):
                 self._drop_writers()
-            if is_swap_op(node.op):     # a store or a load: they decide what is in host memory
+            if is_swap_op(node.op) or node.tags.on_host:   # they decide what is in host memory
                 _drop(g, "_host")
         if top >= 0:
             self._gone(top)

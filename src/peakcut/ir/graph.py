@@ -281,8 +281,9 @@ class Graph:
         return {self._tensors[t].storage for t in self.inputs}
 
     def host_storages(self) -> set[int]:
-        """Storages in host memory: the outputs of swap-out (peakcut.store) nodes, and the
-        program inputs that live in host memory between steps (host_inputs)."""
+        """Storages in host memory: the outputs of swap-out (peakcut.store) nodes and of nodes
+        that run on the host (NodeTags.on_host), and the program inputs that live in host
+        memory between steps (host_inputs)."""
         from peakcut.ir.ops import LOAD_OP, STORE_OP
 
         if self._host is None:
@@ -293,6 +294,9 @@ class Graph:
                 if n.op == STORE_OP:
                     host.update(tensors[t].storage for t in n.output_tuple)
                 elif n.op == LOAD_OP:
+                    host.update(tensors[t].storage for t in n.input_tuple if t in inputs)
+                elif n.tags.on_host:
+                    host.update(tensors[t].storage for t in n.output_tuple)
                     host.update(tensors[t].storage for t in n.input_tuple if t in inputs)
             self._host = frozenset(host)
         return set(self._host)
@@ -308,8 +312,9 @@ class Graph:
 
     def host_inputs(self) -> list[int]:
         """Program inputs that live in host memory between steps: the ones a load
-        (peakcut.load) brings to the device. Only loads read them and only writebacks
-        (peakcut.writeback) write them (ir.check); the caller keeps them in host memory."""
+        (peakcut.load) brings to the device or a node on the host reads. Only loads and host
+        nodes read them, only writebacks (peakcut.writeback) and host nodes write them
+        (ir.check); the caller keeps them in host memory."""
         host = self.host_storages()
         return [t for t in self.inputs if self._tensors[t].storage in host]
 

@@ -2,15 +2,17 @@
 
 `peakcut::store(x)` copies a device tensor to host memory (swap-out),
 `peakcut::load(host, device)` copies a host tensor to the device (swap-in, or bringing in a
-program input that lives in host memory between steps) and `peakcut::writeback(host, x)`
+program input that lives in host memory between steps), `peakcut::writeback(host, x)`
 copies a device tensor into an existing host tensor in place (a host-resident input's new
-value, e.g. offloaded optimizer state after its update). They are real
+value, e.g. offloaded optimizer state after its update) and `peakcut::upload(device, x)`
+copies a host tensor into an existing device tensor in place (a parameter's new value from an
+update that ran on the host). They are real
 `torch.library` custom ops, so graphs holding them resolve, re-derive shapes
 under FakeTensors and run eagerly like any ATen op. Generated programs do not
 call them: codegen emits the side-stream copies directly (see
 peakcut.codegen.swap), but these eager versions give the same numbers.
 
-Both keep the tensor's strides, so the caller must only swap tensors that are
+All keep the tensor's strides, so the caller must only swap tensors that are
 non-overlapping and dense (see peakcut.transform.swap).
 """
 
@@ -63,7 +65,22 @@ def _writeback_fake(host: torch.Tensor, x: torch.Tensor) -> None:
     return None
 
 
-COPY_DIRECTION = {STORE_OP: "d2h", LOAD_OP: "h2d", WRITEBACK_OP: "d2h"}
+UPLOAD_OP = "peakcut.upload.default"
+
+
+@torch.library.custom_op("peakcut::upload", mutates_args=("device",))
+def upload(device: torch.Tensor, x: torch.Tensor) -> None:
+    """Copy the host tensor `x` into the device tensor `device` (same shape and dtype), in
+    place: a parameter's new value, computed by an update on the host, back where it lives."""
+    device.copy_(x)
+
+
+@upload.register_fake
+def _upload_fake(device: torch.Tensor, x: torch.Tensor) -> None:
+    return None
+
+
+COPY_DIRECTION = {STORE_OP: "d2h", LOAD_OP: "h2d", WRITEBACK_OP: "d2h", UPLOAD_OP: "h2d"}
 """The host copy ops and the way each copies ("d2h": device to host, "h2d": host to device)."""
 
 
@@ -78,8 +95,8 @@ def is_host_copy(op: str) -> bool:
 
 
 def copied_argument(op: str) -> int:
-    """Position of the argument whose bytes a host copy op moves (writeback: its source)."""
-    return 1 if op == WRITEBACK_OP else 0
+    """Position of the argument whose bytes a host copy op moves (writeback, upload: its source)."""
+    return 1 if op in (WRITEBACK_OP, UPLOAD_OP) else 0
 
 
 GATE_OP = "peakcut.skip_update_if.default"

@@ -207,3 +207,29 @@ def _overload(op: str) -> torch._ops.OpOverload | None:
         return resolve_op(op)
     except ValueError:
         return None
+
+
+@cache
+def out_variant(op: str) -> str | None:
+    """The overload of `op` that writes its one result into a given `out=` tensor, with the same
+    other arguments ('aten.div.Tensor' -> 'aten.div.out', 'aten.lerp.Scalar' ->
+    'aten.lerp.Scalar_out'), or None when PyTorch has none (or `op` is unknown)."""
+    parts = op.split(".")
+    if len(parts) != 3:
+        return None
+    ns, name, overload = parts
+    try:
+        own = resolve_op(op)._schema
+        packet = getattr(getattr(torch.ops, ns), name)
+        overloads = packet.overloads()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+    ins = [a.name for a in own.arguments]
+    for candidate in (f"{overload}_out", "out"):
+        if candidate not in overloads:
+            continue
+        schema = getattr(packet, candidate)._schema
+        written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        if written == ["out"] and [a.name for a in schema.arguments if a.name != "out"] == ins:
+            return f"{ns}.{name}.{candidate}"
+    return None

@@ -7,6 +7,8 @@ A Node holds one NodeTags value (immutable, NO_TAGS when it carries nothing):
 - remat (RematTag): a recompute, and the node it recomputes (peakcut.transform.remat);
 - swap (SwapTag): a store or load of a swap, and the tensor swapped (peakcut.transform.swap);
 - taso (TasoTag): a node a TASO-style rewrite made (peakcut.transform.taso);
+- host (HostTag): a node of a parameter's update run on the host, or a copy it needs
+  (peakcut.rules.host_update_rule); an "update" node runs on the host, on host tensors;
 - fake_dtypes: per output, the dtype the fake kernel gives where capture corrected it to the
   real kernel's (peakcut.capture.convert);
 - rewritten_from: the op a loss rewrite replaced (peakcut.fission.loss).
@@ -85,6 +87,24 @@ class TasoTag:
     part_of: str | None = None
 
 
+HostRole = Literal["update", "store", "upload"]
+HOST_ROLES: tuple[HostRole, ...] = ("update", "store", "upload")
+
+
+@dataclass(frozen=True, slots=True)
+class HostTag:
+    """A node of the host update of parameter `param` (its program input's tensor id).
+
+    role: "update" for an op of the update, which runs on the host on host tensors; "store"
+    for the copy of a device tensor the update reads (a gradient, a clipping coefficient, the
+    parameter itself when it lives on the device); "upload" for the copy of the parameter's
+    new value back into its device storage.
+    """
+
+    param: int
+    role: HostRole
+
+
 class NodeTags(NamedTuple):
     """Everything a node carries between packages (see module doc); NO_TAGS when nothing."""
 
@@ -94,11 +114,17 @@ class NodeTags(NamedTuple):
     taso: TasoTag | None = None
     fake_dtypes: tuple[str | None, ...] = ()
     rewritten_from: str | None = None
+    host: HostTag | None = None
 
     def with_fission(self, fission: FissionTag) -> NodeTags:
         """These tags with `fission` as the fission tag (what a part copy of a node carries)."""
         return NodeTags(fission, self.remat, self.swap, self.taso, self.fake_dtypes,
-                        self.rewritten_from)
+                        self.rewritten_from, self.host)
+
+    @property
+    def on_host(self) -> bool:
+        """The node runs on the host (an op of a host update), on host tensors."""
+        return self.host is not None and self.host.role == "update"
 
 
 NO_TAGS = NodeTags()
@@ -126,12 +152,14 @@ def tags_to_json(tags: NodeTags) -> dict[str, Any]:
         doc["fake_dtypes"] = list(tags.fake_dtypes)
     if tags.rewritten_from is not None:
         doc["rewritten_from"] = tags.rewritten_from
+    if tags.host is not None:
+        doc["host"] = {"param": tags.host.param, "role": tags.host.role}
     return doc
 
 
 def tags_from_json(doc: Mapping[str, Any]) -> NodeTags:
     """Inverse of tags_to_json; raises ValueError (or KeyError/TypeError) on a malformed object."""
-    unknown = set(doc) - {"fission", "remat", "swap", "taso", "fake_dtypes", "rewritten_from"}
+    unknown = set(doc) - {"fission", "remat", "swap", "taso", "fake_dtypes", "rewritten_from", "host"}
     if unknown:
         raise ValueError(f"unknown node tags {sorted(unknown)}")
     tags = NO_TAGS
@@ -151,6 +179,11 @@ def tags_from_json(doc: Mapping[str, Any]) -> NodeTags:
         tags = tags._replace(fake_dtypes=tuple(_opt_str(d) for d in doc["fake_dtypes"]))
     if "rewritten_from" in doc:
         tags = tags._replace(rewritten_from=str(doc["rewritten_from"]))
+    if "host" in doc:
+        role = doc["host"]["role"]
+        if role not in HOST_ROLES:
+            raise ValueError(f"unknown host role {role!r}")
+        tags = tags._replace(host=HostTag(int(doc["host"]["param"]), role))
     return tags
 
 

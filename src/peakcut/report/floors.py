@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from peakcut.cost.calls import NodeWork, node_work
-from peakcut.cost.profiles import DeviceProfile, get_profile
+from peakcut.cost.profiles import HOST_THREADS, DeviceProfile, get_profile
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Phase
 from peakcut.ir.ops import is_host_copy
@@ -42,8 +42,8 @@ from peakcut.ir.registry import OpKind
 from peakcut.ir.tensor import Role
 from peakcut.memory.workspace import WorkspaceSpec, order_workspace
 
-DEFAULT_HOST_THREADS = 16
-"""Host cores priced for a host update: the GPU machines this project measures on have 16."""
+DEFAULT_HOST_THREADS = HOST_THREADS
+"""Host cores priced for a host update (peakcut.cost.profiles.HOST_THREADS)."""
 
 _TENSOR_CORE_KINDS = (OpKind.MATMUL, OpKind.CONV)
 

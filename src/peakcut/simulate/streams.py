@@ -1,12 +1,16 @@
-"""Event timing: when each node starts and ends on the compute and copy streams.
+"""Event timing: when each node starts and ends on the compute, copy and host streams.
 
 One compute stream runs compute nodes in issue order. When the cost model
 overlaps copies, swap-outs (peakcut.store) and writebacks of host-kept inputs
-(peakcut.writeback) run on a device->host stream, and swap-ins and loads of host-kept
-inputs (peakcut.load) on a host->device stream, as the generated code runs them
-(rules/swap_code.py, rules/input_copy_code.py); they never block the compute
-stream, only a consumer waiting for a copy's completion does. Otherwise every
-node, copies included, runs on the compute stream in issue order.
+(peakcut.writeback) run on a device->host stream, and swap-ins, loads of host-kept
+inputs (peakcut.load) and uploads (peakcut.upload) on a host->device stream, as the
+generated code runs them (rules/swap_code.py, rules/input_copy_code.py,
+rules/host_update_code.py); nodes that run on the host (NodeTags.on_host: a parameter's
+update moved there) run in issue order on a host stream, as the generated code's host
+worker thread runs them. None of them blocks the compute stream, only a consumer waiting
+for one's completion does; each starts once the compute node issued before it has finished
+and what it depends on is done. Otherwise (a CPU, where the host is the device) every node,
+copies and host nodes included, runs on the compute stream in issue order.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from peakcut.simulate.order import IssueOrder
 COMPUTE = "compute"
 D2H = "d2h"
 H2D = "h2d"
-STREAMS = (COMPUTE, D2H, H2D)
+HOST = "host"
+STREAMS = (COMPUTE, D2H, H2D, HOST)
 
 
 @dataclass(frozen=True)
@@ -32,8 +37,8 @@ class StreamTiming:
 
     exposed_copy_seconds: time copies cost the compute stream. With overlapped
     copies, the total time compute nodes waited for a copy (a load, or a store they
-    depend on) to complete; with inline copies, the total time of the copies
-    themselves, since the compute stream runs them.
+    depend on) or a node on the host to complete; with inline copies, the total time
+    of the copies themselves, since the compute stream runs them.
     """
 
     start: np.ndarray          # float64, seconds
@@ -47,9 +52,13 @@ class StreamTiming:
         return float(self.end.max()) if len(self.end) else 0.0
 
 
-def node_stream(op: str, overlap_copies: bool) -> str:
-    """The stream a node with op `op` runs on."""
-    direction = COPY_DIRECTION.get(op) if overlap_copies else None
+def node_stream(op: str, overlap_copies: bool, on_host: bool = False) -> str:
+    """The stream a node with op `op` runs on (on_host: a node that runs on the host)."""
+    if not overlap_copies:
+        return COMPUTE
+    if on_host:
+        return HOST
+    direction = COPY_DIRECTION.get(op)
     if direction is None:
         return COMPUTE
     return D2H if direction == "d2h" else H2D
@@ -75,9 +84,12 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
     overlap = bool(cost.overlap_copies)
     n = len(issued.order)
     times = node_seconds(g, issued.order, cost)
-    ops = [g.nodes[nid].op for nid in issued.order]
+    nodes = [g.nodes[nid] for nid in issued.order]
+    ops = [node.op for node in nodes]
     copies = np.fromiter((op in COPY_DIRECTION for op in ops), dtype=bool, count=n)
-    if not (overlap and copies.any()):
+    on_host = np.fromiter((node.tags.on_host for node in nodes), dtype=bool, count=n)
+    off_compute = copies | on_host
+    if not (overlap and off_compute.any()):
         # one stream: each node starts when the one before ends (cumsum adds in order, as the
         # loop below would); copies are exposed for their whole time
         ends = np.cumsum(np.concatenate(([0.0], times)))
@@ -90,22 +102,23 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
     start = [0.0] * n
     end = [0.0] * n
     streams: list[str] = []
-    on_copy_stream = [False] * n
+    beside_compute = [False] * n
     stream_free = dict.fromkeys(STREAMS, 0.0)
     exposed = 0.0
-    # only waits on a copy stream, and the waits of copies, can delay a node: the others are
-    # for nodes that ran earlier on the same stream
-    waits = issued.waits_of(copies)
+    # only waits on a copy or host stream, and the waits of copies and host nodes, can delay a
+    # node: the others are for nodes that ran earlier on the same stream
+    waits = issued.waits_of(off_compute)
     no_waits: list[int] = []
+    host = on_host.tolist()
     for i, op in enumerate(ops):
         preds = waits.get(i, no_waits)
-        stream = node_stream(op, True) if copies[i] else COMPUTE     # (here copies overlap)
+        stream = node_stream(op, True, host[i]) if off_compute[i] else COMPUTE   # (copies overlap)
         compute_free = stream_free[COMPUTE]
         if stream == COMPUTE:
-            # compute predecessors ran earlier on this stream: only copies can hold it back
+            # compute predecessors ran earlier on this stream: only copies and host nodes can hold it back
             begin = compute_free
             for p in preds:
-                if on_copy_stream[p] and end[p] > begin:
+                if beside_compute[p] and end[p] > begin:
                     begin = end[p]
             exposed += begin - compute_free
         else:
@@ -113,7 +126,7 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
             begin = max(stream_free[stream], compute_free)
             for p in preds:
                 begin = max(begin, end[p])
-            on_copy_stream[i] = True
+            beside_compute[i] = True
         start[i] = begin
         end[i] = begin + seconds[i]
         stream_free[stream] = end[i]

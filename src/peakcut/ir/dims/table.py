@@ -19,7 +19,7 @@ from peakcut.ir.dims.call import Builder, Call, assemble, aten
 from peakcut.ir.dims.rule import DimRule
 from peakcut.ir.graph import Graph
 from peakcut.ir.node_cache import NodeCache
-from peakcut.ir.ops import GATE_OP, LOAD_OP, STORE_OP, WRITEBACK_OP
+from peakcut.ir.ops import GATE_OP, LOAD_OP, STORE_OP, UPLOAD_OP, WRITEBACK_OP
 from peakcut.ir.registry import REGISTRY
 
 BUILDERS: Mapping[str, Builder] = MappingProxyType({
@@ -38,6 +38,8 @@ NO_RULE: Mapping[str, str] = MappingProxyType({
     STORE_OP: "swap-out: code generation emits the copy itself; never split",
     LOAD_OP: "swap-in: code generation emits the copy itself; never split",
     WRITEBACK_OP: "copy into a host tensor: code generation emits the copy itself; never split",
+    UPLOAD_OP: "copy into a device tensor from host memory: code generation emits the copy itself; "
+               "never split",
     GATE_OP: "the GradScaler's skip-the-update decision: code generation emits it as an early return",
     **{name: _RANDOM for name, info in REGISTRY.items() if info.random},   # the registry's list
 })

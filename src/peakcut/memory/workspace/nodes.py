@@ -99,7 +99,8 @@ def describe_workspace(spec: WorkspaceSpec) -> str:
 
 
 def node_workspace(g: Graph, nid: int, workspace: WorkspaceSpec = "cpu") -> int:
-    """Bytes node `nid` allocates and frees while it runs, beyond its outputs."""
+    """Device bytes node `nid` allocates and frees while it runs, beyond its outputs (0 for a
+    node on the host: its scratch is host memory)."""
     return int(order_workspace(g, [nid], workspace)[0])
 
 
@@ -122,7 +123,8 @@ def order_workspace(g: Graph, order: Sequence[int], workspace: WorkspaceSpec) ->
     for i, nid in enumerate(order):
         value = cache.get(nid)
         if value is None:
-            if applies(nodes[nid].op):
+            node = nodes[nid]
+            if applies(node.op) and not node.tags.on_host:   # host ops: no device scratch
                 missing.setdefault(nid, []).append(i)
             else:
                 cache[nid] = 0
