@@ -14,6 +14,7 @@ from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, TensorRef, map_refs
 from peakcut.ir.ops import COPY_DIRECTION, LOAD_OP, STORE_OP
+from peakcut.ir.tags import NodeTags, SwapTag
 from peakcut.ir.tensor import Role, TensorMeta
 
 
@@ -130,10 +131,11 @@ def insert_swap(g: Graph, tensor: int, store_after: int, load_before: int,
                       Role.ACTIVATION, f"{meta.name}.host")
     back = TensorMeta(back_t, meta.shape, meta.stride, meta.dtype, back_s, meta.storage_offset,
                       Role.ACTIVATION, f"{meta.name}.loaded")
+    tags = NodeTags(swap=SwapTag(tensor))      # as the swap rule tags its pair
     edit.add_node(Node(store_id, STORE_OP, (TensorRef(tensor),), {}, (host_t,),
-                       name=f"store_{meta.name}"), [host])
+                       name=f"store_{meta.name}", tags=tags), [host])
     edit.add_node(Node(load_id, LOAD_OP, (TensorRef(host_t),), {"device": torch.device(g.device)},
-                       (back_t,), name=f"load_{meta.name}"), [back])
+                       (back_t,), name=f"load_{meta.name}", tags=tags), [back])
 
     def reroute(ref: TensorRef) -> TensorRef:
         return TensorRef(back_t) if ref.id == tensor else ref

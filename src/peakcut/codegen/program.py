@@ -14,6 +14,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from peakcut.capture.optimizers import OptimizerSpec
+from peakcut.codegen.host_worker import HostWorker
 from peakcut.codegen.source import generate_source, hyper_names, hyper_values
 from peakcut.codegen.swap import HostPool, host_copy
 from peakcut.codegen.update_inputs import Prepared, StepBindingError, UpdateInputs
@@ -49,7 +50,8 @@ class Step:
 
     A step with swaps owns a HostPool (`step.host`) that its program allocates host copies
     from, outside the device memory that runtime.measure sees; `step.host_peak_bytes` is the
-    peak of host copies alive during the last run (0 without swaps).
+    peak of host copies alive during the last run (0 without swaps). A step whose plan updates
+    parameters on the host owns a HostWorker (`step.host_ops`) that runs those ops.
     """
 
     def __init__(self, graph: Graph, order: list[int] | None = None, path: str | Path | None = None,
@@ -85,7 +87,12 @@ class Step:
         spec = self.update.spec
         self._updated = {n for g in spec.groups for n in g.params} if spec is not None else set()
         self.host = HostPool()
-        self._takes_host = "host" in inspect.signature(self._fn).parameters   # rule code with host copies
+        keywords = inspect.signature(self._fn).parameters
+        self._takes_host = "host" in keywords      # rule code with host copies
+        # updates on the host: on a worker thread beside a CUDA device, inline on a CPU
+        self.host_ops: HostWorker | None = None
+        if "host_ops" in keywords:
+            self.host_ops = HostWorker(threaded=torch.device(graph.device).type == "cuda", buffers=self.host)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
@@ -224,8 +231,15 @@ class Step:
         if self._takes_host:
             self.host.reset_peak()
             kwargs["host"] = self.host
+        if self.host_ops is not None:
+            kwargs["host_ops"] = self.host_ops
         with torch.no_grad():
-            return self._fn(*inputs, **kwargs)
+            try:
+                return self._fn(*inputs, **kwargs)
+            except BaseException:
+                if self.host_ops is not None:
+                    self.host_ops.discard()     # no host op of a failed step runs later
+                raise
 
     # ------------------------------------------------------------ calling
     def __call__(self, model: torch.nn.Module, batch: Any) -> Any:

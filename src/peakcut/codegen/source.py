@@ -20,16 +20,16 @@ refuses (swap code), is emitted unrolled under a comment saying why.
 from __future__ import annotations
 
 import keyword
-import math
 import re
 from typing import Any
 
 import torch
 
+from peakcut.codegen.calls import call_source, literal
 from peakcut.codegen.fission import Item, Loop, LoopPlan, Unrolled, has_fission, plan_loops
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import Hyper, Node, TensorRef
-from peakcut.ir.ops import GATE_OP
+from peakcut.ir.node import Hyper
+from peakcut.ir.ops import GATE_OP, is_host_copy
 from peakcut.rules import RULES, Registry
 from peakcut.rules.protocol import NodeCode
 from peakcut.version import __version__
@@ -59,7 +59,7 @@ class _Names:
 
     def __init__(self, g: Graph, reserved: frozenset[str], display: dict[int, str] | None = None) -> None:
         self.by_tensor: dict[int, str] = {}
-        self._used: set[str] = {"aten", "torch", "device", "step", "_", "hp", "part",
+        self._used: set[str] = {"aten", "torch", "device", "step", "_", "hp", "part", *COPY_STREAMS,
                                 *(f"part{d}" for d in range(2, 10)), *reserved}
         for tid, name in zip(g.inputs, g.input_names, strict=True):
             kind, _, rest = name.partition(":")
@@ -82,44 +82,6 @@ class _Names:
             name = f"{base}_{k}"
         self._used.add(name)
         return name
-
-
-def _literal(v: Any, names: _Names, device: str) -> str:
-    if isinstance(v, TensorRef):
-        return names.by_tensor[v.id]
-    if isinstance(v, Hyper):
-        return f"hp[{v.name!r}]"
-    if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
-        return repr(v)
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "float('nan')"
-        if math.isinf(v):
-            return "float('inf')" if v > 0 else "float('-inf')"
-        return repr(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(_literal(x, names, device) for x in v) + "]"
-    if isinstance(v, tuple):
-        inner = ", ".join(_literal(x, names, device) for x in v)
-        return f"({inner},)" if len(v) == 1 else f"({inner})"
-    if isinstance(v, torch.dtype):
-        return str(v)
-    if isinstance(v, torch.device):
-        return "device" if str(v) == device else f"torch.device({str(v)!r})"
-    if isinstance(v, (torch.layout, torch.memory_format)):
-        return str(v)
-    raise TypeError(f"cannot emit argument of type {type(v).__name__}: {v!r}")
-
-
-def _call(node: Node, names: _Names, device: str, override: dict[int, str] | None = None) -> str:
-    """The op call's source; override: positional argument index -> source text to use."""
-    ns, op, overload = node.op.split(".")
-    target = f"aten.{op}.{overload}" if ns == "aten" else f"torch.ops.{ns}.{op}.{overload}"
-    override = override or {}
-    parts = [override[i] if i in override else _literal(a, names, device)
-             for i, a in enumerate(node.args)]
-    parts += [f"{k}={_literal(v, names, device)}" for k, v in node.kwargs.items()]
-    return f"{target}({', '.join(parts)})"
 
 
 def last_uses(g: Graph, order: list[int]) -> dict[int, list[int]]:
@@ -154,10 +116,14 @@ def generate_source(g: Graph, order: list[int] | None = None, title: str = "", p
     )]
     codes = rules.node_codes(g, order, names)
     args = ", ".join(names.by_tensor[t] for t in g.inputs)
-    extra = (", hp" if hyper_names(g) else "") + "".join(c.signature_extra() for c in codes)
+    keywords = ["hp"] if hyper_names(g) else []
+    for code in codes:
+        keywords.extend(k.strip() for k in code.signature_extra().split(",") if k.strip())
+    extra = "".join(f", {k}" for k in dict.fromkeys(keywords))
     lines.append(f"\ndef step({args}, *, device={g.device!r}{extra}):" if g.inputs
                  else f"\ndef step(*, device={g.device!r}{extra}):")
     lines.append('    """Run the step; updates parameters, buffers and optimizer state in place."""')
+    lines.extend(copy_streams(g))
     for code in codes:
         lines.extend(code.prologue())
     emitter = _Emitter(g, names, frees, codes, plan)
@@ -167,6 +133,21 @@ def generate_source(g: Graph, order: list[int] | None = None, title: str = "", p
     outs = ", ".join(names.by_tensor[t] for t in g.outputs)
     lines.append(f"    return ({outs}{',' if len(g.outputs) == 1 else ''})")
     return "\n".join(lines) + "\n"
+
+
+COPY_STREAMS = ("compute", "d2h", "h2d")
+"""The names of the streams rule code copies on (CUDA): made once, at the top of the step."""
+
+
+def copy_streams(g: Graph) -> list[str]:
+    """The lines making the copy streams, on CUDA when a node copies between device and host
+    memory (a swap, a host-kept input's load or writeback, an update on the host's copies)."""
+    if torch.device(g.device).type != "cuda" or not any(is_host_copy(n.op) for n in g.nodes.values()):
+        return []
+    return ["    # copies between device and host memory run on their own streams",
+            "    compute = torch.cuda.current_stream(device)",
+            "    d2h = torch.cuda.Stream(device=device)",
+            "    h2d = torch.cuda.Stream(device=device)"]
 
 
 def hyper_names(g: Graph) -> list[str]:
@@ -263,7 +244,7 @@ class _Emitter:
             if own is not None:
                 return lines + own + self._del_lines(nid, pad)
         if node.op == GATE_OP:
-            found_inf = _literal(node.args[0], names, g.device)
+            found_inf = literal(node.args[0], names.by_tensor, g.device)
             returned = ", ".join(names.by_tensor[t] for t in g.outputs)
             lines.append(f"{pad}if {found_inf}.item():  # GradScaler: a gradient is inf or nan, the update is skipped")
             lines.append(f"{pad}    return ({returned}{',' if len(g.outputs) == 1 else ''})")
@@ -273,7 +254,7 @@ class _Emitter:
         if self.plan is not None and nid in self.plan.slices:
             start, end = self.plan.slices[nid]
             override = {2: start, 3: end}
-        call = _call(node, names, g.device, override)
+        call = call_source(node, names.by_tensor, g.device, override)
         if node.multi_output:
             target = ", ".join(outs) + ("," if len(outs) == 1 else "")
             lines.append(f"{pad}{target} = {call}")

@@ -96,19 +96,29 @@ def host_copy(t: torch.Tensor, pinned: bool) -> torch.Tensor:
 
 
 def simulated_host_peak(g: Graph, order: Sequence[int]) -> int:
-    """Peak bytes of host copies when the generated program runs `order` on CPU: a copy lives
-    from its store to its last load (what HostPool should measure)."""
+    """Peak bytes of host copies when the generated program runs `order` on CPU (what HostPool
+    should measure): a host storage the step allocates (a store's copy, the result of an op on
+    the host) lives from the node that makes it to the last node touching it."""
     pos = {nid: i for i, nid in enumerate(order)}
-    delta = [0] * (len(order) + 1)
+    held = g.caller_held_storages()
+    made: dict[int, int] = {}       # storage -> position of the node that allocates it
+    last: dict[int, int] = {}       # storage -> position of the last node touching it
     for nid in order:
         node = g.nodes[nid]
-        if node.op != STORE_OP:
-            continue
-        for h in node.output_ids():
-            readers = [pos[u] for u in g.users(h)]
-            end = max(readers, default=pos[nid])
-            delta[pos[nid]] += g.storages[g.tensors[h].storage]
-            delta[end + 1] -= g.storages[g.tensors[h].storage]
+        i = pos[nid]
+        if node.op == STORE_OP or node.tags.on_host:
+            for t in node.output_ids():
+                s = g.tensors[t].storage
+                if s not in held and s not in made:
+                    made[s] = i
+        for t in (*node.input_ids(), *node.output_ids()):
+            s = g.tensors[t].storage
+            if s in made:
+                last[s] = i
+    delta = [0] * (len(order) + 1)
+    for s, i in made.items():
+        delta[i] += g.storages[s]
+        delta[last[s] + 1] -= g.storages[s]
     live = peak = 0
     for d in delta:
         live += d

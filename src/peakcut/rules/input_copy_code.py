@@ -34,7 +34,7 @@ import torch
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node
-from peakcut.ir.ops import LOAD_OP, STORE_OP, WRITEBACK_OP
+from peakcut.ir.ops import LOAD_OP, WRITEBACK_OP
 from peakcut.ir.tensor import Role
 from peakcut.rules.protocol import Names, NodeCode
 
@@ -76,18 +76,10 @@ class InputCopyCode(NodeCode):
                     (y,) = node.output_ids()
                     consumers = sorted(g.users(y), key=pos.__getitem__)
                     self._wait_before.setdefault(consumers[0] if consumers else nid, []).append(nid)
-        # the streams are made once, by the first of: the swap code, this code for optimizer
-        # state, this code for parameters; the end-of-step wait likewise
+        # the end-of-step wait is written once, by the first of: this code for optimizer
+        # state, this code for parameters (the streams: codegen.source.copy_streams)
         earlier = ROLES[:ROLES.index(role)]
         self._first = not any(input_copies(g, r) for r in earlier)
-
-    def prologue(self) -> list[str]:
-        if not self.cuda or not self._first or any(n.op == STORE_OP for n in self.g.nodes.values()):
-            return []          # no streams on CPU; made already by the swap code or an earlier role
-        return ["    # host-kept inputs: host->device and device->host copies on their own streams",
-                "    compute = torch.cuda.current_stream(device)",
-                "    d2h = torch.cuda.Stream(device=device)",
-                "    h2d = torch.cuda.Stream(device=device)"]
 
     def before(self, nid: int, pad: str) -> list[str]:
         return [f"    compute.wait_event({self._events[load]})" for load in self._wait_before.get(nid, [])

@@ -88,16 +88,8 @@ class SwapCode(NodeCode):
         return ", host"
 
     def prologue(self) -> list[str]:
-        note = "    # swapped-out copies live in `host` (a HostPool), apart from device memory"
-        if not self.cuda:
-            return [note]
-        return [
-            note,
-            "    # swaps: device->host and host->device copies on their own streams",
-            "    compute = torch.cuda.current_stream(device)",
-            "    d2h = torch.cuda.Stream(device=device)",
-            "    h2d = torch.cuda.Stream(device=device)",
-        ]
+        # (on CUDA the copy streams compute, d2h and h2d are made by codegen.source.copy_streams)
+        return ["    # swapped-out copies live in `host` (a HostPool), apart from device memory"]
 
     def keeps(self, tensor: int) -> bool:
         """True when the source generator must not `del` this tensor at its last use (CUDA host
@@ -122,7 +114,7 @@ class SwapCode(NodeCode):
 
     def emit(self, node: Node) -> list[str] | None:
         """The lines of a store or of a load of its copy; None for any other node."""
-        if node.op == STORE_OP:
+        if node.op == STORE_OP and node.tags.swap is not None:
             return self._store(node)
         if self._is_swap_load(node):
             return self._load(node)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from peakcut.ir.graph import Graph
+from peakcut.ir.node import Node
 from peakcut.ir.ops import LOAD_OP, STORE_OP
 from peakcut.rules.hotspot import Hotspot, HotspotSite
 from peakcut.rules.protocol import LoopRefusal, Names, NodeCode, ProgramRule, Site
@@ -18,9 +19,14 @@ from peakcut.transform.rewrite import Rewrite, describe_tensor
 from peakcut.transform.swap import swap, why_not_swap
 
 
+def is_swap_store(node: Node) -> bool:
+    """A swap's store (an update on the host's stores are that rule's: NodeTags.host)."""
+    return node.op == STORE_OP and node.tags.swap is not None
+
+
 def has_swaps(g: Graph) -> bool:
     """True when g holds a swap (a store; its loads come with it)."""
-    return any(n.op == STORE_OP for n in g.nodes.values())
+    return any(is_swap_store(n) for n in g.nodes.values())
 
 
 class SwapRule(ProgramRule):
@@ -45,7 +51,7 @@ class SwapRule(ProgramRule):
     def placements(self, g: Graph) -> Iterable[tuple[int, Placement]]:
         early, hidden = Placement.EARLY, Placement.HIDDEN
         return [(nid, early if node.op == STORE_OP else hidden) for nid, node in g.nodes.items()
-                if node.op == STORE_OP or (node.op == LOAD_OP and not g.is_input_copy(node))]
+                if is_swap_store(node) or (node.op == LOAD_OP and not g.is_input_copy(node))]
 
     def loop_refusal(self, g: Graph) -> LoopRefusal | None:
         """Regions holding swap code (or reading a swapped-in tensor) are not loops: swap code
@@ -58,7 +64,7 @@ class SwapRule(ProgramRule):
         def refuse(nodes: Sequence[int]) -> str | None:
             for nid in nodes:
                 node = g.nodes[nid]
-                if node.op == STORE_OP or nid in loads or loaded.intersection(node.input_ids()):
+                if is_swap_store(node) or nid in loads or loaded.intersection(node.input_ids()):
                     return "it holds swap code, which is emitted at the top level only"
             return None
 
