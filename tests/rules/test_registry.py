@@ -89,7 +89,7 @@ def test_codegen_uses_the_code_hooks_of_the_rules_a_program_holds() -> None:
     plain = _graph()
     assert RULES.node_codes(plain, plain.order, _FakeNames()) == []
     assert len(RULES.node_codes(g, order, _FakeNames())) == 2
-    assert RULES.reserved_names == frozenset({"host", "compute", "d2h", "h2d"})
+    assert RULES.reserved_names == frozenset({"host", "compute", "d2h", "h2d", "host_ops"})
     source = generate_source(g, order)
     assert "# recompute of " in source and "host.empty_strided(" in source and ", host):" in source
     without_swap = Registry(regions=RULES.regions, programs=(RematRule(),), rewrites=RULES.rewrites)

@@ -20,6 +20,7 @@ from types import MappingProxyType
 from peakcut.ir.graph import Graph
 from peakcut.memory import MemoryProfile, simulate
 from peakcut.rules.fission_rule import FissionRule
+from peakcut.rules.host_update_rule import HostUpdateRule
 from peakcut.rules.hotspot import Hotspot
 from peakcut.rules.offload_param_rule import OffloadParamRule
 from peakcut.rules.offload_state_rule import OffloadStateRule
@@ -225,6 +226,7 @@ RULES = Registry(
         RematRule(),
         OffloadStateRule(),
         OffloadParamRule(),
+        HostUpdateRule(),
     ),
     rewrites=(
         MergeMatmulsRule(),

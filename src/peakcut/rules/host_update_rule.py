@@ -1,0 +1,426 @@
+"""Host update: a parameter's optimizer update runs on the host (ZeRO-Offload's way), on its
+optimizer state kept in host memory, with its gradient copied out once made.
+
+For a parameter p with optimizer state s1..sk, the update U(p) is the optimizer-phase ops that
+write p or its state, with the ops only they read (the moments' square root, the gradient
+scaled by the clipping coefficient, ...). The rule runs U(p) on the host:
+
+    before (device)                              after
+    g = mm(...)               (backward)         g = mm(...)
+                                                 g_host = peakcut.store(g)          d2h, once made
+    lerp_(m, g, ..)           (update)           lerp_(m, g_host, ..)               on the host
+    mul_(v, ..); addcmul_(v, g, g, ..)           mul_(v, ..); addcmul_(v, g_host, g_host, ..)
+    d = sqrt(v) / c + eps                        d = sqrt(v) / c + eps              (host memory)
+    mul_(p, ..); addcdiv_(p, m, d, ..)           p_host = peakcut.store(p)          d2h
+                                                 mul_(p_host, ..); addcdiv_(p_host, m, d, ..)
+                                                 peakcut.upload(p, p_host)          h2d, in place
+
+- the state s1..sk becomes host-kept (Graph.host_inputs): it never comes to the device; a load
+  and writeback of offload_state for it are removed;
+- every device tensor U(p) reads (the gradient, a clipping coefficient) is copied to host memory
+  once (peakcut.store); U(p)'s in-place writes of it land on that private copy;
+- p itself: kept in host memory already (offload_param), U(p) updates the host tensor in place
+  and its update-phase load and writeback are removed; else it lives on the device, U(p)
+  updates a host copy and peakcut.upload copies the new value back in place after the update.
+
+Device memory then never holds the state, nor the gradient after its copy (and the uses
+before the update: clipping's norm), nor the update's temporaries. The host link carries the
+gradient out, and p out and in when it lives on the device. The ops of U(p) run on the host
+stream (simulate.streams: priced on the host's profile, cost.profiles.host_profile), as the
+generated code's host worker thread runs them (rules/host_update_code.py). On a CPU the host is
+the device and the numbers are the same op for op; on a GPU the update's kernels are the CPU's,
+which round like the GPU's element-wise kernels up to the last bit of each op.
+
+Sites: the parameters whose update still runs on the device, most device bytes freed at the
+peak first (state on the device, and the gradient or update copies live there).
+
+Refused (why_not): a step with a GradScaler gate (its early return would leave host work
+behind), `accumulate=k` (p.grad lives on the device), an op of U(p) PyTorch cannot run into a
+given host buffer (no out= overload), a random or unknown op, a result of U(p) read outside it,
+a device tensor it writes that does not fill its storage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from peakcut.ir.edit import GraphEditor
+from peakcut.ir.graph import Graph
+from peakcut.ir.node import Node, Phase, TensorRef
+from peakcut.ir.ops import GATE_OP, LOAD_OP, STORE_OP, UPLOAD_OP, WRITEBACK_OP, is_host_copy
+from peakcut.ir.registry import OpKind, draws_random, lookup, out_variant
+from peakcut.ir.tags import HostTag, NodeTags
+from peakcut.ir.tensor import Role, TensorMeta
+from peakcut.rules.host_update_code import HostUpdateCode
+from peakcut.rules.hotspot import Hotspot, HotspotSite
+from peakcut.rules.protocol import LoopRefusal, Names, NodeCode, ProgramRule, Site
+from peakcut.schedule.placement import Placement
+from peakcut.transform.rewrite import (
+    Rewrite,
+    RuleError,
+    StorageMove,
+    apply_moves,
+    check_order_matches,
+    describe_node,
+    describe_tensor,
+    moved_meta,
+    positions,
+)
+from peakcut.transform.swap import is_dense
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the rewrite of parameter `param` does (see module doc).
+
+    update: U(p), in capture order. host_kept: program inputs U(p) reads or writes that become
+    host-kept (the state; p when it is kept in host memory already). unloaded: update-phase
+    input copies (load output -> the host input it copies), read by U(p) instead of the input.
+    removed: those loads and the writebacks of the host-kept inputs. stored: device tensors U(p)
+    reads, each copied to host memory once. upload: whether p lives on the device (its new
+    value goes back there after the update).
+    """
+
+    param: int
+    update: tuple[int, ...]
+    host_kept: tuple[int, ...]
+    unloaded: Mapping[int, int]
+    removed: tuple[int, ...]
+    stored: tuple[int, ...]
+    upload: bool
+
+
+def _param_name(g: Graph, t: int) -> str | None:
+    name = g.input_names[g.inputs.index(t)] if t in g.inputs else ""
+    return name.removeprefix("param:") if name.startswith("param:") else None
+
+
+def _state_inputs(g: Graph, name: str) -> list[int]:
+    """The optimizer-state inputs of parameter `name` ('state:<name>.<slot>')."""
+    prefix = f"state:{name}."
+    return [t for t, n in zip(g.inputs, g.input_names, strict=True)
+            if n.startswith(prefix) and "." not in n.removeprefix(prefix)]
+
+
+def is_host_updated(g: Graph, param: int) -> bool:
+    """True when parameter input `param`'s update runs on the host in g."""
+    return any(n.tags.host is not None and n.tags.host.param == param for n in g.nodes.values())
+
+
+def _update_copies(g: Graph, inputs: Iterable[int]) -> tuple[dict[int, int], list[int]]:
+    """(output of each update-phase load of `inputs` -> the input; those loads and the
+    writebacks of `inputs`)."""
+    wanted = set(inputs)
+    copies: dict[int, int] = {}
+    nodes: list[int] = []
+    for nid, node in g.nodes.items():
+        if node.op == LOAD_OP and node.phase is Phase.OPTIMIZER and node.input_tuple[0] in wanted:
+            copies[node.output_tuple[0]] = node.input_tuple[0]
+            nodes.append(nid)
+        elif node.op == WRITEBACK_OP and node.input_tuple[0] in wanted:
+            nodes.append(nid)
+    return copies, nodes
+
+
+def _movable(g: Graph, nid: int) -> bool:
+    """An optimizer-phase op that may join an update on the host (more checks in _why_not_op)."""
+    node = g.nodes[nid]
+    return node.phase is Phase.OPTIMIZER and not is_host_copy(node.op) and node.op != GATE_OP \
+        and node.tags.host is None
+
+
+def _closure(g: Graph, seeds: Iterable[int]) -> set[int]:
+    """The seeds and, transitively, the optimizer-phase ops whose every result only they read."""
+    update = set(seeds)
+    frontier = list(update)
+    while frontier:
+        nid = frontier.pop()
+        for t in g.nodes[nid].input_tuple:
+            q = g.producer(t)
+            if q is None or q in update or not _movable(g, q):
+                continue
+            outs = g.nodes[q].output_tuple
+            if outs and all(o not in g.outputs and set(g.users(o)) <= update for o in outs):
+                update.add(q)
+                frontier.append(q)
+    return update
+
+
+def _why_not_op(g: Graph, nid: int) -> str | None:
+    node = g.nodes[nid]
+    what = describe_node(g, nid)
+    info = lookup(node.op)
+    if info is None:
+        return f"{what} is opaque to peakcut: it never moves to the host"
+    if draws_random(node.op, node.args, node.kwargs):
+        return f"{what} draws random numbers"
+    if node.multi_output or len(node.outputs) > 1:
+        return f"{what} has several results"
+    if any(isinstance(v, torch.device) for v in (*node.args, *node.kwargs.values())):
+        return f"{what} names a device: it would make its result there, not on the host"
+    if info.kind is OpKind.VIEW or node.mutated_ids():
+        return None             # a view or an in-place op allocates nothing
+    if node.output_tuple and out_variant(node.op) is None:
+        return f"{what} has no out= overload to write its result into a host buffer"
+    return None
+
+
+def _plan(g: Graph, t: int) -> _Plan | str:
+    """The rewrite for parameter input `t`, or why it does not apply."""
+    if t not in g.tensors or t not in g.inputs:
+        return f"tensor {t} is not a program input"
+    meta = g.tensors[t]
+    what = describe_tensor(g, t)
+    name = _param_name(g, t)
+    if meta.role is not Role.PARAM or name is None:
+        return f"{what} is not a parameter ({meta.role.value})"
+    if f"acc:{name}" in g.input_names:
+        return f"{what}: the step adds to its p.grad in place (accumulate=k), which lives on the device"
+    if any(n.op == GATE_OP for n in g.nodes.values()):
+        return f"{what}: a GradScaler step returns early when it skips the update, leaving host work behind"
+    if is_host_updated(g, t):
+        return f"{what} is updated on the host already"
+    state = _state_inputs(g, name)
+    kept = [t, *state]
+    copies, copy_nodes = _update_copies(g, kept)
+    home = {g.tensors[x].storage for x in kept} | {g.tensors[y].storage for y in copies}
+    seeds = [nid for s in home for nid in g.storage_writers(s) if _movable(g, nid)]
+    if not seeds:
+        return f"{what} is not updated by the step's optimizer"
+    update = _closure(g, seeds)
+    removable = set(copy_nodes)
+    for nid in sorted(update):
+        reason = _why_not_op(g, nid)
+        if reason:
+            return f"{what}: {reason}"
+        for o in g.nodes[nid].output_tuple:
+            outside = [u for u in g.users(o) if u not in update and u not in removable]
+            if outside or o in g.outputs:
+                return (f"{what}: {describe_tensor(g, o)} of its update is read outside it "
+                        f"({describe_node(g, outside[0]) if outside else 'a program output'})")
+    for x in state:
+        touching = {*g.users(x), *g.storage_writers(g.tensors[x].storage)}
+        if touching - update - removable:
+            other = min(touching - update - removable)
+            return f"{describe_tensor(g, x)} is used outside the update ({describe_node(g, other)})"
+        if not _fills_storage(g, x):
+            return f"{describe_tensor(g, x)} is not a dense tensor filling its storage"
+        if any(i != x and g.tensors[i].storage == g.tensors[x].storage for i in g.inputs):
+            return f"{describe_tensor(g, x)} shares its storage with another program input"
+    on_device = not g.is_host_storage(meta.storage)
+    stored: list[int] = []
+    seen_storages: dict[int, int] = {}
+    produced = {o for nid in update for o in g.nodes[nid].output_tuple}
+    written = {g.tensors[w].storage for nid in update for w in g.nodes[nid].mutated_ids()}
+    pos = positions(g.order)
+    first = min(pos[n] for n in update)
+    for nid in sorted(update, key=pos.__getitem__):
+        for x in g.nodes[nid].input_tuple:
+            if x in produced or x in copies or x in state or (x == t and not on_device):
+                continue
+            xm = g.tensors[x]
+            if g.is_host_storage(xm.storage):
+                return f"{what}: its update reads {describe_tensor(g, x)}, in host memory already"
+            if x in seen_storages or xm.storage in seen_storages.values():
+                if x not in seen_storages:
+                    return f"{what}: its update reads two tensors of one storage ({describe_tensor(g, x)})"
+                continue
+            if not is_dense(xm.shape, xm.stride):
+                return f"{what}: its update reads {describe_tensor(g, x)}, which is not dense"
+            if xm.storage in written:
+                if not _fills_storage(g, x):
+                    return f"{what}: its update writes {describe_tensor(g, x)}, which does not fill its storage"
+                if xm.storage in g.output_storages():
+                    return (f"{what}: its update writes {describe_tensor(g, x)}, which the step returns "
+                            "(the caller would not see the write)")
+            # its copy is taken after every other write of the storage (a fission region's merges
+            # write a gradient in place after the tensor the update names is made): none may
+            # come after the update
+            late = [w for w in g.storage_writers(xm.storage) if w not in update and pos[w] > first]
+            if late:
+                return f"{what}: {describe_node(g, late[0])} writes {describe_tensor(g, x)} after its update"
+            seen_storages[x] = xm.storage
+            stored.append(x)
+    if not on_device and not _fills_storage(g, t):
+        return f"{what} is not a dense tensor filling its storage"
+    host_kept = tuple(state if on_device else kept)
+    ordered = tuple(sorted(update, key=pos.__getitem__))
+    return _Plan(t, ordered, host_kept, copies, tuple(copy_nodes), tuple(stored), on_device)
+
+
+def _fills_storage(g: Graph, x: int) -> bool:
+    m = g.tensors[x]
+    return is_dense(m.shape, m.stride) and not m.storage_offset and g.storages[m.storage] == m.nbytes
+
+
+class HostUpdateRule(ProgramRule):
+    """Run a parameter's optimizer update on the host (module docstring)."""
+
+    kind = "host_update"
+    frees_by_host_copy = True
+    reserved_names = ("host_ops",)
+
+    def sites(self, spot: Hotspot) -> Iterable[HotspotSite]:
+        g, peak = spot.g, spot.profile.peak_index
+        live = {s for s, (alloc, free) in spot.profile.storage_lifetime.items() if alloc <= peak <= free}
+        found = []
+        for t, name in zip(g.inputs, g.input_names, strict=True):
+            if not name.startswith("param:") or is_host_updated(g, t):
+                continue
+            state = _state_inputs(g, name.removeprefix("param:"))
+            copies, _ = _update_copies(g, [t, *state])
+            freed = sum(g.tensors[x].nbytes for x in state if not g.is_host_storage(g.tensors[x].storage))
+            freed += sum(g.storages[g.tensors[y].storage] for y in copies if g.tensors[y].storage in live)
+            # what the update reads that the step made (the gradient), where live at the peak
+            seeds = [n for x in (t, *state) for n in g.storage_writers(g.tensors[x].storage)]
+            made = {x: g.producer(x) for n in seeds for x in g.nodes[n].input_tuple}
+            read = {g.tensors[x].storage for x, q in made.items()
+                    if q is not None and g.nodes[q].phase is not Phase.OPTIMIZER}
+            freed += sum(g.storages[s] for s in read & live)
+            if freed > 0 and seeds:
+                found.append(HotspotSite(t, min(seeds), tuple(sorted(seeds)), freed, freed))
+        found.sort(key=lambda s: (-s.score, s.tensor))
+        return found
+
+    def why_not(self, g: Graph, order: Sequence[int], site: Site) -> str | None:
+        stale = check_order_matches(g, order)
+        if stale:
+            return stale
+        plan = _plan(g, site.tensor)
+        return plan if isinstance(plan, str) else None
+
+    def apply(self, g: Graph, order: Sequence[int], site: Site) -> Rewrite:
+        stale = check_order_matches(g, order)
+        if stale:
+            raise RuleError(stale)
+        plan = _plan(g, site.tensor)
+        if isinstance(plan, str):
+            raise RuleError(plan)
+        return _rewrite(g, order, plan, self.describe(g, site))
+
+    def describe(self, g: Graph, site: Site) -> str:
+        where = ("kept in host memory" if g.is_host_storage(g.tensors[site.tensor].storage)
+                 else "its new value copied back to the device")
+        return (f"update {describe_tensor(g, site.tensor)} on the host: its optimizer state in host "
+                f"memory, its gradient copied out once made, the parameter {where}")
+
+    def placements(self, g: Graph) -> Iterable[tuple[int, Placement]]:
+        return [(nid, Placement.EARLY) for nid, n in g.nodes.items()
+                if n.tags.host is not None and n.tags.host.role in ("store", "upload")]
+
+    def loop_refusal(self, g: Graph) -> LoopRefusal | None:
+        mine = {nid for nid, n in g.nodes.items() if n.tags.host is not None}
+        if not mine:
+            return None
+
+        def refuse(nodes: Sequence[int]) -> str | None:
+            if mine.intersection(nodes):
+                return "it holds an update on the host, which is emitted at the top level only"
+            return None
+
+        return refuse
+
+    def code(self, g: Graph, order: Sequence[int], names: Names) -> NodeCode | None:
+        if not any(n.tags.host is not None for n in g.nodes.values()):
+            return None
+        return HostUpdateCode(g, order, names)
+
+
+def _rewrite(g: Graph, order: Sequence[int], plan: _Plan, description: str) -> Rewrite:
+    """Apply `plan` (see _Plan) to (g, order)."""
+    t = plan.param
+    update = set(plan.update)
+    edit = GraphEditor(g)
+    label = g.tensors[t].name or str(t)
+    tag = HostTag(t, "update")
+    mapping: dict[int, int] = dict(plan.unloaded)       # tensor U(p) read -> what it reads now
+    moves: list[StorageMove] = []
+    produced = [o for nid in plan.update for o in g.nodes[nid].output_tuple]
+
+    def made_in(storage: int) -> tuple[int, ...]:
+        return tuple(o for o in produced if g.tensors[o].storage == storage)
+
+    # update-phase copies of host-kept inputs: U(p) works on the inputs themselves
+    for y, x in plan.unloaded.items():
+        moves.append(StorageMove(g.tensors[y].storage, g.tensors[x].storage, 0, made_in(g.tensors[y].storage)))
+    # device tensors U(p) reads: a store each, once made
+    stores: list[Node] = []
+    for x in plan.stored:
+        meta = g.tensors[x]
+        storage = edit.add_storage(meta.nbytes)
+        copy = TensorMeta(edit.new_id(), meta.shape, meta.stride, meta.dtype, storage, 0, Role.ACTIVATION,
+                          f"{meta.name or x}_host")
+        producer = g.producer(x)
+        store = Node(id=edit.new_id(), op=STORE_OP, args=(TensorRef(x),), kwargs={}, outputs=(copy.id,),
+                     module=g.nodes[producer].module if producer is not None else "",
+                     phase=Phase.OPTIMIZER, name=f"store_{meta.name or x}", tags=NodeTags(host=HostTag(t, "store")))
+        edit.add_node(store, [copy])
+        others = [w for w in g.storage_writers(meta.storage) if w not in update and w != producer]
+        if others:
+            edit.set_control(store.id, others)
+        stores.append(store)
+        mapping[x] = copy.id
+        moves.append(StorageMove(meta.storage, storage, meta.storage_offset * meta.itemsize, made_in(meta.storage)))
+    for move in moves:
+        for o in move.tensors:
+            if moved_meta(g.tensors[o], move.new_storage, move.shift_bytes) is None:
+                raise RuleError(f"internal: {describe_tensor(g, o)} cannot move into host memory")
+    apply_moves(edit, moves)
+    # the loads and writebacks U(p) no longer needs; other loads of a host-kept input read it
+    # before the update writes it
+    removed = set(plan.removed)
+    edit.remove_nodes(plan.removed)
+    kept_loads: dict[int, list[int]] = {}
+    for nid, node in edit.graph.nodes.items():
+        if node.op == LOAD_OP and node.input_tuple[0] in plan.host_kept:
+            kept_loads.setdefault(node.input_tuple[0], []).append(nid)
+    for nid, deps in list(edit.graph.control.items()):
+        if removed.intersection(deps):
+            edit.set_control(nid, [d for d in deps if d not in removed])
+    # U(p) on the host: rewired, tagged, ordered after the gate-free control it kept
+    writes_param: list[int] = []
+    for nid in plan.update:
+        node = edit.graph.nodes[nid]
+        node = dataclasses.replace(node, tags=node.tags._replace(host=tag))
+        edit.replace_node(node)
+        edit.rewire(nid, mapping)
+        node = edit.graph.nodes[nid]
+        targets = {edit.graph.tensors[w].storage for w in node.mutated_ids()}
+        after = [d for d in edit.graph.control.get(nid, ()) if d in update]
+        for x in plan.host_kept:
+            if edit.graph.tensors[x].storage in targets:
+                after.extend(kept_loads.get(x, ()))
+        if g.tensors[t].storage in {g.tensors[w].storage for w in g.nodes[nid].mutated_ids()}:
+            writes_param.append(nid)
+        edit.set_control(nid, dict.fromkeys(after))
+    new_order = [n for n in order if n not in removed]
+    in_capture = positions(edit.graph.order)
+    for store in stores:
+        (x,) = store.input_tuple
+        before = [q for q in (g.producer(x), *edit.graph.control.get(store.id, ())) if q is not None]
+        at = max((in_capture[q] + 1 for q in before), default=0)
+        edit.insert_in_order(at, [store.id])
+        in_capture = positions(edit.graph.order)
+        new_at = max((new_order.index(q) + 1 for q in before), default=0)
+        new_order.insert(new_at, store.id)
+    added = [s.id for s in stores]
+    if plan.upload:
+        p_copy = mapping[t]
+        back = Node(id=edit.new_id(), op=UPLOAD_OP, args=(TensorRef(t), TensorRef(p_copy)), kwargs={},
+                    outputs=(None,), module=g.nodes[plan.update[-1]].module, phase=Phase.OPTIMIZER,
+                    name=f"upload_{label}", tags=NodeTags(host=HostTag(t, "upload")))
+        edit.add_node(back)
+        readers = {d for nid in writes_param for d in g.control.get(nid, ()) if d not in update}
+        edit.set_control(back.id, [*sorted(readers), *writes_param])
+        last = max(plan.update, key=positions(edit.graph.order).__getitem__)
+        edit.insert_in_order(edit.graph.order.index(last) + 1, [back.id])
+        last_run = max(plan.update, key=new_order.index)
+        new_order.insert(new_order.index(last_run) + 1, back.id)
+        added.append(back.id)
+    return Rewrite(graph=edit.finish(), order=new_order, added=tuple(added), changed=plan.update,
+                   removed=tuple(sorted(removed)), description=description)
+
