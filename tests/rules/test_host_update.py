@@ -29,7 +29,7 @@ from peakcut.optimizer import optimize_graph
 from peakcut.rules import RULES
 from peakcut.rules.host_update_rule import HostUpdateRule, is_host_updated
 from peakcut.rules.hotspot import HotspotSite
-from peakcut.schedule.placement import Placement
+from peakcut.schedule.placement import Placement, place
 from peakcut.simulate import simulate_timeline
 from peakcut.simulate.streams import HOST
 from peakcut.workloads import get_workload
@@ -335,3 +335,29 @@ def test_the_search_moves_updates_to_the_host_under_a_tight_memory_limit() -> No
     assert found.report["feasible"]
     step = peakcut.build(found.best.program, found.best.order, optimizer=opt)
     assert_same_training(model, ref, opt, ref_opt, step, batch)
+
+
+# ------------------------------------------------------------------ batched
+@pytest.mark.parametrize("rule", [RULE, STATE_RULE], ids=["host_update", "offload_state"])
+def test_many_sites_in_one_edit_make_the_program_one_at_a_time_makes(rule) -> None:
+    """apply_many (the search's bulk move, and the replay of a run of recipes) gives the
+    program applying the sites one by one gives: the same computation, peak and latency."""
+    from peakcut.optimizer.state import computation_hash
+
+    model, batch = make_mlp()
+    g = peakcut.capture(model, batch, loss_fn, torch.optim.AdamW(model.parameters()), max_grad_norm=1.0)
+    role = Role.PARAM if rule is RULE else Role.OPT_STATE
+    sites = [site(g, t) for t in g.inputs if g.tensors[t].role is role]
+    sites.append(site(g, named_input(g, "batch:0")))                       # refused, and said why
+    one, order = g, list(g.order)
+    for s in sites[:-1]:
+        rw = rule.apply(one, order, s)
+        one, order = rw.graph, rw.order
+    many, reasons = rule.apply_many(g, g.order, sites)
+    assert many is not None and reasons[:-1] == [None] * (len(sites) - 1) and reasons[-1]
+    check_graph(many.graph)
+    assert computation_hash(many.graph, many.order) == computation_hash(one, order)
+    cost = get_cost_model("h100")
+    placed = [place(h, o, cost, placements=RULES.placements(h)) for h, o in ((many.graph, many.order), (one, order))]
+    a, b = simulate_timeline(many.graph, placed[0], cost), simulate_timeline(one, placed[1], cost)
+    assert (a.peak_bytes, a.latency_seconds) == pytest.approx((b.peak_bytes, b.latency_seconds))

@@ -8,7 +8,8 @@ duplicates before paying for it) and builds it on demand (`build`). In the regis
 - program rules (swap, remat): applicable candidates at the memory hot-spot of the state's
   program (heuristic H2: only tensors live across the peak), outside every enabled region,
   one by one and all of a kind at once (a step the size of the hot-spot: many small
-  activations are saved for backward in a CNN);
+  activations are saved for backward in a CNN); a batched rule (offloads of a model's
+  parameters and state) also at every one of its sites at once;
 - rewrite rules (TASO-style rewrites of the base graph: merge matmuls sharing an operand and
   its inverse, algebraic simplifications), outside enabled regions, all of move kind "taso";
 - undo: dropping a recipe the state holds (de-remat, de-swap).
@@ -26,6 +27,7 @@ from peakcut.memory import MemoryProfile, simulate
 from peakcut.optimizer.derive import Deriver, region_nodes
 from peakcut.optimizer.state import Recipe, State
 from peakcut.rules import REWRITE_MOVES, UNDO_MOVES, Candidate, Registry
+from peakcut.rules.hotspot import Hotspot
 
 CANDIDATES_PER_KIND = 4     # program-rule candidates tried per kind per expanded state
 TASO_SITES = 16             # TASO-style sites listed per base graph (the kinds interleaved)
@@ -51,6 +53,7 @@ class MoveSettings:
     hotspots_only: bool = True      # H2; False: candidates at every step's live set
     direct_enable: bool = True      # enable a root without enabled descendants directly
     together: bool = True           # also apply each kind's candidates all at once (a faster descent)
+    bulk: bool = True               # and a batched rule at every one of its sites (an LLM's 300 updates)
     taso_per_state: int = 2         # TASO sites tried per expanded state
     per_kind: int = CANDIDATES_PER_KIND
 
@@ -134,6 +137,31 @@ def _program_moves(state: State, deriver: Deriver, settings: MoveSettings, kinds
             what = f"{kind} {len(group)} hot-spot tensors at once"
             yield Move(kind, make_key(state, recipes=(*state.recipes, *group)), what,
                        partial(deriver.with_recipes, state, tuple(group)))
+    if settings.bulk:
+        yield from _bulk_moves(state, deriver, kinds, profile, regions, {k: len(v) for k, v in picked.items()})
+
+
+def _bulk_moves(state: State, deriver: Deriver, kinds: list[str], profile: MemoryProfile,
+                regions: frozenset[int], picked: dict[str, int]) -> Iterator[Move]:
+    """Each batched rule (ProgramRule.batched) at every one of its sites, as one move, where
+    that is more than the hot-spot moves above took: the step from a model's state on the
+    device to all of it offloaded is one move, not one per parameter. The sites are checked
+    when the move is built (Deriver.with_recipes, in one edit)."""
+    program, order, base = state.program, state.order, state.base
+    spot = Hotspot(program, order, profile)
+    for kind in kinds:
+        rule = deriver.rules.program_rule(kind)
+        if not rule.batched:
+            continue
+        held = {(r.kind, r.tensor) for r in state.recipes}
+        recipes = tuple(Recipe(kind, site.tensor, site.node, tuple(site.users), rule.describe(program, site))
+                        for site in rule.sites(spot)
+                        if (kind, site.tensor) not in held and site.tensor in base.tensors
+                        and not any(v in regions or v not in base.nodes for v in (site.node, *site.users)))
+        if len(recipes) > max(1, picked.get(kind, 0)):
+            yield Move(kind, make_key(state, recipes=(*state.recipes, *recipes)),
+                       f"{kind} at all {len(recipes)} of its sites at once",
+                       partial(deriver.with_recipes, state, recipes))
 
 
 def _anywhere(program: Graph, order: list[int], rules: Registry, settings: MoveSettings, kinds: list[str],

@@ -39,6 +39,7 @@ program that runs, and the figures reported.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -161,22 +162,49 @@ class Deriver:
 
     def replay(self, program: Graph, order: list[int], recipes: Iterable[Recipe],
                regions: frozenset[int]) -> tuple[Graph, list[int], tuple[Recipe, ...], list[str]]:
-        """Apply the recipes that still apply; returns the kept ones and why others were dropped."""
+        """Apply the recipes that still apply; returns the kept ones and why others were dropped.
+        A run of recipes of one batched rule (ProgramRule.batched) is applied in one edit."""
         kept: list[Recipe] = []
         dropped: list[str] = []
-        for r in recipes:
-            reason = self.why_not_recipe(program, order, r, regions)
-            if reason is not None:
-                dropped.append(f"{r.description} no longer applies: {reason}")
+        for kind, run in itertools.groupby(recipes, key=lambda r: r.kind):
+            group = list(run)
+            rule = self.rules.program_rule(kind)
+            if rule.batched and len(group) > 1:
+                fit = []
+                for r in group:
+                    reason = self._why_not_here(program, r, regions)
+                    if reason is None:
+                        fit.append(r)
+                    else:
+                        dropped.append(f"{r.description} no longer applies: {reason}")
+                rw, reasons = rule.apply_many(program, order, fit) if fit else (None, [])
+                for r, reason in zip(fit, reasons, strict=True):
+                    if reason is None:
+                        kept.append(r)
+                    else:
+                        dropped.append(f"{r.description} no longer applies: {reason}")
+                if rw is not None:
+                    program, order = rw.graph, rw.order
                 continue
-            rw = self.apply_recipe(program, order, r)
-            program, order = rw.graph, rw.order
-            kept.append(r)
+            for r in group:
+                reason = self.why_not_recipe(program, order, r, regions)
+                if reason is not None:
+                    dropped.append(f"{r.description} no longer applies: {reason}")
+                    continue
+                rw = self.apply_recipe(program, order, r)
+                program, order = rw.graph, rw.order
+                kept.append(r)
         return program, order, tuple(kept), dropped
 
     def why_not_recipe(self, program: Graph, order: list[int], r: Recipe,
                        regions: frozenset[int]) -> str | None:
         """Why recipe r does not apply to (program, order) with these region nodes (None: it does)."""
+        return self._why_not_here(program, r, regions) or self.rules.program_rule(r.kind).why_not(program, order, r)
+
+    @staticmethod
+    def _why_not_here(program: Graph, r: Recipe, regions: frozenset[int]) -> str | None:
+        """Why recipe r cannot apply to `program` whatever its rule says: it would cross a
+        region's boundary, or what it names is gone."""
         touched = (r.node, *r.users)
         inside = [v for v in touched if v in regions]
         if inside:
@@ -184,7 +212,7 @@ class Deriver:
         missing = [v for v in touched if v not in program.nodes]
         if missing or r.tensor not in program.tensors:
             return "a node or tensor it names is gone"
-        return self.rules.program_rule(r.kind).why_not(program, order, r)
+        return None
 
     def apply_recipe(self, program: Graph, order: list[int], r: Recipe) -> Rewrite:
         """Recipe r applied to (program, order); DeriveError where its rule refuses."""

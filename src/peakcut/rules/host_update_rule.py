@@ -43,6 +43,7 @@ a device tensor it writes that does not fill its storage.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -69,6 +70,7 @@ from peakcut.transform.rewrite import (
     describe_tensor,
     moved_meta,
     positions,
+    spliced,
 )
 from peakcut.transform.swap import is_dense
 
@@ -94,36 +96,43 @@ class _Plan:
     upload: bool
 
 
-def _param_name(g: Graph, t: int) -> str | None:
-    name = g.input_names[g.inputs.index(t)] if t in g.inputs else ""
-    return name.removeprefix("param:") if name.startswith("param:") else None
+class _Facts:
+    """What the rule reads of a whole graph, found in one pass (each plan reads it again)."""
 
+    def __init__(self, g: Graph) -> None:
+        self.names = dict(zip(g.inputs, g.input_names, strict=True))
+        self.state: dict[str, list[int]] = {}           # parameter name -> its state inputs
+        for t, name in self.names.items():
+            if name.startswith("state:"):
+                pname, _, slot = name.removeprefix("state:").rpartition(".")
+                self.state.setdefault(pname, []).append(t)
+        self.gate = False
+        self.host_updated: set[int] = set()
+        self.copies: dict[int, dict[int, int]] = {}     # input -> {its update-phase load's output: input}
+        self.copy_nodes: dict[int, list[int]] = {}      # input -> those loads and its writebacks
+        for nid, node in g.nodes.items():
+            if node.op == GATE_OP:
+                self.gate = True
+            elif node.tags.host is not None:
+                self.host_updated.add(node.tags.host.param)
+            elif node.op == LOAD_OP and node.phase is Phase.OPTIMIZER and node.input_tuple[0] in self.names:
+                x = node.input_tuple[0]
+                self.copies.setdefault(x, {})[node.output_tuple[0]] = x
+                self.copy_nodes.setdefault(x, []).append(nid)
+            elif node.op == WRITEBACK_OP:
+                self.copy_nodes.setdefault(node.input_tuple[0], []).append(nid)
+        self.position = positions(g.order)
+        self.inputs_in = Counter(g.tensors[t].storage for t in g.inputs)   # storage -> inputs in it
+        self.returned = g.output_storages()
 
-def _state_inputs(g: Graph, name: str) -> list[int]:
-    """The optimizer-state inputs of parameter `name` ('state:<name>.<slot>')."""
-    prefix = f"state:{name}."
-    return [t for t, n in zip(g.inputs, g.input_names, strict=True)
-            if n.startswith(prefix) and "." not in n.removeprefix(prefix)]
+    def param_name(self, t: int) -> str | None:
+        name = self.names.get(t, "")
+        return name.removeprefix("param:") if name.startswith("param:") else None
 
 
 def is_host_updated(g: Graph, param: int) -> bool:
     """True when parameter input `param`'s update runs on the host in g."""
     return any(n.tags.host is not None and n.tags.host.param == param for n in g.nodes.values())
-
-
-def _update_copies(g: Graph, inputs: Iterable[int]) -> tuple[dict[int, int], list[int]]:
-    """(output of each update-phase load of `inputs` -> the input; those loads and the
-    writebacks of `inputs`)."""
-    wanted = set(inputs)
-    copies: dict[int, int] = {}
-    nodes: list[int] = []
-    for nid, node in g.nodes.items():
-        if node.op == LOAD_OP and node.phase is Phase.OPTIMIZER and node.input_tuple[0] in wanted:
-            copies[node.output_tuple[0]] = node.input_tuple[0]
-            nodes.append(nid)
-        elif node.op == WRITEBACK_OP and node.input_tuple[0] in wanted:
-            nodes.append(nid)
-    return copies, nodes
 
 
 def _movable(g: Graph, nid: int) -> bool:
@@ -133,8 +142,10 @@ def _movable(g: Graph, nid: int) -> bool:
         and node.tags.host is None
 
 
-def _closure(g: Graph, seeds: Iterable[int]) -> set[int]:
-    """The seeds and, transitively, the optimizer-phase ops whose every result only they read."""
+def _closure(g: Graph, seeds: Iterable[int], returned: set[int]) -> set[int]:
+    """The seeds and, transitively, the optimizer-phase ops whose every result only they read
+    (but for an op writing what the step returns (`returned` storages), a gradient clipped in
+    place: it stays)."""
     update = set(seeds)
     frontier = list(update)
     while frontier:
@@ -142,6 +153,8 @@ def _closure(g: Graph, seeds: Iterable[int]) -> set[int]:
         for t in g.nodes[nid].input_tuple:
             q = g.producer(t)
             if q is None or q in update or not _movable(g, q):
+                continue
+            if any(g.tensors[w].storage in returned for w in g.nodes[q].mutated_ids()):
                 continue
             outs = g.nodes[q].output_tuple
             if outs and all(o not in g.outputs and set(g.users(o)) <= update for o in outs):
@@ -169,29 +182,31 @@ def _why_not_op(g: Graph, nid: int) -> str | None:
     return None
 
 
-def _plan(g: Graph, t: int) -> _Plan | str:
-    """The rewrite for parameter input `t`, or why it does not apply."""
+def _plan(g: Graph, t: int, facts: _Facts | None = None) -> _Plan | str:
+    """The rewrite for parameter input `t`, or why it does not apply (facts: _Facts(g))."""
     if t not in g.tensors or t not in g.inputs:
         return f"tensor {t} is not a program input"
+    facts = _Facts(g) if facts is None else facts
     meta = g.tensors[t]
     what = describe_tensor(g, t)
-    name = _param_name(g, t)
+    name = facts.param_name(t)
     if meta.role is not Role.PARAM or name is None:
         return f"{what} is not a parameter ({meta.role.value})"
     if f"acc:{name}" in g.input_names:
         return f"{what}: the step adds to its p.grad in place (accumulate=k), which lives on the device"
-    if any(n.op == GATE_OP for n in g.nodes.values()):
+    if facts.gate:
         return f"{what}: a GradScaler step returns early when it skips the update, leaving host work behind"
-    if is_host_updated(g, t):
+    if t in facts.host_updated:
         return f"{what} is updated on the host already"
-    state = _state_inputs(g, name)
+    state = facts.state.get(name, [])
     kept = [t, *state]
-    copies, copy_nodes = _update_copies(g, kept)
+    copies = {y: x for k in kept for y, x in facts.copies.get(k, {}).items()}
+    copy_nodes = [n for k in kept for n in facts.copy_nodes.get(k, [])]
     home = {g.tensors[x].storage for x in kept} | {g.tensors[y].storage for y in copies}
     seeds = [nid for s in home for nid in g.storage_writers(s) if _movable(g, nid)]
     if not seeds:
         return f"{what} is not updated by the step's optimizer"
-    update = _closure(g, seeds)
+    update = _closure(g, seeds, facts.returned)
     removable = set(copy_nodes)
     for nid in sorted(update):
         reason = _why_not_op(g, nid)
@@ -209,14 +224,14 @@ def _plan(g: Graph, t: int) -> _Plan | str:
             return f"{describe_tensor(g, x)} is used outside the update ({describe_node(g, other)})"
         if not _fills_storage(g, x):
             return f"{describe_tensor(g, x)} is not a dense tensor filling its storage"
-        if any(i != x and g.tensors[i].storage == g.tensors[x].storage for i in g.inputs):
+        if facts.inputs_in[g.tensors[x].storage] > 1:
             return f"{describe_tensor(g, x)} shares its storage with another program input"
     on_device = not g.is_host_storage(meta.storage)
     stored: list[int] = []
     seen_storages: dict[int, int] = {}
     produced = {o for nid in update for o in g.nodes[nid].output_tuple}
     written = {g.tensors[w].storage for nid in update for w in g.nodes[nid].mutated_ids()}
-    pos = positions(g.order)
+    pos = facts.position
     first = min(pos[n] for n in update)
     for nid in sorted(update, key=pos.__getitem__):
         for x in g.nodes[nid].input_tuple:
@@ -234,7 +249,7 @@ def _plan(g: Graph, t: int) -> _Plan | str:
             if xm.storage in written:
                 if not _fills_storage(g, x):
                     return f"{what}: its update writes {describe_tensor(g, x)}, which does not fill its storage"
-                if xm.storage in g.output_storages():
+                if xm.storage in facts.returned:
                     return (f"{what}: its update writes {describe_tensor(g, x)}, which the step returns "
                             "(the caller would not see the write)")
             # its copy is taken after every other write of the storage (a fission region's merges
@@ -262,19 +277,21 @@ class HostUpdateRule(ProgramRule):
 
     kind = "host_update"
     frees_by_host_copy = True
+    batched = True
     reserved_names = ("host_ops",)
 
     def sites(self, spot: Hotspot) -> Iterable[HotspotSite]:
         g, peak = spot.g, spot.profile.peak_index
         live = {s for s, (alloc, free) in spot.profile.storage_lifetime.items() if alloc <= peak <= free}
+        facts = _Facts(g)
         found = []
-        for t, name in zip(g.inputs, g.input_names, strict=True):
-            if not name.startswith("param:") or is_host_updated(g, t):
+        for t, name in facts.names.items():
+            if not name.startswith("param:") or t in facts.host_updated:
                 continue
-            state = _state_inputs(g, name.removeprefix("param:"))
-            copies, _ = _update_copies(g, [t, *state])
+            state = facts.state.get(name.removeprefix("param:"), [])
             freed = sum(g.tensors[x].nbytes for x in state if not g.is_host_storage(g.tensors[x].storage))
-            freed += sum(g.storages[g.tensors[y].storage] for y in copies if g.tensors[y].storage in live)
+            freed += sum(g.storages[g.tensors[y].storage] for k in (t, *state) for y in facts.copies.get(k, {})
+                         if g.tensors[y].storage in live)
             # what the update reads that the step made (the gradient), where live at the peak
             seeds = [n for x in (t, *state) for n in g.storage_writers(g.tensors[x].storage)]
             made = {x: g.producer(x) for n in seeds for x in g.nodes[n].input_tuple}
@@ -300,7 +317,32 @@ class HostUpdateRule(ProgramRule):
         plan = _plan(g, site.tensor)
         if isinstance(plan, str):
             raise RuleError(plan)
-        return _rewrite(g, order, plan, self.describe(g, site))
+        return _rewrite(g, order, [plan], self.describe(g, site))
+
+    def apply_many(self, g: Graph, order: Sequence[int], sites: Sequence[Site]
+                   ) -> tuple[Rewrite | None, list[str | None]]:
+        """The sites where the rule applies on (g, order), rewritten in one edit: each
+        parameter's update is its own (they read and write disjoint tensors), so judging every
+        site on g is judging it after the others. Returns the rewrite (None when no site
+        applies) and, per site, why it does not apply (None: applied)."""
+        stale = check_order_matches(g, order)
+        if stale:
+            return None, [stale] * len(sites)
+        facts = _Facts(g)
+        plans: list[_Plan] = []
+        reasons: list[str | None] = []
+        seen: set[int] = set()
+        for site in sites:
+            plan = _plan(g, site.tensor, facts) if site.tensor not in seen else "the same parameter twice"
+            reasons.append(plan if isinstance(plan, str) else None)
+            if not isinstance(plan, str):
+                plans.append(plan)
+                seen.add(site.tensor)
+        if not plans:
+            return None, reasons
+        what = (self.describe(g, sites[reasons.index(None)]) if len(plans) == 1
+                else f"update {len(plans)} parameters on the host")
+        return _rewrite(g, order, plans, what), reasons
 
     def describe(self, g: Graph, site: Site) -> str:
         where = ("kept in host memory" if g.is_host_storage(g.tensors[site.tensor].storage)
@@ -330,11 +372,28 @@ class HostUpdateRule(ProgramRule):
         return HostUpdateCode(g, order, names)
 
 
-def _rewrite(g: Graph, order: Sequence[int], plan: _Plan, description: str) -> Rewrite:
-    """Apply `plan` (see _Plan) to (g, order)."""
+def _rewrite(g: Graph, order: Sequence[int], plans: Sequence[_Plan], description: str) -> Rewrite:
+    """Apply `plans` (see _Plan; of distinct parameters, judged on g) to (g, order) in one edit."""
+    edit = GraphEditor(g)
+    after: dict[int, list[int]] = {}        # added node -> the nodes it goes right after
+    added: list[int] = []
+    removed: set[int] = set()
+    changed: list[int] = []
+    for plan in plans:
+        _rewrite_one(g, edit, plan, after, added, removed)
+        changed.extend(plan.update)
+
+    edit.set_order(spliced(edit.graph.order, removed, after))
+    return Rewrite(graph=edit.finish(), order=spliced(order, removed, after), added=tuple(added), changed=tuple(changed),
+                   removed=tuple(sorted(removed)), description=description)
+
+
+def _rewrite_one(g: Graph, edit: GraphEditor, plan: _Plan, after: dict[int, list[int]], added: list[int],
+                 removed: set[int]) -> None:
+    """Plan's edits in `edit` (whose graph holds the plans applied before); the nodes it adds
+    go into `added`, and into `after` with the nodes each must follow."""
     t = plan.param
     update = set(plan.update)
-    edit = GraphEditor(g)
     label = g.tensors[t].name or str(t)
     tag = HostTag(t, "update")
     mapping: dict[int, int] = dict(plan.unloaded)       # tensor U(p) read -> what it reads now
@@ -347,8 +406,7 @@ def _rewrite(g: Graph, order: Sequence[int], plan: _Plan, description: str) -> R
     # update-phase copies of host-kept inputs: U(p) works on the inputs themselves
     for y, x in plan.unloaded.items():
         moves.append(StorageMove(g.tensors[y].storage, g.tensors[x].storage, 0, made_in(g.tensors[y].storage)))
-    # device tensors U(p) reads: a store each, once made
-    stores: list[Node] = []
+    # device tensors U(p) reads: a store each, after every other write of the storage
     for x in plan.stored:
         meta = g.tensors[x]
         storage = edit.add_storage(meta.nbytes)
@@ -362,7 +420,8 @@ def _rewrite(g: Graph, order: Sequence[int], plan: _Plan, description: str) -> R
         others = [w for w in g.storage_writers(meta.storage) if w not in update and w != producer]
         if others:
             edit.set_control(store.id, others)
-        stores.append(store)
+        after[store.id] = [q for q in (producer, *others) if q is not None]
+        added.append(store.id)
         mapping[x] = copy.id
         moves.append(StorageMove(meta.storage, storage, meta.storage_offset * meta.itemsize, made_in(meta.storage)))
     for move in moves:
@@ -370,57 +429,38 @@ def _rewrite(g: Graph, order: Sequence[int], plan: _Plan, description: str) -> R
             if moved_meta(g.tensors[o], move.new_storage, move.shift_bytes) is None:
                 raise RuleError(f"internal: {describe_tensor(g, o)} cannot move into host memory")
     apply_moves(edit, moves)
-    # the loads and writebacks U(p) no longer needs; other loads of a host-kept input read it
+    # the loads and writebacks U(p) no longer needs; the other loads of a host-kept input read it
     # before the update writes it
-    removed = set(plan.removed)
+    gone = set(plan.removed)
+    removed.update(gone)
     edit.remove_nodes(plan.removed)
-    kept_loads: dict[int, list[int]] = {}
-    for nid, node in edit.graph.nodes.items():
-        if node.op == LOAD_OP and node.input_tuple[0] in plan.host_kept:
-            kept_loads.setdefault(node.input_tuple[0], []).append(nid)
-    for nid, deps in list(edit.graph.control.items()):
-        if removed.intersection(deps):
-            edit.set_control(nid, [d for d in deps if d not in removed])
-    # U(p) on the host: rewired, tagged, ordered after the gate-free control it kept
+    kept_loads = {x: [u for u in g.users(x) if g.nodes[u].op == LOAD_OP and u not in gone]
+                  for x in plan.host_kept}
+    for nid in {d for x in plan.host_kept for d in g.users(x)} | update:
+        deps = edit.graph.control.get(nid, ()) if nid in edit.graph.nodes else ()
+        if gone.intersection(deps):
+            edit.set_control(nid, [d for d in deps if d not in gone])
+    # U(p) on the host: rewired, tagged, after its own ops and the loads of what it writes
     writes_param: list[int] = []
     for nid in plan.update:
         node = edit.graph.nodes[nid]
-        node = dataclasses.replace(node, tags=node.tags._replace(host=tag))
-        edit.replace_node(node)
+        edit.replace_node(dataclasses.replace(node, tags=node.tags._replace(host=tag)))
         edit.rewire(nid, mapping)
         node = edit.graph.nodes[nid]
         targets = {edit.graph.tensors[w].storage for w in node.mutated_ids()}
-        after = [d for d in edit.graph.control.get(nid, ()) if d in update]
+        first = [d for d in edit.graph.control.get(nid, ()) if d in update]
         for x in plan.host_kept:
             if edit.graph.tensors[x].storage in targets:
-                after.extend(kept_loads.get(x, ()))
+                first.extend(kept_loads.get(x, ()))
         if g.tensors[t].storage in {g.tensors[w].storage for w in g.nodes[nid].mutated_ids()}:
             writes_param.append(nid)
-        edit.set_control(nid, dict.fromkeys(after))
-    new_order = [n for n in order if n not in removed]
-    in_capture = positions(edit.graph.order)
-    for store in stores:
-        (x,) = store.input_tuple
-        before = [q for q in (g.producer(x), *edit.graph.control.get(store.id, ())) if q is not None]
-        at = max((in_capture[q] + 1 for q in before), default=0)
-        edit.insert_in_order(at, [store.id])
-        in_capture = positions(edit.graph.order)
-        new_at = max((new_order.index(q) + 1 for q in before), default=0)
-        new_order.insert(new_at, store.id)
-    added = [s.id for s in stores]
+        edit.set_control(nid, dict.fromkeys(first))
     if plan.upload:
-        p_copy = mapping[t]
-        back = Node(id=edit.new_id(), op=UPLOAD_OP, args=(TensorRef(t), TensorRef(p_copy)), kwargs={},
+        back = Node(id=edit.new_id(), op=UPLOAD_OP, args=(TensorRef(t), TensorRef(mapping[t])), kwargs={},
                     outputs=(None,), module=g.nodes[plan.update[-1]].module, phase=Phase.OPTIMIZER,
                     name=f"upload_{label}", tags=NodeTags(host=HostTag(t, "upload")))
         edit.add_node(back)
         readers = {d for nid in writes_param for d in g.control.get(nid, ()) if d not in update}
         edit.set_control(back.id, [*sorted(readers), *writes_param])
-        last = max(plan.update, key=positions(edit.graph.order).__getitem__)
-        edit.insert_in_order(edit.graph.order.index(last) + 1, [back.id])
-        last_run = max(plan.update, key=new_order.index)
-        new_order.insert(new_order.index(last_run) + 1, back.id)
+        after[back.id] = [*plan.update, *readers]
         added.append(back.id)
-    return Rewrite(graph=edit.finish(), order=new_order, added=tuple(added), changed=plan.update,
-                   removed=tuple(sorted(removed)), description=description)
-

@@ -45,6 +45,7 @@ from peakcut.transform.rewrite import (
     check_order_matches,
     describe_tensor,
     positions,
+    spliced,
 )
 from peakcut.transform.swap import is_dense
 
@@ -74,6 +75,7 @@ class OffloadStateRule(ProgramRule):
 
     kind = "offload_state"
     frees_by_host_copy = True
+    batched = True
 
     def sites(self, spot: Hotspot) -> Iterable[HotspotSite]:
         g, peak = spot.g, spot.profile.peak_index
@@ -123,39 +125,24 @@ class OffloadStateRule(ProgramRule):
         reason = self.why_not(g, order, site)
         if reason:
             raise RuleError(reason)
-        t = site.tensor
-        meta = g.tensors[t]
-        readers, writers, _ = _window(g, positions(order), t)
-        in_capture = positions(g.order)
-        edit = GraphEditor(g)
-        label = meta.name or str(t)
-        storage = edit.add_storage(meta.nbytes)
-        device_copy = TensorMeta(edit.new_id(), meta.shape, meta.stride, meta.dtype, storage, 0,
-                                 Role.ACTIVATION, f"{label}_device")
-        load = Node(id=edit.new_id(), op=LOAD_OP, args=(TensorRef(t),),
-                    kwargs={"device": torch.device(g.device)}, outputs=(device_copy.id,),
-                    phase=Phase.OPTIMIZER, name=f"load_{label}")
-        edit.add_node(load, [device_copy])
-        apply_moves(edit, [StorageMove(meta.storage, storage, 0, tuple(_aliases(g, t)))])
-        for nid in readers:
-            edit.rewire(nid, {t: device_copy.id})
-        new_order = list(order)
-        added = [load.id]
-        if writers:
-            # the whole copy goes back once every write is done (control edges order it)
-            back = Node(id=edit.new_id(), op=WRITEBACK_OP, args=(TensorRef(t), TensorRef(device_copy.id)),
-                        kwargs={}, outputs=(None,), phase=Phase.OPTIMIZER, name=f"writeback_{label}")
-            edit.add_node(back)
-            edit.set_control(back.id, writers)
-            capture_last = max(writers, key=in_capture.__getitem__)
-            edit.insert_in_order(edit.graph.order.index(capture_last) + 1, [back.id])
-            new_order.insert(new_order.index(writers[-1]) + 1, back.id)
-            added.append(back.id)
-        capture_first = min(readers, key=in_capture.__getitem__)
-        edit.insert_in_order(edit.graph.order.index(capture_first), [load.id])
-        new_order.insert(new_order.index(readers[0]), load.id)
-        return Rewrite(graph=edit.finish(), order=new_order, added=tuple(added),
-                       changed=tuple(readers), removed=(), description=self.describe(g, site))
+        return _offload(g, order, [site.tensor], self.describe(g, site))
+
+    def apply_many(self, g: Graph, order: Sequence[int], sites: Sequence[Site]
+                   ) -> tuple[Rewrite | None, list[str | None]]:
+        """The state inputs of `sites` where the rule applies, kept in host memory in one edit
+        (each input's load and writeback touch its own storage only)."""
+        reasons: list[str | None] = []
+        chosen: list[int] = []
+        for site in sites:
+            reason = self.why_not(g, order, site) if site.tensor not in chosen else "the same tensor twice"
+            reasons.append(reason)
+            if reason is None:
+                chosen.append(site.tensor)
+        if not chosen:
+            return None, reasons
+        what = (self.describe(g, sites[reasons.index(None)]) if len(chosen) == 1
+                else f"keep {len(chosen)} optimizer-state tensors in host memory")
+        return _offload(g, order, chosen, what), reasons
 
     def describe(self, g: Graph, site: Site) -> str:
         return f"keep {describe_tensor(g, site.tensor)} in host memory, on the device for its update only"
@@ -180,3 +167,41 @@ class OffloadStateRule(ProgramRule):
         if not _offload_nodes(g):
             return None
         return InputCopyCode(g, order, names, Role.OPT_STATE, "optimizer state", lambda _: "its update")
+
+
+def _offload(g: Graph, order: Sequence[int], tensors: Sequence[int], description: str) -> Rewrite:
+    """State inputs `tensors` (each checked by why_not on g) kept in host memory, in one edit."""
+    pos = positions(order)
+    edit = GraphEditor(g)
+    before: dict[int, list[int]] = {}       # load -> its readers (it goes right before the first)
+    after: dict[int, list[int]] = {}        # writeback -> the writes it follows
+    added: list[int] = []
+    changed: list[int] = []
+    for t in tensors:
+        meta = g.tensors[t]
+        readers, writers, _ = _window(g, pos, t)
+        label = meta.name or str(t)
+        storage = edit.add_storage(meta.nbytes)
+        device_copy = TensorMeta(edit.new_id(), meta.shape, meta.stride, meta.dtype, storage, 0,
+                                 Role.ACTIVATION, f"{label}_device")
+        load = Node(id=edit.new_id(), op=LOAD_OP, args=(TensorRef(t),),
+                    kwargs={"device": torch.device(g.device)}, outputs=(device_copy.id,),
+                    phase=Phase.OPTIMIZER, name=f"load_{label}")
+        edit.add_node(load, [device_copy])
+        apply_moves(edit, [StorageMove(meta.storage, storage, 0, tuple(_aliases(g, t)))])
+        for nid in readers:
+            edit.rewire(nid, {t: device_copy.id})
+        before[load.id] = readers
+        added.append(load.id)
+        changed.extend(readers)
+        if writers:
+            # the whole copy goes back once every write is done (control edges order it)
+            back = Node(id=edit.new_id(), op=WRITEBACK_OP, args=(TensorRef(t), TensorRef(device_copy.id)),
+                        kwargs={}, outputs=(None,), phase=Phase.OPTIMIZER, name=f"writeback_{label}")
+            edit.add_node(back)
+            edit.set_control(back.id, writers)
+            after[back.id] = writers
+            added.append(back.id)
+    edit.set_order(spliced(edit.graph.order, (), after, before))
+    return Rewrite(graph=edit.finish(), order=spliced(order, (), after, before), added=tuple(added),
+                   changed=tuple(changed), removed=(), description=description)

@@ -96,6 +96,11 @@ class ProgramRule(Protocol):
     """True when the rule saves device memory by keeping tensors in host memory: it saves
     nothing where the device is the host (a CPU), and the search leaves it out there."""
 
+    batched: bool = False
+    """True when the rule's sites are independent of each other (each its own parameter's or
+    input's tensors) and apply_many applies many in one edit: the search then also offers all
+    of its sites at once as one move, and replays runs of its recipes in one edit."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -124,6 +129,30 @@ class ProgramRule(Protocol):
     def describe(self, g: Graph, site: Site) -> str:
         """One line for the search's report: what applying at `site` of g does."""
         ...
+
+    def apply_many(self, g: Graph, order: Sequence[int], sites: Sequence[Site]
+                   ) -> tuple[Rewrite | None, list[str | None]]:
+        """The rule at every site where it applies: the rewrite (None when no site applies)
+        and, per site, why it does not apply (None: applied). A `batched` rule does it in one
+        edit; this default applies the sites one at a time, each judged after the others."""
+        reasons: list[str | None] = []
+        done: Rewrite | None = None
+        added: list[int] = []
+        changed: list[int] = []
+        removed: list[int] = []
+        for site in sites:
+            h, o = (g, order) if done is None else (done.graph, done.order)
+            reason = self.why_not(h, o, site)
+            reasons.append(reason)
+            if reason is None:
+                done = self.apply(h, o, site)
+                added.extend(done.added)
+                changed.extend(done.changed)
+                removed.extend(done.removed)
+        if done is None:
+            return None, reasons
+        return Rewrite(done.graph, done.order, tuple(added), tuple(changed), tuple(removed),
+                       f"{self.kind} at {reasons.count(None)} sites"), reasons
 
     def placements(self, g: Graph) -> Iterable[tuple[int, Placement]]:
         """(node, where it goes in the order) for every node of g this rule added."""

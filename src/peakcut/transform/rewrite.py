@@ -10,7 +10,7 @@ orders.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from peakcut.ir.edit import GraphEditor
@@ -207,3 +207,28 @@ def apply_moves(edit: GraphEditor, moves: Iterable[StorageMove]) -> None:
             if meta is None:  # guarded by why_not_move in every rule
                 raise RuleError(f"internal: {describe_tensor(g, t)} cannot be re-homed")
             edit.set_tensor(meta)
+
+
+def spliced(sequence: Sequence[int], removed: Iterable[int] = (), after: Mapping[int, Sequence[int]] | None = None,
+            before: Mapping[int, Sequence[int]] | None = None) -> list[int]:
+    """`sequence` without the nodes `removed`, and with new nodes added, in one pass (a batched
+    rule's many insertions): a node of `before` right before the first of its nodes there, a
+    node of `after` right after the last of its nodes there (at the start when none is). New
+    nodes at one place are where inserting them one at a time puts them: before one node in
+    the order of `before`, after one node in the reverse order of `after`."""
+    pos = {nid: i for i, nid in enumerate(sequence)}
+    gone = set(removed)
+    ahead: dict[int, list[int]] = {}        # position -> new nodes right before it
+    behind: dict[int, list[int]] = {}       # position -> new nodes right after it (-1: at the start)
+    for new, anchors in (before or {}).items():
+        ahead.setdefault(min((pos[q] for q in anchors if q in pos), default=len(sequence)), []).append(new)
+    for new, anchors in (after or {}).items():
+        behind.setdefault(max((pos[q] for q in anchors if q in pos), default=-1), []).append(new)
+    out = list(reversed(behind.get(-1, ())))
+    for i, nid in enumerate(sequence):
+        out.extend(ahead.get(i, ()))
+        if nid not in gone:
+            out.append(nid)
+        out.extend(reversed(behind.get(i, ())))
+    out.extend(ahead.get(len(sequence), ()))
+    return out
