@@ -6,7 +6,8 @@
 For each workload (AdamW step captured over FakeTensors; nothing runs), device profile and
 memory limit: `optimize_graph(g, memory_limit=<limit>, device=<profile>, time_budget=<budget>)`
 and the step's floors (peakcut.report.floors): the plan's simulated peak and step time, its
-overhead over the compute floor, whether the limit was met (else the best peak found), the
+overhead over the compute floor, the ZeRO-Offload-style peer on the same yardstick
+(peakcut.report.baselines), whether the limit was met (else the best peak found), the
 states the search built and its states per minute on this machine. Peaks and latencies are
 simulated: peakcut's timeline under the analytic device profile, with the CPU workspace
 model. Prints a markdown table; --json writes every figure.
@@ -50,7 +51,7 @@ def run(names: list[str], devices: list[str], limits: list[str], budget: float) 
                     "capture_s": round(capture_s, 1), "device": device, "limit": limit,
                     "limit_bytes": r["limit"], "feasible": r["feasible"], "peak_bytes": r["peak_bytes"],
                     "eager_peak_bytes": r["eager_peak_bytes"], "latency_s": r["latency_s"],
-                    "eager_latency_s": r["eager_latency_s"], "floors": r["floors"],
+                    "eager_latency_s": r["eager_latency_s"], "floors": r["floors"], "zero_offload": r["zero_offload"],
                     "overhead_vs_compute_floor": r["overhead_vs_compute_floor"],
                     "states": r["search"]["states"], "states_per_minute": r["search"]["states_per_minute"],
                     "wall_s": round(time.perf_counter() - t1, 1), "applied": kinds,
@@ -61,16 +62,19 @@ def run(names: list[str], devices: list[str], limits: list[str], budget: float) 
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| workload | device | limit | plan peak | met | step time | over compute floor | memory floor | "
-           "compute floor | eager peak / time | states (per min) | moves applied |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| workload | device | limit | plan peak | met | step time | over compute floor | ZeRO-Offload-style "
+           "peak / time (fits?) | memory floor | compute floor | eager peak / time | states (per min) | "
+           "moves applied |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        f = r["floors"]
+        f, z = r["floors"], r["zero_offload"]
         moves = ", ".join(f"{k} {v}" for k, v in sorted(r["applied"].items()))
+        fits = "yes" if z["peak_bytes"] <= r["limit_bytes"] else "no"
         out.append(
             f"| {r['workload']} ({r['nodes']:,} ops) | {r['device']} | {r['limit']} | {format_bytes(r['peak_bytes'])} | "
             f"{'yes' if r['feasible'] else 'no'} | {format_seconds(r['latency_s'])} | "
-            f"{r['overhead_vs_compute_floor']:+.0%} | {format_bytes(f['memory_bytes'])} | "
+            f"{r['overhead_vs_compute_floor']:+.0%} | {format_bytes(z['peak_bytes'])} / "
+            f"{format_seconds(z['latency_s'])} ({fits}) | {format_bytes(f['memory_bytes'])} | "
             f"{format_seconds(f['compute_seconds'])} | {format_bytes(r['eager_peak_bytes'])} / "
             f"{format_seconds(r['eager_latency_s'])} | {r['states']} ({r['states_per_minute']:.0f}) | {moves} |")
     return "\n".join(out)

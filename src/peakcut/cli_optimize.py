@@ -97,6 +97,10 @@ def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
         out.print(f"floors on {floors['device']}: memory {format_bytes(floors['memory_bytes'])} (largest one-op "
                   f"working set), compute {format_seconds(floors['compute_seconds'])}; this plan's latency is "
                   f"{report['overhead_vs_compute_floor']:+.0%} over the compute floor")
+    zero = report.get("zero_offload")
+    if zero:
+        out.print(f"ZeRO-Offload-style peer ({zero['description']}; {zero['method']}): peak "
+                  f"{format_bytes(zero['peak_bytes'])}, latency {format_seconds(zero['latency_s'])}")
     s = report["search"]
     out.print(f"search: {s['states']} states in {s['seconds']:.1f} s ({s['states_per_minute']:.0f}/min), "
               f"stopped: {s['stopped']}; limit {'met' if report['feasible'] else 'NOT met'}")

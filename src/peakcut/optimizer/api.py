@@ -48,6 +48,7 @@ from peakcut.optimizer.verify import (
     programs_for,
 )
 from peakcut.optimizer.verify import runs_here as verify_runs_here
+from peakcut.report.baselines import zero_offload
 from peakcut.report.floors import Floors, step_floors
 from peakcut.rules import RULES
 from peakcut.runtime.host_allocator import keep_freed_host_memory
@@ -201,6 +202,14 @@ def _floors(g: Graph, cost: CostModel, workspace: WorkspaceSpec) -> Floors | Non
     return step_floors(g, profile, workspace=workspace, tf32=bool(getattr(cost, "tf32", False)))
 
 
+def _zero_offload(g: Graph, cost: CostModel, workspace: WorkspaceSpec, floors: Floors | None) -> dict[str, Any] | None:
+    """The ZeRO-Offload-style peer on the same yardstick (report.baselines), where a host link
+    is priced: an analytic GPU profile whose copies overlap compute (None elsewhere)."""
+    if floors is None or not cost.overlap_copies or g.signature.mode == "inference":
+        return None
+    return zero_offload(g, cost, workspace).as_dict()
+
+
 def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    latency_limit: float | str | None = None, time_budget: float = 60.0,
                    device: str | CostModel = "h200", seed: int = 0, max_states: int | None = None,
@@ -272,6 +281,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         "capture_notes": list(g.signature.notes),
         "floors": floors.as_dict() if floors is not None else None,
         "overhead_vs_compute_floor": floors.overhead(best.latency_s) if floors is not None else None,
+        "zero_offload": _zero_offload(g, cost, workspace, floors),
         "ftree": tree.summary(),
         "search": {"states": result.states, "expanded": result.expanded, "duplicates": result.duplicates,
                    "failed": result.failed, "seconds": round(result.seconds, 3),
