@@ -338,7 +338,7 @@ def test_the_search_moves_updates_to_the_host_under_a_tight_memory_limit() -> No
 
 
 # ------------------------------------------------------------------ batched
-@pytest.mark.parametrize("rule", [RULE, STATE_RULE], ids=["host_update", "offload_state"])
+@pytest.mark.parametrize("rule", [RULE, STATE_RULE, PARAM_RULE], ids=["host_update", "offload_state", "offload_param"])
 def test_many_sites_in_one_edit_make_the_program_one_at_a_time_makes(rule) -> None:
     """apply_many (the search's bulk move, and the replay of a run of recipes) gives the
     program applying the sites one by one gives: the same computation, peak and latency."""
@@ -346,7 +346,7 @@ def test_many_sites_in_one_edit_make_the_program_one_at_a_time_makes(rule) -> No
 
     model, batch = make_mlp()
     g = peakcut.capture(model, batch, loss_fn, torch.optim.AdamW(model.parameters()), max_grad_norm=1.0)
-    role = Role.PARAM if rule is RULE else Role.OPT_STATE
+    role = Role.OPT_STATE if rule is STATE_RULE else Role.PARAM
     sites = [site(g, t) for t in g.inputs if g.tensors[t].role is role]
     sites.append(site(g, named_input(g, "batch:0")))                       # refused, and said why
     one, order = g, list(g.order)

@@ -12,7 +12,7 @@ duplicates before paying for it) and builds it on demand (`build`). In the regis
   parameters and state) also at every one of its sites at once;
 - rewrite rules (TASO-style rewrites of the base graph: merge matmuls sharing an operand and
   its inverse, algebraic simplifications), outside enabled regions, all of move kind "taso";
-- undo: dropping a recipe the state holds (de-remat, de-swap).
+- undo: dropping a recipe the state holds (de-remat, de-swap), or all of a batched rule's.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from peakcut.rules.hotspot import Hotspot
 
 CANDIDATES_PER_KIND = 4     # program-rule candidates tried per kind per expanded state
 TASO_SITES = 16             # TASO-style sites listed per base graph (the kinds interleaved)
+UNDO_SINGLES = 32           # recipes of non-batched rules undone one by one (the latest ones)
 
 
 @dataclass(frozen=True)
@@ -105,10 +106,28 @@ def children(state: State, deriver: Deriver, settings: MoveSettings, rng: random
             key = (REWRITE_MOVES, *make_key(state), site.kind, site.nodes, site.parts)
             yield Move(REWRITE_MOVES, key, rules.rewrite_rule(site.kind).describe(site),
                        partial(deriver.with_taso, state, site))
-    for r in state.recipes:
+    yield from _undo_moves(state, deriver)
+
+
+def _undo_moves(state: State, deriver: Deriver) -> Iterator[Move]:
+    """Dropping recipes: each of the last UNDO_SINGLES recipes of the non-batched rules on its
+    own, and all the recipes of each batched rule at once (an LLM's 582 offloads are one
+    recipe each: one undo move apiece would make every expansion replay them 582 times)."""
+    batched = {r.kind for r in state.recipes if deriver.rules.program_rule(r.kind).batched}
+    singles = [r for r in state.recipes if r.kind not in batched]
+    for r in singles[-UNDO_SINGLES:]:
         rest = tuple(x for x in state.recipes if x != r)
         yield Move(UNDO_MOVES, make_key(state, recipes=rest), f"undo: {r.description}",
-                   partial(deriver.without_recipe, state, r))
+                   partial(deriver.without_recipes, state, (r,)))
+    for kind in sorted(batched):
+        dropped = tuple(r for r in state.recipes if r.kind == kind)
+        if len(dropped) == 1:
+            what = f"undo: {dropped[0].description}"
+        else:
+            what = f"undo: {kind} at all {len(dropped)} of its sites"
+        rest = tuple(x for x in state.recipes if x.kind != kind)
+        yield Move(UNDO_MOVES, make_key(state, recipes=rest), what,
+                   partial(deriver.without_recipes, state, dropped))
 
 
 def _program_moves(state: State, deriver: Deriver, settings: MoveSettings, kinds: list[str],

@@ -261,12 +261,15 @@ class Deriver:
         self.record(recipes[0].kind, t0)
         return state
 
-    def without_recipe(self, parent: State, recipe: Recipe) -> State:
+    def without_recipes(self, parent: State, recipes: tuple[Recipe, ...]) -> State:
+        """`parent` without `recipes`: its regions expanded and its other recipes replayed."""
         t0 = time.perf_counter()
         program, order = self.expanded(parent.base, parent.base_order, parent.tree, parent.dgraph)
-        rest = tuple(r for r in parent.recipes if r != recipe)
+        gone = set(recipes)
+        rest = tuple(r for r in parent.recipes if r not in gone)
         program, order, kept, dropped = self.replay(program, order, rest, region_nodes(parent.tree))
-        undo = f"undo: {recipe.description}"
+        undo = (f"undo: {recipes[0].description}" if len(recipes) == 1
+                else f"undo: {recipes[0].kind} at {len(recipes)} sites")
         state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph, kept, program, order,
                             (*parent.applied, undo, *dropped), parent.depth + 1,
                             base_digest=parent.base_digest)

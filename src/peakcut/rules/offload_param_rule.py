@@ -51,6 +51,7 @@ from peakcut.transform.rewrite import (
     check_order_matches,
     describe_tensor,
     positions,
+    spliced,
 )
 from peakcut.transform.swap import is_dense
 
@@ -98,6 +99,7 @@ class OffloadParamRule(ProgramRule):
 
     kind = "offload_param"
     frees_by_host_copy = True
+    batched = True
 
     def sites(self, spot: Hotspot) -> Iterable[HotspotSite]:
         g, peak = spot.g, spot.profile.peak_index
@@ -173,39 +175,24 @@ class OffloadParamRule(ProgramRule):
         reason = self.why_not(g, order, site)
         if reason:
             raise RuleError(reason)
-        t = site.tensor
-        meta = g.tensors[t]
-        uses = _Uses(g, t)
-        pos = positions(order)
-        in_capture = positions(g.order)
-        edit = GraphEditor(g)
-        label = meta.name or str(t)
-        new_order = list(order)
-        loads: list[int] = []
-        added: list[int] = []
-        for segment in sorted(uses.by_segment, key=_RANK.__getitem__):
-            nodes = sorted(uses.by_segment[segment], key=pos.__getitem__)
-            copy_nodes = _copy_for_segment(edit, g, t, uses, segment, nodes, f"{label}_{segment}")
-            loads.append(copy_nodes[0])
-            added.extend(copy_nodes)
-            capture_first = min(nodes, key=in_capture.__getitem__)
-            at = edit.graph.order.index(capture_first)
-            edit.insert_in_order(at, copy_nodes)
-            at = new_order.index(nodes[0])
-            new_order[at:at] = copy_nodes
-        if uses.writers:
-            back = Node(id=edit.new_id(), op=WRITEBACK_OP, args=(TensorRef(t), TensorRef(_update_copy(edit, loads))),
-                        kwargs={}, outputs=(None,), phase=Phase.OPTIMIZER, name=f"writeback_{label}")
-            edit.add_node(back)
-            edit.set_control(back.id, [*uses.writers, *loads])
-            capture_last = max(uses.writers, key=in_capture.__getitem__)
-            edit.insert_in_order(edit.graph.order.index(capture_last) + 1, [back.id])
-            last = max(uses.writers, key=pos.__getitem__)
-            new_order.insert(new_order.index(last) + 1, back.id)
-            added.append(back.id)
-        changed = sorted({n for ns in uses.by_segment.values() for n in ns}, key=pos.__getitem__)
-        return Rewrite(graph=edit.finish(), order=new_order, added=tuple(added), changed=tuple(changed),
-                       removed=(), description=self.describe(g, site))
+        return _offload(g, order, [site.tensor], self.describe(g, site))
+
+    def apply_many(self, g: Graph, order: Sequence[int], sites: Sequence[Site]
+                   ) -> tuple[Rewrite | None, list[str | None]]:
+        """The parameters of `sites` where the rule applies, kept in host memory in one edit
+        (each parameter's copies and views touch its own storage only)."""
+        reasons: list[str | None] = []
+        chosen: list[int] = []
+        for site in sites:
+            reason = self.why_not(g, order, site) if site.tensor not in chosen else "the same tensor twice"
+            reasons.append(reason)
+            if reason is None:
+                chosen.append(site.tensor)
+        if not chosen:
+            return None, reasons
+        what = (self.describe(g, sites[reasons.index(None)]) if len(chosen) == 1
+                else f"keep {len(chosen)} parameters in host memory, on the device per phase that uses them")
+        return _offload(g, order, chosen, what), reasons
 
     def describe(self, g: Graph, site: Site) -> str:
         return f"keep {describe_tensor(g, site.tensor)} in host memory, on the device per phase that uses it"
@@ -233,6 +220,40 @@ class OffloadParamRule(ProgramRule):
         if not _param_nodes(g):
             return None
         return InputCopyCode(g, order, names, Role.PARAM, "parameter", lambda n: f"its {SEGMENTS[n.phase]} use")
+
+
+def _offload(g: Graph, order: Sequence[int], tensors: Sequence[int], description: str) -> Rewrite:
+    """Parameters `tensors` (each checked by why_not on g) kept in host memory, in one edit."""
+    pos = positions(order)
+    edit = GraphEditor(g)
+    before: dict[int, list[int]] = {}       # a phase copy's node -> the nodes it goes before
+    after: dict[int, list[int]] = {}        # writeback -> the writes and loads it follows
+    added: list[int] = []
+    changed: list[int] = []
+    for t in tensors:
+        meta = g.tensors[t]
+        uses = _Uses(g, t)
+        label = meta.name or str(t)
+        loads: list[int] = []
+        for segment in sorted(uses.by_segment, key=_RANK.__getitem__):
+            nodes = uses.by_segment[segment]
+            copy_nodes = _copy_for_segment(edit, g, t, uses, segment, sorted(nodes, key=pos.__getitem__),
+                                           f"{label}_{segment}")
+            loads.append(copy_nodes[0])
+            for nid in copy_nodes:
+                before[nid] = nodes
+            added.extend(copy_nodes)
+        if uses.writers:
+            back = Node(id=edit.new_id(), op=WRITEBACK_OP, args=(TensorRef(t), TensorRef(_update_copy(edit, loads))),
+                        kwargs={}, outputs=(None,), phase=Phase.OPTIMIZER, name=f"writeback_{label}")
+            edit.add_node(back)
+            edit.set_control(back.id, [*uses.writers, *loads])
+            after[back.id] = list(uses.writers)
+            added.append(back.id)
+        changed.extend(n for ns in uses.by_segment.values() for n in ns)
+    edit.set_order(spliced(edit.graph.order, (), after, before))
+    return Rewrite(graph=edit.finish(), order=spliced(order, (), after, before), added=tuple(added),
+                   changed=tuple(sorted(set(changed), key=pos.__getitem__)), removed=(), description=description)
 
 
 def _copy_for_segment(edit: GraphEditor, g: Graph, t: int, uses: _Uses, segment: str,
