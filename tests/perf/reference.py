@@ -366,7 +366,7 @@ def time_streams(g: Graph, schedule: tuple, cost) -> StreamTiming:
             if not overlap and op in (STORE_OP, LOAD_OP):
                 exposed += seconds[i]
         else:
-            begin = max(stream_free[stream], compute_free)
+            begin = stream_free[stream] if stream == "host" else max(stream_free[stream], compute_free)
             for p in all_preds[i]:
                 begin = max(begin, end[p])
             on_copy_stream[i] = True

@@ -22,6 +22,8 @@ scaled by the clipping coefficient, ...). The rule runs U(p) on the host:
 - p itself: kept in host memory already (offload_param), U(p) updates the host tensor in place
   and its update-phase load and writeback are removed; else it lives on the device, U(p)
   updates a host copy and peakcut.upload copies the new value back in place after the update.
+- stores, the ops of U(p) and the upload are placed EARLY: the host stream takes the updates
+  in the order their gradients come (the last layer's first).
 
 Device memory then never holds the state, nor the gradient after its copy (and the uses
 before the update: clipping's norm), nor the update's temporaries. The host link carries the
@@ -351,8 +353,10 @@ class HostUpdateRule(ProgramRule):
                 f"memory, its gradient copied out once made, the parameter {where}")
 
     def placements(self, g: Graph) -> Iterable[tuple[int, Placement]]:
-        return [(nid, Placement.EARLY) for nid, n in g.nodes.items()
-                if n.tags.host is not None and n.tags.host.role in ("store", "upload")]
+        # all EARLY: a store right after what it copies, the update's ops right after their
+        # gradient's store (the host stream takes them in order: the last layer's first, as
+        # its gradient comes first), the upload right after the update
+        return [(nid, Placement.EARLY) for nid, n in g.nodes.items() if n.tags.host is not None]
 
     def loop_refusal(self, g: Graph) -> LoopRefusal | None:
         mine = {nid for nid, n in g.nodes.items() if n.tags.host is not None}

@@ -8,8 +8,11 @@ generated code runs them (rules/swap_code.py, rules/input_copy_code.py,
 rules/host_update_code.py); nodes that run on the host (NodeTags.on_host: a parameter's
 update moved there) run in issue order on a host stream, as the generated code's host
 worker thread runs them. None of them blocks the compute stream, only a consumer waiting
-for one's completion does; each starts once the compute node issued before it has finished
-and what it depends on is done. Otherwise (a CPU, where the host is the device) every node,
+for one's completion does. A copy starts once the compute node issued before it has
+finished and what it depends on is done; a host op once what it depends on is done (the
+worker thread takes its queue while the Python thread issues kernels far ahead of the
+device, so a host op placed after the backward in the order still starts with the first
+gradient it reads). Otherwise (a CPU, where the host is the device) every node,
 copies and host nodes included, runs on the compute stream in issue order.
 """
 
@@ -122,8 +125,10 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
                     begin = end[p]
             exposed += begin - compute_free
         else:
-            # issued once the compute node before it in order has finished
-            begin = max(stream_free[stream], compute_free)
+            # a copy is issued once the compute node before it in order has finished; a host
+            # op as soon as what it reads is there (the host worker takes its queue while the
+            # Python thread issues kernels ahead of the device)
+            begin = stream_free[stream] if host[i] else max(stream_free[stream], compute_free)
             for p in preds:
                 begin = max(begin, end[p])
             beside_compute[i] = True
