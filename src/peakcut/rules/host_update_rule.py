@@ -55,10 +55,10 @@ from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, TensorRef
 from peakcut.ir.ops import GATE_OP, LOAD_OP, STORE_OP, UPLOAD_OP, WRITEBACK_OP, is_host_copy
-from peakcut.ir.registry import OpKind, draws_random, lookup, out_variant
+from peakcut.ir.registry import draws_random, lookup, out_variant
 from peakcut.ir.tags import HostTag, NodeTags
 from peakcut.ir.tensor import Role, TensorMeta
-from peakcut.rules.host_update_code import HostUpdateCode
+from peakcut.rules.host_update_code import HostUpdateCode, allocates
 from peakcut.rules.hotspot import Hotspot, HotspotSite
 from peakcut.rules.protocol import LoopRefusal, Names, NodeCode, ProgramRule, Site
 from peakcut.schedule.placement import Placement
@@ -177,9 +177,7 @@ def _why_not_op(g: Graph, nid: int) -> str | None:
         return f"{what} has several results"
     if any(isinstance(v, torch.device) for v in (*node.args, *node.kwargs.values())):
         return f"{what} names a device: it would make its result there, not on the host"
-    if info.kind is OpKind.VIEW or node.mutated_ids():
-        return None             # a view or an in-place op allocates nothing
-    if node.output_tuple and out_variant(node.op) is None:
+    if allocates(node) and out_variant(node.op) is None:
         return f"{what} has no out= overload to write its result into a host buffer"
     return None
 
