@@ -361,3 +361,27 @@ def test_many_sites_in_one_edit_make_the_program_one_at_a_time_makes(rule) -> No
     placed = [place(h, o, cost, placements=RULES.placements(h)) for h, o in ((many.graph, many.order), (one, order))]
     a, b = simulate_timeline(many.graph, placed[0], cost), simulate_timeline(one, placed[1], cost)
     assert (a.peak_bytes, a.latency_seconds) == pytest.approx((b.peak_bytes, b.latency_seconds))
+
+
+def test_the_search_offers_updates_on_the_host_after_the_state_went_there() -> None:
+    """Bulk moves: every moment kept in host memory is one move; on top of it the updates can
+    still go to the host (freeing nothing more at the peak, saving the moments' copies), as
+    one move again, and that is faster on the H100 profile."""
+    import random
+
+    from peakcut.optimizer.children import MoveSettings, children
+
+    inst = get_workload("llama2-7b").build("tiny")      # 21 parameters: more than a hot-spot move takes
+    g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw")
+    found = optimize_graph(g, time_budget=0.3, max_states=1, device="h100")
+    deriver, root = found.deriver, found.result.root
+    rng = random.Random(0)
+    bulk = {m.kind: m for m in children(root, deriver, MoveSettings(), rng) if "of its sites at once" in m.description}
+    assert set(bulk) == {"offload_state", "offload_param", "host_update"}
+    offloaded = bulk["offload_state"].build()
+    assert [r.kind for r in offloaded.recipes] == ["offload_state"] * 42
+    then = {m.kind: m for m in children(offloaded, deriver, MoveSettings(), rng)
+            if "of its sites at once" in m.description or m.description.startswith("undo")}
+    assert "host_update" in then and then["undo"].description == "undo: offload_state at all 42 of its sites"
+    moved = then["host_update"].build()
+    assert moved.peak_bytes <= offloaded.peak_bytes and moved.latency_s < offloaded.latency_s

@@ -34,7 +34,8 @@ the device and the numbers are the same op for op; on a GPU the update's kernels
 which round like the GPU's element-wise kernels up to the last bit of each op.
 
 Sites: the parameters whose update still runs on the device, most device bytes freed at the
-peak first (state on the device, and the gradient or update copies live there).
+peak first (state on the device, and the gradient or update copies live there); those that
+free nothing there last (their state offloaded already: the rule then saves its copies).
 
 Refused (why_not): a step with a GradScaler gate (its early return would leave host work
 behind), `accumulate=k` (p.grad lives on the device), an op of U(p) PyTorch cannot run into a
@@ -293,12 +294,14 @@ class HostUpdateRule(ProgramRule):
             freed += sum(g.storages[g.tensors[y].storage] for k in (t, *state) for y in facts.copies.get(k, {})
                          if g.tensors[y].storage in live)
             # what the update reads that the step made (the gradient), where live at the peak
-            seeds = [n for x in (t, *state) for n in g.storage_writers(g.tensors[x].storage)]
+            home = {g.tensors[x].storage for x in (t, *state)}
+            home |= {g.tensors[y].storage for k in (t, *state) for y in facts.copies.get(k, {})}
+            seeds = [n for h in home for n in g.storage_writers(h) if _movable(g, n)]
             made = {x: g.producer(x) for n in seeds for x in g.nodes[n].input_tuple}
             read = {g.tensors[x].storage for x, q in made.items()
                     if q is not None and g.nodes[q].phase is not Phase.OPTIMIZER}
             freed += sum(g.storages[s] for s in read & live)
-            if freed > 0 and seeds:
+            if seeds:   # (freeing nothing at the peak, it may still save the update's copies)
                 found.append(HotspotSite(t, min(seeds), tuple(sorted(seeds)), freed, freed))
         found.sort(key=lambda s: (-s.score, s.tensor))
         return found
