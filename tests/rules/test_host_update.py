@@ -385,3 +385,44 @@ def test_the_search_offers_updates_on_the_host_after_the_state_went_there() -> N
     assert "host_update" in then and then["undo"].description == "undo: offload_state at all 42 of its sites"
     moved = then["host_update"].build()
     assert moved.peak_bytes <= offloaded.peak_bytes and moved.latency_s < offloaded.latency_s
+
+
+def test_keeping_a_host_updated_parameter_in_host_memory_drops_its_two_copies() -> None:
+    """offload_param after host_update (the parameter on the device: stored, updated on the
+    host, uploaded) makes the program host_update after offload_param makes: the update reads
+    and writes the host tensor, no store or upload of the parameter is left; eager's numbers."""
+    from peakcut.optimizer.state import computation_hash
+
+    model, batch = make_mlp()
+    ref = copy.deepcopy(model)
+    opt, ref_opt = OPTIMIZERS["adamw"](model), OPTIMIZERS["adamw"](ref)
+    g = peakcut.capture(model, batch, loss_fn, opt, max_grad_norm=1.0)
+    params = [site(g, t) for t in g.inputs if g.tensors[t].role is Role.PARAM]
+    updated, _ = RULE.apply_many(g, g.order, params)
+    then_kept, reasons = PARAM_RULE.apply_many(updated.graph, updated.order, params)
+    assert then_kept is not None and reasons == [None] * len(params)
+    new = then_kept.graph
+    check_graph(new)
+    assert not any(n.op == UPLOAD_OP or (n.op == STORE_OP and n.input_tuple[0] in new.inputs)
+                   for n in new.nodes.values())
+    kept_first, _ = PARAM_RULE.apply_many(g, g.order, params)
+    other, _ = RULE.apply_many(kept_first.graph, kept_first.order, params)
+    assert computation_hash(new, then_kept.order) == computation_hash(other.graph, other.order)
+    step = peakcut.build(new, then_kept.order, optimizer=opt)
+    assert_same_training(model, ref, opt, ref_opt, step, batch, clip=1.0)
+
+
+def test_a_batch_failing_in_the_loss_leaves_parameters_and_state_as_they_were() -> None:
+    """The update's ops keep their edges after the loss: none of them (weight decay,
+    beta2 * exp_avg_sq, which need no gradient) runs before a label out of range fails."""
+    model, batch = make_mlp()
+    opt = OPTIMIZERS["adamw"](model)
+    g, order = on_host(*_captured(model, batch, opt))
+    order = place(g, order, get_cost_model("h100"), placements=RULES.placements(g))   # all EARLY
+    step = peakcut.build(g, order, optimizer=opt)
+    step(model, batch)
+    before = [t.clone() for t in (*model.parameters(), *step.state.values())]
+    with pytest.raises((IndexError, RuntimeError)):
+        step(model, (batch[0], torch.full_like(batch[1], 99)))
+    after = [*model.parameters(), *step.state.values()]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))

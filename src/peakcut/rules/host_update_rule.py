@@ -445,7 +445,9 @@ def _rewrite_one(g: Graph, edit: GraphEditor, plan: _Plan, after: dict[int, list
         deps = edit.graph.control.get(nid, ()) if nid in edit.graph.nodes else ()
         if gone.intersection(deps):
             edit.set_control(nid, [d for d in deps if d not in gone])
-    # U(p) on the host: rewired, tagged, after its own ops and the loads of what it writes
+    # U(p) on the host: rewired, tagged; its ops keep their control edges (an update runs
+    # after the loss: a batch failing there leaves the state as it was) and follow the loads
+    # of what they write
     writes_param: list[int] = []
     for nid in plan.update:
         node = edit.graph.nodes[nid]
@@ -453,7 +455,7 @@ def _rewrite_one(g: Graph, edit: GraphEditor, plan: _Plan, after: dict[int, list
         edit.rewire(nid, mapping)
         node = edit.graph.nodes[nid]
         targets = {edit.graph.tensors[w].storage for w in node.mutated_ids()}
-        first = [d for d in edit.graph.control.get(nid, ()) if d in update]
+        first = list(edit.graph.control.get(nid, ()))
         for x in plan.host_kept:
             if edit.graph.tensors[x].storage in targets:
                 first.extend(kept_loads.get(x, ()))

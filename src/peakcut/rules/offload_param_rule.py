@@ -35,7 +35,7 @@ import torch
 from peakcut.ir.edit import GraphEditor, rewired
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, TensorRef
-from peakcut.ir.ops import LOAD_OP, WRITEBACK_OP
+from peakcut.ir.ops import LOAD_OP, STORE_OP, WRITEBACK_OP
 from peakcut.ir.registry import OpKind, lookup
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.rules.hotspot import Hotspot, HotspotSite
@@ -72,11 +72,17 @@ class _Uses:
 
     def __init__(self, g: Graph, t: int) -> None:
         storage = g.tensors[t].storage
-        self.aliases = alias_closure(g, storage, g.users(t))
+        # an update on the host of a parameter on the device reads it through a store and
+        # writes it back through an upload (rules/host_update_rule.py): kept in host memory,
+        # the update reads and writes it there instead, and the two copies go
+        self.host_copies = [n for n in dict.fromkeys((*g.users(t), *g.storage_writers(storage)))
+                            if (tag := g.nodes[n].tags.host) is not None and tag.role in ("store", "upload")]
+        own = set(self.host_copies)
+        self.aliases = alias_closure(g, storage, [u for u in g.users(t) if u not in own])
         self.alias_set = frozenset(self.aliases)
         self.producer = {a: g.producer(a) for a in self.aliases}
-        self.writers = g.storage_writers(storage)
-        touching = set(g.users(t)).union(*(g.users(a) for a in self.aliases), self.writers)
+        self.writers = [w for w in g.storage_writers(storage) if w not in own]
+        touching = set(g.users(t)).union(*(g.users(a) for a in self.aliases), self.writers) - own
         self.by_segment: dict[str, list[int]] = {}
         for nid in touching:
             self.by_segment.setdefault(_segment(g, nid), []).append(nid)
@@ -230,6 +236,7 @@ def _offload(g: Graph, order: Sequence[int], tensors: Sequence[int], description
     after: dict[int, list[int]] = {}        # writeback -> the writes and loads it follows
     added: list[int] = []
     changed: list[int] = []
+    removed: list[int] = []
     for t in tensors:
         meta = g.tensors[t]
         uses = _Uses(g, t)
@@ -243,7 +250,10 @@ def _offload(g: Graph, order: Sequence[int], tensors: Sequence[int], description
             for nid in copy_nodes:
                 before[nid] = nodes
             added.extend(copy_nodes)
-        if uses.writers:
+        if uses.host_copies:
+            _update_on_host_reads_it_there(edit, g, t, uses.host_copies, loads)
+            removed.extend(uses.host_copies)
+        elif uses.writers:
             back = Node(id=edit.new_id(), op=WRITEBACK_OP, args=(TensorRef(t), TensorRef(_update_copy(edit, loads))),
                         kwargs={}, outputs=(None,), phase=Phase.OPTIMIZER, name=f"writeback_{label}")
             edit.add_node(back)
@@ -251,9 +261,33 @@ def _offload(g: Graph, order: Sequence[int], tensors: Sequence[int], description
             after[back.id] = list(uses.writers)
             added.append(back.id)
         changed.extend(n for ns in uses.by_segment.values() for n in ns)
-    edit.set_order(spliced(edit.graph.order, (), after, before))
-    return Rewrite(graph=edit.finish(), order=spliced(order, (), after, before), added=tuple(added),
-                   changed=tuple(sorted(set(changed), key=pos.__getitem__)), removed=(), description=description)
+    edit.set_order(spliced(edit.graph.order, removed, after, before))
+    return Rewrite(graph=edit.finish(), order=spliced(order, removed, after, before), added=tuple(added),
+                   changed=tuple(sorted(set(changed), key=pos.__getitem__)), removed=tuple(removed),
+                   description=description)
+
+
+def _update_on_host_reads_it_there(edit: GraphEditor, g: Graph, t: int, copies: Sequence[int],
+                                   loads: Sequence[int]) -> None:
+    """Parameter t, updated on the host through a store and an upload (`copies`), is kept in
+    host memory: the update's ops read and write t itself (the store's copy and what they
+    made in it move into t's storage), after every load of t; the store and upload go."""
+    store = next(n for n in copies if g.nodes[n].op == STORE_OP)
+    (copy,) = g.nodes[store].output_tuple
+    storage = g.tensors[copy].storage
+    made = alias_closure(g, storage, g.users(copy))
+    apply_moves(edit, [StorageMove(storage, g.tensors[t].storage, 0, tuple(m for m in made if m != copy))])
+    gone = set(copies)
+    for u in g.users(copy):
+        if u not in gone:
+            edit.rewire(u, {copy: t})
+    edit.remove_nodes(copies)
+    for nid, deps in list(edit.graph.control.items()):
+        if gone.intersection(deps):
+            edit.set_control(nid, [d for d in deps if d not in gone])
+    for w in g.storage_writers(storage):
+        if w not in gone:
+            edit.set_control(w, dict.fromkeys([*edit.graph.control.get(w, ()), *loads]))
 
 
 def _copy_for_segment(edit: GraphEditor, g: Graph, t: int, uses: _Uses, segment: str,
