@@ -234,6 +234,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     settings = _on_host(settings, cost)
     eager = simulate_timeline(g, g.order, cost, workspace)
     floors = _floors(g, cost, workspace)
+    peer = _zero_offload(g, cost, workspace, floors)    # (before the search: inside its budget)
     if pareto:
         objective = Objective("latency", math.inf)
     elif memory_limit is not None:
@@ -281,7 +282,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         "capture_notes": list(g.signature.notes),
         "floors": floors.as_dict() if floors is not None else None,
         "overhead_vs_compute_floor": floors.overhead(best.latency_s) if floors is not None else None,
-        "zero_offload": _zero_offload(g, cost, workspace, floors),
+        "zero_offload": peer,
         "ftree": tree.summary(),
         "search": {"states": result.states, "expanded": result.expanded, "duplicates": result.duplicates,
                    "failed": result.failed, "seconds": round(result.seconds, 3),

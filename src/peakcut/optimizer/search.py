@@ -284,7 +284,7 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
         break
     if stopped == "queue empty" and max_states is not None and states >= max_states:
         stopped = "max states"
-    best = _validated(bests, deriver, objective)
+    best = _validated(bests, deriver, objective, deadline)
     if exact_front and any(s.compact for s in front):
         front = _exact_front(front, deriver, deadline)
     report()
@@ -307,13 +307,18 @@ def _exact_front(front: list[State], deriver: Deriver, deadline: float) -> list[
     return exact
 
 
-def _validated(bests: list[State], deriver: Deriver, objective: Objective) -> State:
-    """The best of the latest bests on the full expansion (see module doc)."""
+def _validated(bests: list[State], deriver: Deriver, objective: Objective, deadline: float) -> State:
+    """The best of the latest bests on the full expansion (see module doc); once one is
+    re-derived, older ones only while the next would end before `deadline`."""
     key = lambda s: objective.key(s.peak_bytes, s.latency_s)  # noqa: E731
     found: list[State] = [s for s in bests if not s.compact]    # exact already (the root is)
+    derived = 0
     for s in reversed(bests[-VALIDATE:]):
         if not s.compact:
             break
+        if derived and time.perf_counter() + deriver.expected_seconds("exact") > deadline:
+            break
+        derived += 1
         try:
             e = deriver.exact(s)
         except DeriveError:
