@@ -34,7 +34,7 @@ from peakcut.ir.ops import LOAD_OP, WRITEBACK_OP
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.rules.hotspot import Hotspot, HotspotSite
 from peakcut.rules.input_copy_code import InputCopyCode, input_copies
-from peakcut.rules.protocol import LoopRefusal, Names, NodeCode, ProgramRule, Site
+from peakcut.rules.protocol import LoopRefusal, Names, NodeCode, ProgramRule, Site, judged_sites
 from peakcut.schedule.placement import Placement
 from peakcut.transform.rewrite import (
     Rewrite,
@@ -131,13 +131,7 @@ class OffloadStateRule(ProgramRule):
                    ) -> tuple[Rewrite | None, list[str | None]]:
         """The state inputs of `sites` where the rule applies, kept in host memory in one edit
         (each input's load and writeback touch its own storage only)."""
-        reasons: list[str | None] = []
-        chosen: list[int] = []
-        for site in sites:
-            reason = self.why_not(g, order, site) if site.tensor not in chosen else "the same tensor twice"
-            reasons.append(reason)
-            if reason is None:
-                chosen.append(site.tensor)
+        chosen, reasons = judged_sites(self, g, order, sites)
         if not chosen:
             return None, reasons
         what = (self.describe(g, sites[reasons.index(None)]) if len(chosen) == 1

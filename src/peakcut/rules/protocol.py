@@ -213,3 +213,17 @@ class RegionRule(Protocol):
     def describe(self, tree: FTree, mutation: tuple[str, int], new: FTree) -> str:
         """One line for the search's report: `mutation` turned `tree` into `new`."""
         ...
+
+
+def judged_sites(rule: ProgramRule, g: Graph, order: Sequence[int], sites: Sequence[Site]
+                 ) -> tuple[list[int], list[str | None]]:
+    """The tensors of `sites` where `rule` applies on (g, order), each once, and per site why it
+    does not (None: it does): what a batched rule's apply_many starts from."""
+    reasons: list[str | None] = []
+    chosen: list[int] = []
+    for site in sites:
+        reason = rule.why_not(g, order, site) if site.tensor not in chosen else "the same tensor twice"
+        reasons.append(reason)
+        if reason is None:
+            chosen.append(site.tensor)
+    return chosen, reasons
