@@ -104,6 +104,9 @@ def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
     s = report["search"]
     out.print(f"search: {s['states']} states in {s['seconds']:.1f} s ({s['states_per_minute']:.0f}/min), "
               f"stopped: {s['stopped']}; limit {'met' if report['feasible'] else 'NOT met'}")
+    standing = report.get("peak_standing")
+    if standing:
+        out.print(standing["text"])
     for line in report["applied"][:20]:
         out.print(f"  - {line}")
     if len(report["applied"]) > 20:

@@ -23,6 +23,7 @@ class PeakStorage:
     module: str            # module that produced it ('' for caller-held)
     role: str
     phase: str = ""        # phase of the producing node ('' for caller-held)
+    node: int | None = None  # the node that produced it (None for caller-held)
 
 
 def input_owners(g: Graph) -> dict[int, int]:
@@ -53,7 +54,7 @@ def hotspots(g: Graph, live: Iterable[int], allocated: Mapping[int, tuple[int, i
             producer = nodes[made[1]]
             # Enum._value_ is what .value returns, without the descriptor's cost
             spots.append(PeakStorage(storage=s, bytes=sizes[s], tensor=meta.name, module=producer.module,
-                                 role=meta.role._value_, phase=producer.phase._value_))
+                                 role=meta.role._value_, phase=producer.phase._value_, node=made[1]))
             continue
         if held_owner is None:
             held_owner = input_owners(g)

@@ -50,6 +50,7 @@ from peakcut.optimizer.verify import (
 from peakcut.optimizer.verify import runs_here as verify_runs_here
 from peakcut.report.baselines import zero_offload
 from peakcut.report.floors import Floors, step_floors
+from peakcut.report.peak_standing import peak_standing
 from peakcut.rules import RULES
 from peakcut.runtime.host_allocator import keep_freed_host_memory
 from peakcut.schedule import schedule
@@ -293,6 +294,9 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         "front": [{"peak_bytes": s.peak_bytes, "latency_s": s.latency_s, "applied": len(s.applied),
                    "exact": s.exact} for s in result.front],
     }
+    if objective.mode == "memory" and not report["feasible"] and not best.compact:
+        at_peak = simulate_timeline(best.program, best.order, cost, workspace)
+        report["peak_standing"] = peak_standing(best.program, at_peak, best.tree).as_dict()
     return Optimized(result, objective, report, cost, eager, deriver, eager_ratio)
 
 
@@ -484,6 +488,9 @@ def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, A
         why = (f"{what} limit not met: best {have}, limit {want} ({r.states} states searched in "
                f"{r.seconds:.3g} s of a {budget:.3g} s budget; stopped: {r.stopped}); the best plan is on "
                "this error's .plan")
+        standing = found.report.get("peak_standing")
+        if standing is not None:
+            why += f"; {standing['text']}"
     best, feasible = found.best, found.feasible
     if check is not None:
         best, feasible, measured_why = check(found, budget - (time.perf_counter() - t0))
