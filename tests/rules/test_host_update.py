@@ -35,7 +35,7 @@ from peakcut.simulate.streams import HOST
 from peakcut.workloads import get_workload
 from tests.helpers import cross_entropy_loss, make_mlp
 from tests.rules.test_offload_param import RULE as PARAM_RULE
-from tests.rules.test_offload_param import STATE_RULE, offload
+from tests.rules.test_offload_param import STATE_RULE, assert_tiny_plan_trains_like_eager, offload
 from tests.tolerance import tolerance
 
 RULE = HostUpdateRule()
@@ -260,17 +260,7 @@ def test_a_tiny_transformer_with_its_update_on_the_host(name: str) -> None:
     params = [t for t in g.inputs if g.tensors[t].role is Role.PARAM]
     assert all(is_host_updated(g, t) for t in params)
     assert not any(g.nodes[n].op in (WRITEBACK_OP, UPLOAD_OP) for n in order)
-    simulated = simulate(g, order).peak_bytes
-    assert simulated < simulate(plain, plain.order).peak_bytes
-    step = peakcut.build(g, order, optimizer=opt)
-    measured = peakcut.measure(step, model, inst.batch, method="cpu-profiler", repeats=1).peak_bytes
-    assert abs(simulated - measured) <= 0.05 * measured, (simulated, measured)
-    tol = tolerance(torch.float32, 256, STEPS)
-    for k in range(STEPS):
-        assert_close(step(model, inst.batch), eager_step(ref, ref_opt, inst.batch, inst.loss_fn), f"loss {k}", tol)
-    assert step.host_peak_bytes == simulated_host_peak(g, order) > 0
-    for (pname, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
-        assert_close(p, q, pname, tol)
+    assert_tiny_plan_trains_like_eager(inst, plain, g, order, (model, opt), (ref, ref_opt))
 
 
 # ------------------------------------------------------------------ the host stream
