@@ -67,6 +67,9 @@ from peakcut.transform.taso import TasoCandidate
 
 RESCHEDULE_SECONDS = 0.3   # cap on one incremental reschedule (a fallback to a full one included)
 REBASED_KEPT = 16          # rewritten bases kept for reuse (each holds a graph, F-Tree and D-Graph)
+EXACT_OVER_FINISH = 10.0   # a full expansion's seconds a node over `finish`'s (simulate, hash) before
+# any is measured: 125 us vs 12-13 us a node (median) on GPT-2-XL and Llama-2-7B at paper size
+PER_NODE_SAMPLES = 32      # recent `finish` durations a node whose median prices an expansion
 
 
 class DeriveError(ValueError):
@@ -95,6 +98,7 @@ class Deriver:
     batch_only: bool = True
     compact: bool = True
     seconds: dict[str, list[float]] = field(default_factory=dict)   # kind -> durations
+    node_seconds: dict[str, list[float]] = field(default_factory=dict)   # "finish"/"exact" -> seconds a node
     memo: dict[tuple, list] = field(default_factory=dict)   # expand's FakeTensor-run memo
     taso_sites: dict[str, list[TasoCandidate]] = field(default_factory=dict)   # base digest -> sites
     rewritten: dict[tuple[str, TasoCandidate], Rebased] = field(default_factory=dict)   # see rebased
@@ -115,6 +119,20 @@ class Deriver:
         """The longest recent duration of a derivation of this kind (0 when never seen)."""
         return max(self.seconds.get(kind, [0.0])[-8:])
 
+    def expected_exact_seconds(self, state: State) -> float:
+        """How long `exact(state)` should take: its full expansion's nodes (the compact
+        program's, plus n - 1 more copies of each enabled region) at the seconds a node of the
+        latest exact derivation, or, before one, EXACT_OVER_FINISH times the median of recent
+        simulations' (0 for a state that is exact already)."""
+        if not state.compact:
+            return 0.0
+        nodes = len(state.program.nodes) + sum((f.n - 1) * len(f.nodes) for f in state.tree.enabled())
+        seen = self.node_seconds.get("exact")
+        if seen:
+            return nodes * seen[-1]
+        recent = sorted(self.node_seconds.get("finish", [0.0])[-PER_NODE_SAMPLES:])
+        return nodes * EXACT_OVER_FINISH * recent[len(recent) // 2]
+
     # ------------------------------------------------------------ building blocks
     def finish(self, base: Graph, base_order: list[int], tree: FTree, dgraph: DGraph,
                recipes: tuple[Recipe, ...], program: Graph, order: list[int], applied: tuple[str, ...],
@@ -125,10 +143,12 @@ class Deriver:
         cost = RepeatedCost(self.cost, tree) if compact and tree.enabled() else self.cost
         if recipes:
             order = place(program, order, cost, placements=self.rules.placements(program))
+        t0 = time.perf_counter()
         tl = simulate_timeline(program, order, cost, self.workspace)
         state = State(base, base_order, tree, dgraph, recipes, program, order, tl.peak_bytes,
                       tl.latency_seconds, applied, computation_hash(program, order), depth, base_digest)
         state.compact = cost is not self.cost
+        self.node_seconds.setdefault("finish", []).append((time.perf_counter() - t0) / max(1, len(program.nodes)))
         return state
 
     def expanded(self, base: Graph, base_order: list[int], tree: FTree,
@@ -158,6 +178,7 @@ class Deriver:
                             base_digest=state.base_digest)
         exact.compact_estimate = (state.peak_bytes, state.latency_s)
         self.record("exact", t0)
+        self.node_seconds.setdefault("exact", []).append(self.seconds["exact"][-1] / len(program.nodes))
         return exact
 
     def replay(self, program: Graph, order: list[int], recipes: Iterable[Recipe],

@@ -185,15 +185,11 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
                               time.perf_counter() - t0))
 
     def reserve_s() -> float:
-        """Time kept for validating the best on the full expansion: a compact fission state's
-        derivation expands one part of each region, the full expansion all n of them (a
-        GPT-2-XL search at n = 16 ran 11 s past a 120 s budget on 4 parts' worth)."""
+        """Time kept for validating the best on the full expansion (Deriver.expected_exact_seconds:
+        a GPT-2-XL search at n = 16 ran 11 s past a 120 s budget when this was 4 compact
+        fission derivations' worth)."""
         front_share = FRONT_SHARE * time_budget if exact_front else 0.0
-        if not best.compact:
-            return front_share
-        parts = max((f.n for f in best.tree.enabled()), default=1)
-        return front_share + max(deriver.expected_seconds("exact"),
-                                 max(4, parts) * deriver.expected_seconds("fission"))
+        return front_share + deriver.expected_exact_seconds(best)
 
     def judge(child: State) -> None:
         """A new state: the best when BetterThan, queued within the relaxation, else reserved."""
@@ -302,7 +298,7 @@ def _exact_front(front: list[State], deriver: Deriver, deadline: float) -> list[
     for are dropped (the front holds exact figures only)."""
     exact: list[State] = []
     for s in front:
-        if s.compact and time.perf_counter() + deriver.expected_seconds("exact") > deadline:
+        if s.compact and time.perf_counter() + deriver.expected_exact_seconds(s) > deadline:
             continue
         try:
             _update_front(exact, deriver.exact(s))
@@ -320,7 +316,7 @@ def _validated(bests: list[State], deriver: Deriver, objective: Objective, deadl
     for s in reversed(bests[-VALIDATE:]):
         if not s.compact:
             break
-        if derived and time.perf_counter() + deriver.expected_seconds("exact") > deadline:
+        if derived and time.perf_counter() + deriver.expected_exact_seconds(s) > deadline:
             break
         derived += 1
         try:
