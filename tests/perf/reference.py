@@ -275,7 +275,7 @@ def simulate(g: Graph, order: list[int] | None = None, workspace: str | None = "
                 storage=s, bytes=g.storages[s], tensor=meta.name if meta else str(s),
                 module=g.nodes[prod].module if prod is not None else "",
                 role=meta.role.value if meta else "",
-                phase=g.nodes[prod].phase.value if prod is not None else "",
+                phase=g.nodes[prod].phase.value if prod is not None else "", node=prod,
             ))
     hot.sort(key=lambda h: -h.bytes)
     return MemoryProfile(order_t, timeline, peak, peak_index, baseline, lifetime, ws, tuple(hot))
@@ -458,7 +458,7 @@ def hotspots(g: Graph, schedule: tuple, curve: MemoryCurve, k: int) -> tuple[Pea
         spots.append(PeakStorage(
             storage=s, bytes=g.storages[s], tensor=meta.name if meta else str(s),
             module=producer.module if producer else "", role=meta.role.value if meta else "",
-            phase=producer.phase.value if producer else "",
+            phase=producer.phase.value if producer else "", node=producer.id if producer else None,
         ))
     spots.sort(key=lambda h: -h.bytes)
     return tuple(spots)

@@ -52,7 +52,7 @@ class HostWorker:
         self._pool: ThreadPoolExecutor | None = None
         # futures not done yet (a done one is dropped: its result lives only as long as the
         # step's variables hold it), and the first error of any op
-        self._pending: set[Future[Any]] = set()
+        self._pending: dict[Future[Any], None] = {}     # in submission order
         self._lock = threading.Lock()
         self._error: BaseException | None = None
 
@@ -90,15 +90,27 @@ class HostWorker:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="peakcut-host")
         with self._lock:
             future = self._pool.submit(self._call, fn, args, kwargs, after)
-            self._pending.add(future)
+            self._pending[future] = None
         future.add_done_callback(self._done)
         return future
 
     def _done(self, future: Future[Any]) -> None:
+        """A future done: its error kept, unless join or discard claimed it first (they read
+        the errors of the futures they claimed themselves: a done future wakes its waiters
+        before it runs this callback)."""
         with self._lock:
-            self._pending.discard(future)
+            if future not in self._pending:
+                return      # claimed by join or discard
+            del self._pending[future]
             if self._error is None and not future.cancelled() and future.exception() is not None:
                 self._error = future.exception()
+
+    def _claim(self) -> list[Future[Any]]:
+        """The futures not done yet, in submission order, taken from `_pending`."""
+        with self._lock:
+            claimed = list(self._pending)
+            self._pending.clear()
+        return claimed
 
     def run(self, op: Callable[..., Any], *args: Any, after: Sequence[Any] = (), **kwargs: Any) -> Future[Any]:
         """Run op(*args, **kwargs) on the host after the earlier ops and the events `after`."""
@@ -112,24 +124,23 @@ class HostWorker:
 
     def join(self) -> None:
         """Wait for every op submitted; raise the first error of any of them."""
+        errors = [future.exception() for future in self._claim()]     # (waits)
         with self._lock:
-            pending = list(self._pending)
-        for future in pending:
-            future.exception()      # waits
-        error, self._error = self._error, None
+            error, self._error = self._error, None
+        error = error or next((e for e in errors if e is not None), None)
         if error is not None:
             raise error
 
     def discard(self) -> None:
         """After a failed step: drop the ops not started, wait for the running one."""
-        with self._lock:
-            pending = list(self._pending)
-        for future in pending:
+        claimed = self._claim()
+        for future in claimed:
             future.cancel()
-        for future in pending:
+        for future in claimed:
             if not future.cancelled():
                 future.exception()
-        self._error = None
+        with self._lock:
+            self._error = None
 
 
 def _upload(device_tensor: torch.Tensor, host_tensor: torch.Tensor, stream: Any, compute_done: Any) -> None:
