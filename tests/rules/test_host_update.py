@@ -311,6 +311,32 @@ def test_cuda_code_stores_waits_and_uploads_in_order() -> None:
     assert join > max(uploads) and lines[join + 1].startswith("h2d.synchronize()")
 
 
+def test_cuda_host_writes_wait_for_the_h2d_loads_of_what_they_write() -> None:
+    """Parameters kept in host memory and updated there: the forward and backward read them
+    through copies on the h2d stream, so the first host op that writes one (placed early, as
+    the search places it) waits for an event recorded on h2d after every load of it."""
+    model, batch = make_mlp()
+    g = peakcut.capture(model, batch, loss_fn, torch.optim.AdamW(model.parameters(), weight_decay=0.1))
+    g, order = offload(g, list(g.order), PARAM_RULE, Role.PARAM)
+    g, order = offload(g, order, STATE_RULE, Role.OPT_STATE)
+    g, order = on_host(g, order)
+    order = place(g, order, get_cost_model("h100"), placements=RULES.placements(g))
+    edit = GraphEditor(g)
+    edit.set_device("cuda")
+    source = generate_source(edit.finish(), order)
+    compile(source, "<generated>", "exec")
+    lines = [line.strip() for line in source.splitlines()]
+    written = 0
+    for name in {m.group(1) for x in lines if (m := re.search(r"host_ops\.run\(aten\.\w+\.\w+, (p_\w+),", x))}:
+        first = next(i for i, x in enumerate(lines) if re.search(rf"host_ops\.run\(aten\.\w+\.\w+, {name},", x))
+        loads = [i for i, x in enumerate(lines) if x == f"{name}" or f".copy_({name}, non_blocking=True)" in x]
+        fence = re.search(r"after=\(.*\b(ev_h2d_loads_issued\w*)\b", lines[first])
+        assert loads and fence, (name, lines[first])
+        assert max(loads) < lines.index(f"{fence.group(1)}.record(h2d)") < first
+        written += 1
+    assert written == 6
+
+
 # ------------------------------------------------------------------ in the search
 def test_the_search_moves_updates_to_the_host_under_a_tight_memory_limit() -> None:
     """Analytic H100: at 60% of eager's peak, optimizer state is what must go; the plan found

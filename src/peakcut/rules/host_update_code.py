@@ -8,6 +8,9 @@ codegen.host_worker.HostWorker: the host stream). Per node of the rule:
         CUDA: as a swap's store (rules/swap_code.py): on the d2h stream after x is computed,
               recording ev_x_host_stored
     an op of the update (on host tensors; results are Futures the next host ops resolve):
+        (CUDA: the first op that writes a host-kept tensor since copies on h2d read it waits
+         for an event recorded on h2d, ev_h2d_loads_issued, as its host memory may still be
+         being read by them)
         m1 = host_ops.run(aten.lerp_.Scalar, s_w_exp_avg, g_host, hp['g0:one_minus_beta1'],
                           after=(ev_g_host_stored,))        # CUDA: the first reader waits for the copy
         d = host_ops.run(aten.sqrt.out, v1, out=host_ops.buffer(...))   # a host buffer, made when it runs
@@ -32,6 +35,7 @@ import torch
 from peakcut.codegen.calls import argument_sources, op_target
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node
+from peakcut.ir.ops import LOAD_OP
 from peakcut.ir.registry import OpKind, lookup, out_variant
 from peakcut.rules.protocol import Names, NodeCode
 
@@ -57,15 +61,23 @@ class HostUpdateCode(NodeCode):
         self.mine = {nid: n for nid, n in g.nodes.items() if n.tags.host is not None}
         self._stored: dict[int, str] = {}       # host copy -> the event its store records (CUDA)
         self._waits: dict[int, list[int]] = {}  # host op -> host copies it waits for (CUDA)
+        self._fences: set[int] = set()          # host ops that wait for the h2d loads before them (CUDA)
         if self.cuda:
             waited: set[int] = set()
+            loaded: set[int] = set()     # host storages an h2d load read, not fenced since
             for nid in order:
                 node = g.nodes[nid]
+                if node.op == LOAD_OP:
+                    loaded.update(g.tensors[t].storage for t in node.input_tuple)
                 if node.tags.on_host:
                     fresh = [t for t in node.input_tuple if self._is_store_output(t) and t not in waited]
                     waited.update(fresh)
                     if fresh:
                         self._waits[nid] = fresh
+                    written = {g.tensors[t].storage for t in node.mutated_ids()} & loaded
+                    if written:         # its host tensor may still be read by a copy on h2d
+                        self._fences.add(nid)
+                        loaded -= written
         self.params = sorted({n.tags.host.param for n in self.mine.values() if n.tags.host is not None})
 
     def _is_store_output(self, t: int) -> bool:
@@ -124,10 +136,17 @@ class HostUpdateCode(NodeCode):
             target = op_target(variant)
             args.append(f"out=host_ops.buffer({_layout(self.g, out)})")
         waits = [self._stored[h] for h in self._waits.get(node.id, [])]
+        fence: list[str] = []
+        if node.id in self._fences:
+            loads_done = self.names.fresh("ev_h2d_loads_issued")
+            waits.append(loads_done)
+            fence = ["    # it writes a host tensor that copies on the h2d stream read: after them",
+                     f"    {loads_done} = torch.cuda.Event()",
+                     f"    {loads_done}.record(h2d)"]
         if waits:
             args.append(f"after=({', '.join(waits)},)")
         call = f"host_ops.run({', '.join([target, *args])})"
-        return [f"    {names[out]} = {call}" if out is not None else f"    {call}"]
+        return [*fence, f"    {names[out]} = {call}" if out is not None else f"    {call}"]
 
     def _upload(self, node: Node) -> list[str]:
         device, source = node.input_ids()
