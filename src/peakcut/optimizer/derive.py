@@ -40,6 +40,7 @@ program that runs, and the figures reported.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -99,6 +100,7 @@ class Deriver:
     compact: bool = True
     seconds: dict[str, list[float]] = field(default_factory=dict)   # kind -> durations
     node_seconds: dict[str, list[float]] = field(default_factory=dict)   # "finish"/"exact" -> seconds a node
+    full_nodes: dict[str, int] = field(default_factory=dict)    # state digest -> full_expansion_nodes
     memo: dict[tuple, list] = field(default_factory=dict)   # expand's FakeTensor-run memo
     taso_sites: dict[str, list[TasoCandidate]] = field(default_factory=dict)   # base digest -> sites
     rewritten: dict[tuple[str, TasoCandidate], Rebased] = field(default_factory=dict)   # see rebased
@@ -120,18 +122,18 @@ class Deriver:
         return max(self.seconds.get(kind, [0.0])[-8:])
 
     def expected_exact_seconds(self, state: State) -> float:
-        """How long `exact(state)` should take: its full expansion's nodes (the compact
-        program's, plus n - 1 more copies of each enabled region) at the seconds a node of the
-        latest exact derivation, or, before one, EXACT_OVER_FINISH times the median of recent
-        simulations' (0 for a state that is exact already)."""
+        """How long `exact(state)` should take (0 for a state that is exact already): its full
+        expansion's nodes (full_expansion_nodes) at the median seconds a node of the recent exact
+        derivations, or, before one, EXACT_OVER_FINISH times that of recent simulations."""
         if not state.compact:
             return 0.0
-        nodes = len(state.program.nodes) + sum((f.n - 1) * len(f.nodes) for f in state.tree.enabled())
-        seen = self.node_seconds.get("exact")
-        if seen:
-            return nodes * seen[-1]
-        recent = sorted(self.node_seconds.get("finish", [0.0])[-PER_NODE_SAMPLES:])
-        return nodes * EXACT_OVER_FINISH * recent[len(recent) // 2]
+        exact = self.node_seconds.get("exact")
+        per_node = (_median(exact[-PER_NODE_SAMPLES:]) if exact
+                    else EXACT_OVER_FINISH * _median(self.node_seconds.get("finish", [0.0])[-PER_NODE_SAMPLES:]))
+        nodes = self.full_nodes.get(state.digest)
+        if nodes is None:
+            nodes = self.full_nodes[state.digest] = full_expansion_nodes(state)
+        return nodes * per_node
 
     # ------------------------------------------------------------ building blocks
     def finish(self, base: Graph, base_order: list[int], tree: FTree, dgraph: DGraph,
@@ -543,6 +545,27 @@ def narrow_waist(g: Graph, order: list[int]) -> dict[int, int]:
     h = g.with_order(order)
     problem = Problem(h)
     return {problem.ids[v]: value for v, value in Reachability(problem).narrow_waist().items()}
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def full_expansion_nodes(state: State) -> int:
+    """How many nodes `state`'s program has on the full expansion: a node of a compact program
+    in part 0 of regions r1, r2, ... (its fission tag's path) is there n1 x n2 x ... times; a
+    compact program's keep-alive nodes are not."""
+    if not state.compact:
+        return len(state.program.nodes)
+    tree = state.tree
+    total = 0
+    for node in state.program.nodes.values():
+        tag = node.tags.fission
+        if tag is None:
+            total += 1
+        elif tag.role != "keep":        # (a compact expansion's keep-alive only)
+            total += math.prod(tree.node(r).n for r, _ in tag.path)
+    return total
 
 
 def region_nodes(tree: FTree) -> frozenset[int]:
