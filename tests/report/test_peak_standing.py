@@ -5,15 +5,21 @@ that is not met says so in LimitNotMet's message and in the report."""
 from __future__ import annotations
 
 import pytest
+import torch
+from torch import nn
 
 import peakcut
 from peakcut.cost import get_cost_model
+from peakcut.ir.tensor import Role
 from peakcut.optimizer import optimize_graph
 from peakcut.optimizer.derive import Deriver
 from peakcut.optimizer.plan import LimitNotMet
 from peakcut.report.peak_standing import peak_standing
 from peakcut.simulate import simulate_timeline
 from peakcut.workloads import get_workload
+from tests.helpers import cross_entropy_loss
+from tests.rules.test_offload_param import RULE as PARAM_RULE
+from tests.rules.test_offload_param import offload
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +70,25 @@ def test_a_memory_limit_not_met_says_what_stands_at_the_peak(step) -> None:
     with pytest.raises(LimitNotMet, match="at the best plan's peak"):
         peakcut.optimize(inst.model, inst.batch, inst.loss_fn, memory_limit="100KB", device="h100",
                          time_budget=5, max_states=20)
+
+
+def test_gradients_and_device_copies_of_host_kept_parameters_are_named_for_what_they_hold() -> None:
+    """A weight gradient is made by an mm whose result is viewed as the gradient (one storage,
+    roles activation and grad): a gradient. The device copy a load makes of a parameter kept in
+    host memory: a parameter. The update's own results: update temporaries."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 4))
+    batch = (torch.randn(2, 512), torch.randint(0, 4, (2,)))
+    g = peakcut.capture(model, batch, cross_entropy_loss, torch.optim.AdamW(model.parameters()))
+    tree = optimize_graph(g, time_budget=0, device="h100").result.root.tree
+    g, order = offload(g, list(g.order), PARAM_RULE, Role.PARAM)
+    timeline = simulate_timeline(g, order, get_cost_model("h100"))
+    standing = peak_standing(g, timeline, tree)
+    weight = 512 * 512 * 4
+    assert standing.by_kind["gradients"] >= weight and standing.by_kind["parameters"] >= weight
+    assert standing.by_kind.get("activations", 0) < 1024, standing.by_kind
+    assert standing.by_kind["update temporaries"] >= weight
+    assert sum(standing.by_kind.values()) == timeline.peak_bytes
 
 
 def test_a_limit_met_has_no_standing(step) -> None:

@@ -2,8 +2,9 @@
 
 When a memory limit is not met the user needs to know why, with figures: the bytes live at the
 best plan's simulated peak by what they are (parameters, gradients, optimizer state,
-activations, batch inputs, workspace), and how many of them belong to the parts of an enabled
-fission region: made by a part's ops, made by the region to collect its parts' results (a
+activations, the update's temporaries, batch inputs, workspace; a storage that tensors of
+several roles share counts as the most lasting of them, ROLE_ORDER), and how many of them
+belong to the parts of an enabled fission region: made by a part's ops, made by the region to collect its parts' results (a
 boundary output, such as a gradient summed over the parts), or caller-held and read by a part's
 ops. Re-materialization, swapping and the offload rules apply outside enabled regions only
 (peakcut.rules.protocol), so with this F-Tree those bytes stay at the peak whatever else the
@@ -22,12 +23,16 @@ from typing import Any
 
 from peakcut.fission.ftree import FTree
 from peakcut.ir.graph import Graph
+from peakcut.ir.ops import LOAD_OP
 from peakcut.simulate import Timeline
 from peakcut.units import format_bytes
 
 KINDS = {"param": "parameters", "buffer": "buffers", "grad": "gradients", "accumulated": "gradients",
          "opt_state": "optimizer state", "activation": "activations", "input": "batch inputs"}
 """Tensor role -> what the breakdown calls it (roles: peakcut.ir.tensor.Role)."""
+
+UPDATE_TEMPORARIES = "update temporaries"
+"""Bytes the optimizer update makes for itself (sqrt(v) + eps, m / ..., clip coefficients)."""
 
 WORKSPACE = "workspace"
 """Bytes at the peak that no tensor holds: the running ops' scratch memory."""
@@ -88,10 +93,12 @@ class PeakStanding:
 def peak_standing(g: Graph, timeline: Timeline, tree: FTree) -> PeakStanding:
     """The standing at `timeline`'s peak of program `g` whose enabled regions are `tree`'s."""
     read_in_parts = _storages_read_in_parts(g)
+    roles = _storage_roles(g)
     by_kind: dict[str, int] = {}
     in_parts: dict[str, int] = {}
     for spot in timeline.hotspots:
-        kind = KINDS.get(spot.role, "other")
+        role = roles.get(spot.storage, spot.role)
+        kind = UPDATE_TEMPORARIES if role == "activation" and spot.phase == "optimizer" else KINDS.get(role, "other")
         by_kind[kind] = by_kind.get(kind, 0) + spot.bytes
         if _tied_to_parts(g, spot.node, spot.storage, read_in_parts):
             in_parts[kind] = in_parts.get(kind, 0) + spot.bytes
@@ -103,6 +110,30 @@ def peak_standing(g: Graph, timeline: Timeline, tree: FTree) -> PeakStanding:
     peak_op = "" if peak is None else peak.name or peak.op
     return PeakStanding(timeline.peak_bytes, peak_op, dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
                         dict(sorted(in_parts.items(), key=lambda kv: -kv[1])), regions)
+
+
+ROLE_ORDER = ("param", "opt_state", "grad", "accumulated", "buffer", "input", "activation")
+"""Which role names a storage that tensors of several roles share (the first of them here): a
+weight gradient made by an mm whose result is then viewed as the gradient is a gradient."""
+
+
+def _storage_roles(g: Graph) -> dict[int, str]:
+    """Storage -> the role it holds: the first in ROLE_ORDER among its tensors' roles, and for
+    the device copy a load makes of a host-kept input (offload_param, offload_state), the
+    input's role."""
+    rank = {role: k for k, role in enumerate(ROLE_ORDER)}
+    best: dict[int, str] = {}
+    for meta in g.tensors.values():
+        role = meta.role.value
+        held = best.get(meta.storage)
+        if held is None or rank.get(role, len(rank)) < rank.get(held, len(rank)):
+            best[meta.storage] = role
+    for node in g.nodes.values():
+        if node.op == LOAD_OP and g.is_input_copy(node):
+            copied = g.tensors[node.input_tuple[0]].role.value
+            for t in node.output_tuple:
+                best[g.tensors[t].storage] = copied
+    return best
 
 
 def _storages_read_in_parts(g: Graph) -> set[int]:
