@@ -2,5 +2,6 @@
 
 from peakcut.codegen.program import Step, StepBindingError, default_program_dir
 from peakcut.codegen.source import generate_source
+from peakcut.codegen.update_progress import PartialUpdateError
 
-__all__ = ["Step", "StepBindingError", "default_program_dir", "generate_source"]
+__all__ = ["PartialUpdateError", "Step", "StepBindingError", "default_program_dir", "generate_source"]

@@ -18,6 +18,7 @@ from peakcut.codegen.host_worker import HostWorker
 from peakcut.codegen.source import generate_source, hyper_names, hyper_values
 from peakcut.codegen.swap import HostPool, host_copy
 from peakcut.codegen.update_inputs import Prepared, StepBindingError, UpdateInputs
+from peakcut.codegen.update_progress import PartialUpdateError, update_begun
 from peakcut.ir.graph import Graph
 from peakcut.ir.tensor import TensorMeta
 from peakcut.memory import simulate
@@ -236,9 +237,15 @@ class Step:
         with torch.no_grad():
             try:
                 return self._fn(*inputs, **kwargs)
-            except BaseException:
+            except BaseException as e:
                 if self.host_ops is not None:
                     self.host_ops.discard()     # no host op of a failed step runs later
+                if isinstance(e, Exception) and update_begun(self._fn.__code__, e.__traceback__):
+                    raise PartialUpdateError(
+                        f"the step failed ({type(e).__name__}: {e}) after it had begun writing parameters or "
+                        "optimizer state (its schedule runs part of the update before the backward ends): "
+                        "they are partly updated; restore the model and the optimizer (e.g. from a "
+                        "checkpoint) before the next step") from e
                 raise
 
     # ------------------------------------------------------------ calling

@@ -27,6 +27,8 @@ import torch
 
 from peakcut.codegen.calls import call_source, literal
 from peakcut.codegen.fission import Item, Loop, LoopPlan, Unrolled, has_fission, plan_loops
+from peakcut.codegen.update_progress import FLAG as PROGRESS_FLAG
+from peakcut.codegen.update_progress import UpdateProgressCode, first_early_write
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Hyper
 from peakcut.ir.ops import GATE_OP, is_host_copy
@@ -108,13 +110,16 @@ def generate_source(g: Graph, order: list[int] | None = None, title: str = "", p
     order = list(g.order if order is None else order)
     frees = last_uses(g, order)
     plan = plan_loops(g, order, frees, refuse=rules.loop_refusal(g)) if has_fission(g) else None
-    names = _Names(g, rules.reserved_names, plan.display if plan else None)
+    names = _Names(g, rules.reserved_names | {PROGRESS_FLAG}, plan.display if plan else None)
     lines = [HEADER.format(
         title=title or "One training step captured by peakcut.", version=__version__,
         order_kind="capture (eager)" if order == g.order else "rescheduled",
         n_nodes=len(order), peak=peak,
     )]
     codes = rules.node_codes(g, order, names)
+    early = first_early_write(g, order)
+    if early is not None:
+        codes.append(UpdateProgressCode(early))
     args = ", ".join(names.by_tensor[t] for t in g.inputs)
     keywords = ["hp"] if hyper_names(g) else []
     for code in codes:
