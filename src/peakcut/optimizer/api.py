@@ -295,7 +295,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    "exact": s.exact} for s in result.front],
     }
     if objective.mode == "memory" and not report["feasible"] and not best.compact:
-        at_peak = simulate_timeline(best.program, best.order, cost, workspace)
+        at_peak = simulate_timeline(best.program, best.order, cost, deriver.workspace)   # as the search priced it
         report["peak_standing"] = peak_standing(best.program, at_peak, best.tree).as_dict()
     return Optimized(result, objective, report, cost, eager, deriver, eager_ratio)
 
