@@ -20,6 +20,7 @@ How host copies are kept apart from device memory:
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -37,15 +38,18 @@ class HostPool:
 
     live_bytes: bytes of host copies alive now; peak_bytes: their maximum since reset_peak().
     A buffer counts from its allocation until it is garbage (weakref finalizer), so the
-    tally follows the program's `del`s.
+    tally follows the program's `del`s. The counts are kept under a lock: the host stream's
+    worker thread allocates buffers that the step's thread frees (codegen.host_worker).
     """
 
     def __init__(self) -> None:
         self.live_bytes = 0
         self.peak_bytes = 0
+        self._lock = threading.Lock()
 
     def reset_peak(self) -> None:
-        self.peak_bytes = self.live_bytes
+        with self._lock:
+            self.peak_bytes = self.live_bytes
 
     def empty_strided(self, shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
                       pinned: bool = False) -> torch.Tensor:
@@ -59,12 +63,14 @@ class HostPool:
         return tensor
 
     def _track(self, owner: Any, nbytes: int) -> None:
-        self.live_bytes += nbytes
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        with self._lock:
+            self.live_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         weakref.finalize(owner, self._release, nbytes)
 
     def _release(self, nbytes: int) -> None:
-        self.live_bytes -= nbytes
+        with self._lock:
+            self.live_bytes -= nbytes
 
 
 def host_empty_strided(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
