@@ -37,7 +37,7 @@ class PartialUpdateError(RuntimeError):
 def first_early_write(g: Graph, order: Sequence[int]) -> int | None:
     """The first node in `order` that writes a parameter or optimizer state (in place) while
     forward, loss or backward ops still follow it; None when every such write comes after them."""
-    persistent = {m.storage for t, m in g.tensors.items() if t in g.inputs and m.role in _PERSISTENT}
+    persistent = {g.tensors[t].storage for t in g.inputs if g.tensors[t].role in _PERSISTENT}
     last_device_pass = max((k for k, nid in enumerate(order) if g.nodes[nid].phase is not Phase.OPTIMIZER),
                            default=-1)
     for nid in order[:last_device_pass]:

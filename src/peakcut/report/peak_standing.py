@@ -4,9 +4,9 @@ When a memory limit is not met the user needs to know why, with figures: the byt
 best plan's simulated peak by what they are (parameters, gradients, optimizer state,
 activations, the update's temporaries, batch inputs, workspace; a storage that tensors of
 several roles share counts as the most lasting of them, ROLE_ORDER), and how many of them
-belong to the parts of an enabled fission region: made by a part's ops, made by the region to collect its parts' results (a
-boundary output, such as a gradient summed over the parts), or caller-held and read by a part's
-ops. Re-materialization, swapping and the offload rules apply outside enabled regions only
+belong to the parts of an enabled fission region: made by a part's ops, made by the region to
+collect its parts' results (a boundary output, such as a gradient summed over the parts), or
+read by a part's ops. Re-materialization, swapping and the offload rules apply outside enabled regions only
 (peakcut.rules.protocol), so with this F-Tree those bytes stay at the peak whatever else the
 search does; a region already at its most parts (n equal to its dimension's length) cannot
 shrink them either.
@@ -30,6 +30,10 @@ from peakcut.units import format_bytes
 KINDS = {"param": "parameters", "buffer": "buffers", "grad": "gradients", "accumulated": "gradients",
          "opt_state": "optimizer state", "activation": "activations", "input": "batch inputs"}
 """Tensor role -> what the breakdown calls it (roles: peakcut.ir.tensor.Role)."""
+
+ROLE_ORDER = ("param", "opt_state", "grad", "accumulated", "buffer", "input", "activation")
+"""Which role names a storage that tensors of several roles share (the first of them here): a
+weight gradient made by an mm whose result is then viewed as the gradient is a gradient."""
 
 UPDATE_TEMPORARIES = "update temporaries"
 """Bytes the optimizer update makes for itself (sqrt(v) + eps, m / ..., clip coefficients)."""
@@ -110,11 +114,6 @@ def peak_standing(g: Graph, timeline: Timeline, tree: FTree) -> PeakStanding:
     peak_op = "" if peak is None else peak.name or peak.op
     return PeakStanding(timeline.peak_bytes, peak_op, dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
                         dict(sorted(in_parts.items(), key=lambda kv: -kv[1])), regions)
-
-
-ROLE_ORDER = ("param", "opt_state", "grad", "accumulated", "buffer", "input", "activation")
-"""Which role names a storage that tensors of several roles share (the first of them here): a
-weight gradient made by an mm whose result is then viewed as the gradient is a gradient."""
 
 
 def _storage_roles(g: Graph) -> dict[int, str]:

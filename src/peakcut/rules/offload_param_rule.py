@@ -40,7 +40,14 @@ from peakcut.ir.registry import OpKind, lookup
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.rules.hotspot import Hotspot, HotspotSite
 from peakcut.rules.input_copy_code import InputCopyCode, input_copies
-from peakcut.rules.protocol import LoopRefusal, Names, NodeCode, ProgramRule, Site, judged_sites
+from peakcut.rules.protocol import (
+    LoopRefusal,
+    Names,
+    NodeCode,
+    ProgramRule,
+    Site,
+    apply_in_one_edit,
+)
 from peakcut.schedule.placement import Placement
 from peakcut.transform.rewrite import (
     Rewrite,
@@ -187,12 +194,8 @@ class OffloadParamRule(ProgramRule):
                    ) -> tuple[Rewrite | None, list[str | None]]:
         """The parameters of `sites` where the rule applies, kept in host memory in one edit
         (each parameter's copies and views touch its own storage only)."""
-        chosen, reasons = judged_sites(self, g, order, sites)
-        if not chosen:
-            return None, reasons
-        what = (self.describe(g, sites[reasons.index(None)]) if len(chosen) == 1
-                else f"keep {len(chosen)} parameters in host memory, on the device per phase that uses them")
-        return _offload(g, order, chosen, what), reasons
+        return apply_in_one_edit(self, g, order, sites, _offload,
+                                 "keep {n} parameters in host memory, on the device per phase that uses them")
 
     def describe(self, g: Graph, site: Site) -> str:
         return f"keep {describe_tensor(g, site.tensor)} in host memory, on the device per phase that uses it"

@@ -34,7 +34,14 @@ from peakcut.ir.ops import LOAD_OP, WRITEBACK_OP
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.rules.hotspot import Hotspot, HotspotSite
 from peakcut.rules.input_copy_code import InputCopyCode, input_copies
-from peakcut.rules.protocol import LoopRefusal, Names, NodeCode, ProgramRule, Site, judged_sites
+from peakcut.rules.protocol import (
+    LoopRefusal,
+    Names,
+    NodeCode,
+    ProgramRule,
+    Site,
+    apply_in_one_edit,
+)
 from peakcut.schedule.placement import Placement
 from peakcut.transform.rewrite import (
     Rewrite,
@@ -131,12 +138,7 @@ class OffloadStateRule(ProgramRule):
                    ) -> tuple[Rewrite | None, list[str | None]]:
         """The state inputs of `sites` where the rule applies, kept in host memory in one edit
         (each input's load and writeback touch its own storage only)."""
-        chosen, reasons = judged_sites(self, g, order, sites)
-        if not chosen:
-            return None, reasons
-        what = (self.describe(g, sites[reasons.index(None)]) if len(chosen) == 1
-                else f"keep {len(chosen)} optimizer-state tensors in host memory")
-        return _offload(g, order, chosen, what), reasons
+        return apply_in_one_edit(self, g, order, sites, _offload, "keep {n} optimizer-state tensors in host memory")
 
     def describe(self, g: Graph, site: Site) -> str:
         return f"keep {describe_tensor(g, site.tensor)} in host memory, on the device for its update only"

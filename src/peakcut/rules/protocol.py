@@ -215,15 +215,23 @@ class RegionRule(Protocol):
         ...
 
 
-def judged_sites(rule: ProgramRule, g: Graph, order: Sequence[int], sites: Sequence[Site]
-                 ) -> tuple[list[int], list[str | None]]:
-    """The tensors of `sites` where `rule` applies on (g, order), each once, and per site why it
-    does not (None: it does): what a batched rule's apply_many starts from."""
+def apply_in_one_edit(rule: ProgramRule, g: Graph, order: Sequence[int], sites: Sequence[Site],
+                      edit: Callable[[Graph, Sequence[int], list[int], str], Rewrite], plural: str
+                      ) -> tuple[Rewrite | None, list[str | None]]:
+    """A batched rule's apply_many when its sites touch disjoint storages: the tensors of
+    `sites` where `rule` applies (each once) go to edit(g, order, tensors, what) together; `what`
+    is the one site's description, or `plural` with {n} the count. Also per site, why it does
+    not apply (None: it does)."""
     reasons: list[str | None] = []
     chosen: list[int] = []
+    seen: set[int] = set()
     for site in sites:
-        reason = rule.why_not(g, order, site) if site.tensor not in chosen else "the same tensor twice"
+        reason = rule.why_not(g, order, site) if site.tensor not in seen else "the same tensor twice"
         reasons.append(reason)
         if reason is None:
             chosen.append(site.tensor)
-    return chosen, reasons
+            seen.add(site.tensor)
+    if not chosen:
+        return None, reasons
+    what = rule.describe(g, sites[reasons.index(None)]) if len(chosen) == 1 else plural.format(n=len(chosen))
+    return edit(g, order, chosen, what), reasons
