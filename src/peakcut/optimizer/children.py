@@ -101,7 +101,8 @@ def children(state: State, deriver: Deriver, settings: MoveSettings, rng: random
         yield from _program_moves(state, deriver, settings, kinds, rng)
     if rules.rewrites and settings.uses(REWRITE_MOVES):
         regions = region_nodes(state.tree)
-        outside = [s for s in deriver.sites(state, TASO_SITES) if not regions.intersection(s.nodes)]
+        outside = [s for s in deriver.sites(state, TASO_SITES)
+                   if rules.rewrite_rule(s.kind).in_regions or not regions.intersection(s.nodes)]
         for site in outside[:settings.taso_per_state]:
             key = (REWRITE_MOVES, *make_key(state), site.kind, site.nodes, site.parts)
             yield Move(REWRITE_MOVES, key, rules.rewrite_rule(site.kind).describe(site),

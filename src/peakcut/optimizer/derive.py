@@ -304,7 +304,8 @@ class Deriver:
         state), else on the base, with the F-Tree rebuilt on it and the enabled nodes carried
         over to the new nodes that cover the same ops (see module doc)."""
         t0 = time.perf_counter()
-        inside = [v for v in site.nodes if v in region_nodes(parent.tree)]
+        rule = self.rules.rewrite_rule(site.kind)
+        inside = [] if rule.in_regions else [v for v in site.nodes if v in region_nodes(parent.tree)]
         if inside:
             raise DeriveError(f"{site.description}: inside an enabled fission region")
         state = self._taso_on_program(parent, site) if self.lazy_taso else None
@@ -312,7 +313,7 @@ class Deriver:
             new = self.rebased(parent.base_digest, parent.base, parent.base_order, site,
                                parent.tree, parent.dgraph)
             state = self._on_rebased(new, parent.tree, parent.recipes,
-                                     (*parent.applied, self.rules.rewrite_rule(site.kind).describe(site)),
+                                     (*parent.applied, rule.describe(site)),
                                      parent.depth + 1)
         self.record("taso", t0)
         return state

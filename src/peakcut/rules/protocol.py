@@ -170,6 +170,11 @@ class ProgramRule(Protocol):
 class RewriteRule(Protocol):
     """A rewrite of the base graph (see module doc)."""
 
+    in_regions: bool = False
+    """True when the rule may rewrite nodes of enabled fission regions: the F-Tree is then found
+    again on the new base and the enabled regions carried over (Deriver.with_taso). Others apply
+    outside every enabled region only."""
+
     @property
     def kind(self) -> str:
         """Unique name (TasoCandidate.kind of its sites)."""

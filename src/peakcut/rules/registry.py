@@ -19,6 +19,7 @@ from types import MappingProxyType
 
 from peakcut.ir.graph import Graph
 from peakcut.memory import MemoryProfile, simulate
+from peakcut.rules.checkpoint_rule import CheckpointBlocksRule
 from peakcut.rules.fission_rule import FissionRule
 from peakcut.rules.host_update_rule import HostUpdateRule
 from peakcut.rules.hotspot import Hotspot
@@ -229,6 +230,7 @@ RULES = Registry(
         HostUpdateRule(),
     ),
     rewrites=(
+        CheckpointBlocksRule(),
         MergeMatmulsRule(),
         SplitMatmulRule(),
         DropIdentityRule(),

@@ -1,0 +1,71 @@
+"""Checkpointing a model's repeated blocks, as a rewrite of the base graph (the rewrite itself:
+peakcut.transform.checkpoint). Its sites: per list of numbered blocks (a transformer's layers),
+every block, and every second block (half the recompute, for a tighter latency limit).
+
+It is the one rewrite that may touch enabled fission regions (`in_regions`): its copies
+become base nodes, the F-Tree is found again on the new base and the enabled regions carried
+over, so a region that micro-batches the whole step recomputes each block per part (what
+the program rules, which stay outside regions, cannot do)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from peakcut.ir.graph import Graph
+from peakcut.rules.protocol import RewriteRule
+from peakcut.transform.checkpoint import Block, block_key, checkpoint_blocks, find_blocks, why_not_checkpoint
+from peakcut.transform.rewrite import Rewrite, RuleError
+from peakcut.transform.taso.find import TasoCandidate
+
+
+class CheckpointBlocksRule(RewriteRule):
+    """Each block's backward reads a recompute of the block's forward (torch.utils.checkpoint
+    around every block, or every second one)."""
+
+    kind = "checkpoint_blocks"
+    in_regions = True
+
+    def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+        for name, blocks in find_blocks(g).items():
+            ready = [b for b in blocks if why_not_checkpoint(g, order, b) is None]
+            if not ready:
+                continue
+            yield _site(ready, f"checkpoint {len(ready)} blocks of {name}")
+            if len(ready) >= 4:
+                half = ready[1::2]
+                yield _site(half, f"checkpoint every second block of {name} ({len(half)})")
+
+    def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
+        blocks = _blocks(g, site)
+        if isinstance(blocks, str):
+            return blocks
+        reasons = [why_not_checkpoint(g, order, b) for b in blocks]
+        return None if None in reasons else reasons[0]
+
+    def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
+        blocks = _blocks(g, site)
+        if isinstance(blocks, str):
+            raise RuleError(blocks)
+        done, reasons = checkpoint_blocks(g, order, blocks)
+        if done is None:
+            raise RuleError(next(r for r in reasons if r))
+        return done
+
+    def describe(self, site: TasoCandidate) -> str:
+        return site.description
+
+
+def _site(blocks: Sequence[Block], what: str) -> TasoCandidate:
+    return TasoCandidate("checkpoint_blocks", tuple(v for b in blocks for v in b.nodes), what)
+
+
+def _blocks(g: Graph, site: TasoCandidate) -> list[Block] | str:
+    """The site's blocks in g: its nodes grouped by block, in order."""
+    grouped: dict[str, list[int]] = {}
+    for v in site.nodes:
+        node = g.nodes.get(v)
+        key = block_key(node.module) if node is not None else None
+        if key is None:
+            return f"node {v} of the site is not a block's node in this graph"
+        grouped.setdefault(key, []).append(v)
+    return [Block(key, tuple(nodes)) for key, nodes in grouped.items()]

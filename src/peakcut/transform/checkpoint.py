@@ -1,0 +1,282 @@
+"""Activation checkpointing of repeated blocks (a transformer's layers) as a rewrite of the step.
+
+A block is the forward nodes of one numbered module (`model.layers.3`, `transformer.h.10`,
+`bert.encoder.layer.0`: the module path up to its first number). Checkpointing a block
+gives its backward a recomputed copy of the block's forward: every backward node that read a
+tensor the block's forward made reads the copy's tensor instead. The copies read the
+block's inputs (the residual stream, parameters, masks, the rotary tables), are placed
+together right before the first backward node that reads one of them, and carry a RematTag
+naming the original (the generated code comments them as recomputes). The forward's own
+tensors are then freed when the forward is done with them, as with
+`torch.utils.checkpoint` around each block. Tensors a block hands to later forward nodes
+(its output: the next block's input) are not recomputed: they are what is kept.
+
+Unlike the remat program rule, this is a rewrite of the base graph (peakcut.rules
+CheckpointBlocksRule): the copies become base nodes, so a fission region that spans the
+blocks (micro-batching the whole step) splits them with the rest, and each part recomputes
+its own rows.
+
+Safety (DESIGN invariants 2 and 4), checked per block; a block that fails is left alone:
+- every copied node is an op the registry knows, draws no random numbers, writes nothing in
+  place and returns initialized memory;
+- no copied tensor is a program output or written in place by any node;
+- every in-place writer of a storage the copies read (an optimizer update of a parameter)
+  runs after the copies' place in the order and gets a control edge "after the copy".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from peakcut.ir.edit import GraphEditor, splice
+from peakcut.ir.graph import Graph
+from peakcut.ir.node import Node, Phase
+from peakcut.ir.registry import OpKind, draws_random, lookup
+from peakcut.ir.tags import NodeTags, RematTag
+from peakcut.ir.tensor import Role, TensorMeta
+from peakcut.transform.rewrite import (
+    Rewrite,
+    RuleError,
+    StorageMove,
+    alias_closure,
+    apply_moves,
+    check_order_matches,
+    describe_node,
+    describe_tensor,
+    positions,
+    program_output_storages,
+    why_not_move,
+)
+
+_NUMBERED = re.compile(r"^(.*?\.\d+)(?:\.|$)")   # the module path up to its first number
+
+_UNINITIALIZED = frozenset({
+    "aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default",
+    "aten.new_empty.default", "aten.new_empty_strided.default",
+})
+
+
+@dataclass(frozen=True)
+class Block:
+    """One numbered module's forward nodes, in capture order."""
+
+    module: str                # e.g. "model.layers.3"
+    nodes: tuple[int, ...]
+
+
+def block_key(module: str) -> str | None:
+    """The block a module path belongs to ('model.layers.3.mlp' -> 'model.layers.3'); None when
+    the path has no numbered part."""
+    m = _NUMBERED.match(module)
+    return m.group(1) if m else None
+
+
+def find_blocks(g: Graph) -> dict[str, list[Block]]:
+    """The step's repeated blocks, by module list ('model.layers' -> its blocks in order); only
+    lists of at least two blocks."""
+    members: dict[str, list[int]] = {}
+    for nid in g.order:
+        node = g.nodes[nid]
+        if node.phase is not Phase.FORWARD or node.tags.remat is not None:
+            continue
+        key = block_key(node.module)
+        if key is not None:
+            members.setdefault(key, []).append(nid)
+    lists: dict[str, list[Block]] = {}
+    for key, nodes in members.items():
+        lists.setdefault(key.rsplit(".", 1)[0], []).append(Block(key, tuple(nodes)))
+    return {name: blocks for name, blocks in lists.items() if len(blocks) >= 2}
+
+
+@dataclass(frozen=True)
+class _Plan:
+    copied: tuple[int, ...]          # the forward nodes to copy, in capture order
+    readers: tuple[int, ...]         # backward nodes to rewire to the copies
+    position: int                    # where the copies go in `order`
+    capture_position: int            # and in g.order
+    hazards: dict[int, tuple[int, ...]]   # in-place writer -> the copies it must follow
+
+
+def _why_not_node(g: Graph, nid: int) -> str | None:
+    node = g.nodes[nid]
+    what = describe_node(g, nid)
+    info = lookup(node.op)
+    if info is None:
+        return f"{what} is opaque to peakcut (not in the op registry)"
+    if info.kind is OpKind.SWAP:
+        return f"{what} is a swap op"
+    if draws_random(node.op, node.args, node.kwargs):
+        return f"{what} draws random numbers: a recompute would not give the same result"
+    if node.op in _UNINITIALIZED:
+        return f"{what} returns uninitialized memory"
+    written = g.mutated_tensors(nid)
+    if written:
+        return f"{what} writes {describe_tensor(g, written[0])} in place: a recompute would write it again"
+    return None
+
+
+def _plan(g: Graph, order: Sequence[int], block: Block) -> _Plan | str:
+    inside = set(block.nodes)
+    made = {t: v for v in block.nodes for t in g.nodes[v].output_ids()}
+    storage_of = g.tensors
+    # storages the block hands to later forward (or loss) nodes: the block's outputs, kept
+    handed = {storage_of[t].storage for t in made
+              for u in g.users(t) if u not in inside and g.nodes[u].phase is not Phase.BACKWARD}
+    readers: dict[int, None] = {}
+    wanted: list[int] = []
+    for t in made:
+        if storage_of[t].storage in handed:
+            continue
+        late = [u for u in g.users(t) if g.nodes[u].phase is Phase.BACKWARD]
+        if late:
+            wanted.append(made[t])
+            readers.update(dict.fromkeys(late))
+    if not readers:
+        return f"no backward node of {block.module} reads a tensor its forward makes (checkpointed already?)"
+    copied: set[int] = set()
+    stack = list(dict.fromkeys(wanted))
+    producer = g.producer_map()
+    while stack:
+        v = stack.pop()
+        if v in copied:
+            continue
+        copied.add(v)
+        stack.extend(p for t in g.nodes[v].input_tuple if (p := producer.get(t)) in inside and p not in copied)
+    ordered = tuple(v for v in block.nodes if v in copied)
+    outputs = program_output_storages(g)
+    copied_storages: set[int] = set()
+    for v in ordered:
+        reason = _why_not_node(g, v)
+        if reason:
+            return reason
+        for t in g.nodes[v].output_ids():
+            s = storage_of[t].storage
+            owner = g.storage_owner_of(s)
+            if owner is not None and owner in inside and owner not in copied:
+                return f"{describe_tensor(g, t)} is a view of a tensor of {block.module} that is not recomputed"
+            if s in outputs:
+                return f"{describe_tensor(g, t)} is (or shares storage with) a program output"
+            if owner == v:
+                copied_storages.add(s)
+    for s in copied_storages:
+        reason = why_not_move(g, [v for v in alias_closure(g, s, readers) if v not in made],
+                              g.storages[s], 0)
+        if reason:
+            return reason
+        if g.storage_writers(s):
+            return (f"a storage made by {block.module} is written in place by "
+                    f"{describe_node(g, g.storage_writers(s)[0])}: a recompute would miss that write")
+    pos = positions(order)
+    position = min(pos[u] for u in readers)
+    capture = positions(g.order)
+    capture_position = min(capture[u] for u in readers)
+    last_forward = max(pos[v] for v in ordered)
+    if last_forward >= position:
+        return f"{describe_node(g, min(readers, key=pos.__getitem__))} runs before the forward of {block.module} ends"
+    external = {storage_of[t].storage: t for v in ordered for t in g.nodes[v].input_tuple if t not in made}
+    hazards: dict[int, list[int]] = {}
+    first = min(pos[v] for v in ordered)
+    for s, t in external.items():
+        for m in g.storage_writers(s):
+            if m in inside or pos[m] < first:
+                continue      # a write before the block's forward: the forward and the copy see it alike
+            if pos[m] < position or capture[m] < capture_position:
+                return (f"{describe_node(g, m)} writes {describe_tensor(g, t)} in place between the "
+                        f"forward of {block.module} and its backward")
+            hazards.setdefault(m, []).extend(v for v in ordered if s in
+                                              {storage_of[x].storage for x in g.nodes[v].input_tuple})
+    return _Plan(ordered, tuple(sorted(readers, key=pos.__getitem__)), position, capture_position,
+                 {m: tuple(dict.fromkeys(vs)) for m, vs in hazards.items()})
+
+
+def _checked_plan(g: Graph, order: Sequence[int], block: Block) -> _Plan | str:
+    stale = check_order_matches(g, order)
+    if stale:
+        return stale
+    missing = [v for v in block.nodes if v not in g.nodes]
+    if missing:
+        return f"node {missing[0]} of {block.module} is not in the graph"
+    return _plan(g, order, block)
+
+
+def why_not_checkpoint(g: Graph, order: Sequence[int], block: Block) -> str | None:
+    """Why `block` cannot be checkpointed in (g, order) (None when it can)."""
+    plan = _checked_plan(g, order, block)
+    return plan if isinstance(plan, str) else None
+
+
+def checkpoint_block(g: Graph, order: Sequence[int], block: Block) -> Rewrite:
+    """`block` checkpointed (module doc); RuleError with why_not_checkpoint's reason where it
+    cannot be."""
+    plan = _checked_plan(g, order, block)
+    if isinstance(plan, str):
+        raise RuleError(plan)
+    edit = GraphEditor(g)
+    tensor_map: dict[int, int] = {}
+    storage_map: dict[int, int] = {}
+    node_map: dict[int, int] = {}
+    copies: list[int] = []
+    for v in plan.copied:
+        node = g.nodes[v]
+        metas: list[TensorMeta] = []
+        outs: list[int | None] = []
+        for t in node.outputs:
+            if t is None:
+                outs.append(None)
+                continue
+            meta = g.tensors[t]
+            s = meta.storage
+            if g.storage_owner_of(s) == v and s not in storage_map:
+                storage_map[s] = edit.add_storage(g.storages[s])
+            t2 = edit.new_id()
+            metas.append(TensorMeta(t2, meta.shape, meta.stride, meta.dtype, storage_map.get(s, s),
+                                    meta.storage_offset, Role.ACTIVATION, f"{meta.name or t}_ckpt"))
+            tensor_map[t] = t2
+            outs.append(t2)
+        copy = Node(id=edit.new_id(), op=node.op, args=node.args, kwargs=dict(node.kwargs),
+                    outputs=tuple(outs), multi_output=node.multi_output, module=node.module,
+                    phase=Phase.BACKWARD, name=f"{node.name or v}_ckpt", tags=NodeTags(remat=RematTag(v)))
+        edit.add_node(copy, metas)
+        edit.rewire(copy.id, tensor_map)
+        node_map[v] = copy.id
+        copies.append(copy.id)
+        if v in g.control:
+            edit.set_control(copy.id, tuple(node_map.get(c, c) for c in g.control[v]))
+    moves = [StorageMove(s, s2, 0, tuple(v for v in alias_closure(g, s, plan.readers) if v not in tensor_map))
+             for s, s2 in storage_map.items()]
+    for u in plan.readers:
+        edit.rewire(u, tensor_map)
+    apply_moves(edit, moves)   # views the readers make of a copied tensor live in the copy's storage
+    for m, vs in plan.hazards.items():
+        edit.add_control(m, [node_map[v] for v in vs])
+    edit.insert_in_order(plan.capture_position, copies)
+    return Rewrite(
+        graph=edit.finish(), order=splice(order, plan.position, copies), added=tuple(copies),
+        changed=tuple(dict.fromkeys((*plan.readers, *plan.hazards))), removed=(),
+        description=f"checkpoint {block.module}: {len(copies)} forward ops recomputed for "
+                    f"{len(plan.readers)} backward reader(s)",
+    )
+
+
+def checkpoint_blocks(g: Graph, order: Sequence[int], blocks: Sequence[Block]) -> tuple[Rewrite | None, list[str | None]]:
+    """Every block of `blocks` that can be checkpointed, one after another: the rewrite (None
+    when none can) and, per block, why it was not (None: it was)."""
+    reasons: list[str | None] = []
+    added: list[int] = []
+    changed: list[int] = []
+    done: Rewrite | None = None
+    for block in blocks:
+        h, o = (g, order) if done is None else (done.graph, done.order)
+        reason = why_not_checkpoint(h, o, block)
+        reasons.append(reason)
+        if reason is None:
+            done = checkpoint_block(h, o, block)
+            added.extend(done.added)
+            changed.extend(done.changed)
+    if done is None:
+        return None, reasons
+    n = reasons.count(None)
+    what = done.description if n == 1 else f"checkpoint {n} blocks ({blocks[0].module} ... {blocks[-1].module})"
+    return Rewrite(done.graph, done.order, tuple(added), tuple(dict.fromkeys(changed)), (), what), reasons
