@@ -107,8 +107,6 @@ def _why_not_node(g: Graph, nid: int) -> str | None:
         return f"{what} is opaque to peakcut (not in the op registry)"
     if info.kind is OpKind.SWAP:
         return f"{what} is a swap op"
-    if draws_random(node.op, node.args, node.kwargs):
-        return f"{what} draws random numbers: a recompute would not give the same result"
     if node.op in _UNINITIALIZED:
         return f"{what} returns uninitialized memory"
     written = g.mutated_tensors(nid)
@@ -147,6 +145,10 @@ def _plan(g: Graph, order: Sequence[int], block: Block) -> _Plan | str:
     ordered = tuple(v for v in block.nodes if v in copied)
     outputs = program_output_storages(g)
     copied_storages: set[int] = set()
+    randoms = [v for v in ordered if draws_random(g.nodes[v].op, g.nodes[v].args, g.nodes[v].kwargs)]
+    if randoms:   # the cause of the refusal to name first (dropout also makes uninitialized masks)
+        return (f"{describe_node(g, randoms[0])} draws random numbers: a recompute would not give "
+                "the same result")
     for v in ordered:
         reason = _why_not_node(g, v)
         if reason:
