@@ -14,12 +14,12 @@ from rich.table import Table
 
 from bench.fuzz.harness import Outcome, run_case
 from bench.fuzz.models import draw_case, make_case
-from peakcut.rules import RULES, UNDO_MOVES
+from peakcut.rules import REWRITE_MOVES, RULES, UNDO_MOVES
 
 
 def rule_table(outcomes: list[Outcome]) -> Table:
     """Rule x outcome: cases where the rule was applied, by how the case ended; refusals."""
-    kinds = ["re-order", *RULES.move_kinds, UNDO_MOVES]
+    kinds = ["re-order", *RULES.move_kinds, *(f"{REWRITE_MOVES}: {k}" for k in RULES.rewrite_kinds), UNDO_MOVES]
     table = Table(title=f"bench.fuzz: {len(outcomes)} cases")
     for col in ("move kind", "cases applied", "ok", "mismatch", "memory", "crash", "times applied", "times refused"):
         table.add_column(col, justify="left" if col == "move kind" else "right", no_wrap=col == "move kind")

@@ -92,9 +92,13 @@ def run_case(case: Case, moves: int = 3) -> Outcome:
                     child = deriver.resolve(child)
             except DeriveError:
                 out.refused[kind] += 1
+                if move.rule:
+                    out.refused[f"{kind}: {move.rule}"] += 1
                 continue
             state = child
             out.applied[kind] += 1
+            if move.rule:
+                out.applied[f"{kind}: {move.rule}"] += 1
             out.steps.append(move.description)
         where = "full expansion"
         if state.compact:

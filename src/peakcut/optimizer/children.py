@@ -28,6 +28,7 @@ from peakcut.optimizer.derive import Deriver, region_nodes
 from peakcut.optimizer.state import Recipe, State
 from peakcut.rules import REWRITE_MOVES, UNDO_MOVES, Candidate, Registry
 from peakcut.rules.hotspot import Hotspot
+from peakcut.rules.protocol import ProgramRule, Site
 
 CANDIDATES_PER_KIND = 4     # program-rule candidates tried per kind per expanded state
 TASO_SITES = 16             # TASO-style sites listed per base graph (the kinds interleaved)
@@ -40,6 +41,7 @@ class Move:
     key: tuple[object, ...]         # identifies the child's make-up
     description: str
     build: Callable[[], State]
+    rule: str = ""                  # a rewrite move's rule kind (its kind is REWRITE_MOVES)
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ def children(state: State, deriver: Deriver, settings: MoveSettings, rng: random
         for site in outside[:settings.taso_per_state]:
             key = (REWRITE_MOVES, *make_key(state), site.kind, site.nodes, site.parts)
             yield Move(REWRITE_MOVES, key, rules.rewrite_rule(site.kind).describe(site),
-                       partial(deriver.with_taso, state, site))
+                       partial(deriver.with_taso, state, site), rule=site.kind)
     yield from _undo_moves(state, deriver)
 
 
@@ -144,11 +146,9 @@ def _program_moves(state: State, deriver: Deriver, settings: MoveSettings, kinds
         found = _anywhere(program, order, deriver.rules, settings, kinds, rng)
     picked: dict[str, list[Recipe]] = {k: [] for k in kinds}
     for c in found:
-        touched = (c.node, *c.users)
-        if any(v in regions or v not in base.nodes for v in touched) or c.tensor not in base.tensors:
-            continue   # part copies or region nodes: the rule would cross a region boundary
-        what = c.rule.describe(program, c)
-        picked[c.kind].append(Recipe(c.kind, c.tensor, c.node, tuple(c.users), what))
+        recipe = _recipe(c.rule, c, program, base, regions)
+        if recipe is not None:
+            picked[c.kind].append(recipe)
     for kind, group in picked.items():
         for recipe in group[:settings.per_kind]:
             yield Move(kind, make_key(state, recipes=(*state.recipes, recipe)), recipe.description,
@@ -174,14 +174,36 @@ def _bulk_moves(state: State, deriver: Deriver, kinds: list[str], profile: Memor
         if not rule.batched:
             continue
         held = {(r.kind, r.tensor) for r in state.recipes}
-        recipes = tuple(Recipe(kind, site.tensor, site.node, tuple(site.users), rule.describe(program, site))
-                        for site in rule.sites(spot)
-                        if (kind, site.tensor) not in held and site.tensor in base.tensors
-                        and not any(v in regions or v not in base.nodes for v in (site.node, *site.users)))
+        recipes = tuple(r for site in rule.sites(spot) if (kind, site.tensor) not in held
+                        and (r := _recipe(rule, site, program, base, regions)) is not None)
         if len(recipes) > max(1, picked.get(kind, 0)):
             yield Move(kind, make_key(state, recipes=(*state.recipes, *recipes)),
                        f"{kind} at all {len(recipes)} of its sites at once",
                        partial(deriver.with_recipes, state, recipes))
+
+
+def _recipe(rule: ProgramRule, site: Site, program: Graph, base: Graph, regions: frozenset[int]) -> Recipe | None:
+    """The recipe of `rule` at a site of the state's program, in base ids; None where the site
+    touches a region (a region node or a part copy: the rule would cross a region boundary)
+    or names what the base does not have. A batched rule's sites are their tensors (its
+    apply reads no node of the site), so nodes other recipes added (a host update's copies
+    reading a parameter) are left out of its recipe instead of ruling the site out."""
+    if site.tensor not in base.tensors:
+        return None
+    touched = (site.node, *site.users)
+    if any(v in regions or (v not in base.nodes and (not rule.batched or _part_copy(program, v)))
+           for v in touched):
+        return None
+    if rule.batched:
+        touched = tuple(v for v in touched if v in base.nodes)
+        if not touched:
+            return None
+    return Recipe(rule.kind, site.tensor, touched[0], tuple(touched[1:]), rule.describe(program, site))
+
+
+def _part_copy(program: Graph, nid: int) -> bool:
+    node = program.nodes.get(nid)
+    return node is None or node.tags.fission is not None
 
 
 def _anywhere(program: Graph, order: list[int], rules: Registry, settings: MoveSettings, kinds: list[str],
