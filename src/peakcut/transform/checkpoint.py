@@ -9,7 +9,8 @@ together right before the first backward node that reads one of them, and carry 
 naming the original (the generated code comments them as recomputes). The forward's own
 tensors are then freed when the forward is done with them, as with
 `torch.utils.checkpoint` around each block. Tensors a block hands to later forward nodes
-(its output: the next block's input) are not recomputed: they are what is kept.
+(its output: the next block's input) are not recomputed: they are what is kept. Forward
+nodes nothing reads any more (the detach of a tensor saved for the backward) are removed.
 
 Unlike the remat program rule, this is a rewrite of the base graph (peakcut.rules
 CheckpointBlocksRule): the copies become base nodes, so a fission region that spans the
@@ -254,12 +255,34 @@ def checkpoint_block(g: Graph, order: Sequence[int], block: Block) -> Rewrite:
     for m, vs in plan.hazards.items():
         edit.add_control(m, [node_map[v] for v in vs])
     edit.insert_in_order(plan.capture_position, copies)
+    removed = _remove_dead(edit, plan.copied)
+    gone = set(removed)
     return Rewrite(
-        graph=edit.finish(), order=splice(order, plan.position, copies), added=tuple(copies),
-        changed=tuple(dict.fromkeys((*plan.readers, *plan.hazards))), removed=(),
+        graph=edit.finish(), order=[v for v in splice(order, plan.position, copies) if v not in gone],
+        added=tuple(copies), changed=tuple(dict.fromkeys((*plan.readers, *plan.hazards))), removed=removed,
         description=f"checkpoint {block.module}: {len(copies)} forward ops recomputed for "
                     f"{len(plan.readers)} backward reader(s)",
     )
+
+
+def _remove_dead(edit: GraphEditor, originals: Sequence[int]) -> tuple[int, ...]:
+    """Remove the originals no node reads any more (the forward's detach of a tensor saved for
+    the backward: its readers now read the copy's), last first so that chains of them go; a
+    dead tensor kept would hold its storage to the end of a fission region. Returns them."""
+    g = edit.graph
+    ordered_after = {p for preds in g.control.values() for p in preds}
+    removed: list[int] = []
+    storages: set[int] = set()
+    for v in reversed(originals):
+        node = g.nodes[v]
+        outs = node.output_ids()
+        if v in ordered_after or any(g.users(t) or t in g.outputs for t in outs):
+            continue
+        storages.update(g.tensors[t].storage for t in outs)
+        edit.remove_node(v)
+        removed.append(v)
+    edit.remove_unused_storages(storages)
+    return tuple(removed)
 
 
 def checkpoint_blocks(g: Graph, order: Sequence[int], blocks: Sequence[Block]) -> tuple[Rewrite | None, list[str | None]]:
@@ -268,6 +291,7 @@ def checkpoint_blocks(g: Graph, order: Sequence[int], blocks: Sequence[Block]) -
     reasons: list[str | None] = []
     added: list[int] = []
     changed: list[int] = []
+    removed: list[int] = []
     done: Rewrite | None = None
     for block in blocks:
         h, o = (g, order) if done is None else (done.graph, done.order)
@@ -277,8 +301,11 @@ def checkpoint_blocks(g: Graph, order: Sequence[int], blocks: Sequence[Block]) -
             done = checkpoint_block(h, o, block)
             added.extend(done.added)
             changed.extend(done.changed)
+            removed.extend(done.removed)
     if done is None:
         return None, reasons
     n = reasons.count(None)
     what = done.description if n == 1 else f"checkpoint {n} blocks ({blocks[0].module} ... {blocks[-1].module})"
-    return Rewrite(done.graph, done.order, tuple(added), tuple(dict.fromkeys(changed)), (), what), reasons
+    gone = set(removed)
+    return Rewrite(done.graph, done.order, tuple(added), tuple(v for v in dict.fromkeys(changed) if v not in gone),
+                   tuple(removed), what), reasons
