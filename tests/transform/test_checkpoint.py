@@ -9,7 +9,9 @@ Covered:
   parameter) runs after the recompute (control edge), in the order and in the graph;
 - a block checkpointed once has no site left;
 - inside an enabled fission region (the search's move): the region carries over to the new
-  base, the program's peak is below the split's alone, and it keeps eager's numbers.
+  base, the program's peak is below the split's alone, and it keeps eager's numbers;
+- with every update on the host and every parameter in host memory (the plan the search
+  finds for Llama-2-7B at 24 GB), at tiny size: eager's numbers, measured = simulated.
 """
 
 from __future__ import annotations
@@ -24,15 +26,18 @@ from torch import nn
 import peakcut
 from peakcut.codegen.program import Step
 from peakcut.cost import get_cost_model
+from peakcut.ir.tensor import Role
 from peakcut.memory import simulate
 from peakcut.optimizer import optimize_graph
 from peakcut.optimizer.children import MoveSettings, children
 from peakcut.optimizer.derive import Deriver
 from peakcut.rules import RULES
+from peakcut.rules.hotspot import HotspotSite
 from peakcut.transform.checkpoint import checkpoint_blocks, find_blocks, why_not_checkpoint
 from peakcut.transform.rewrite import positions
 from peakcut.workloads import get_workload
 from tests.helpers import cross_entropy_loss, in_float64
+from tests.rules.test_offload_param import assert_tiny_plan_trains_like_eager
 from tests.tolerance import tolerance
 
 STEPS = 3
@@ -145,3 +150,24 @@ def test_checkpointing_inside_an_enabled_fission_region() -> None:
                                        lambda _m: Step(full.program, full.order), steps=2,
                                        rtol=1e-7, atol=1e-9)
     assert report.ok, report
+
+
+def test_the_llm_plan_checkpoint_host_update_and_offloaded_parameters() -> None:
+    """What the search ends on for Llama-2-7B at 24 GB (BENCHMARKS.md, "LLMs at full size"),
+    at tiny size: every layer checkpointed, every update on the host, every parameter kept in
+    host memory; eager's numbers over 3 steps with torch.optim.AdamW, measured peak and host
+    buffers equal to the simulated ones."""
+    inst = get_workload("llama2-7b").build("tiny")
+    model, ref = inst.model, copy.deepcopy(inst.model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-2)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=1e-2)
+    plain = peakcut.capture(model, inst.batch, inst.loss_fn, opt)
+    rw = _checkpointed(plain)
+    g, order = rw.graph, rw.order
+    for kind in ("host_update", "offload_param"):
+        sites = [HotspotSite(t, -1, (), g.tensors[t].nbytes, 0) for t in g.inputs if g.tensors[t].role is Role.PARAM]
+        done, reasons = RULES.program_rule(kind).apply_many(g, order, sites)
+        assert done is not None and reasons == [None] * len(sites), (kind, reasons)
+        g, order = done.graph, done.order
+    assert simulate(g, order).peak_bytes < simulate(rw.graph, rw.order).peak_bytes
+    assert_tiny_plan_trains_like_eager(inst, plain, g, order, (model, opt), (ref, ref_opt))

@@ -13,7 +13,13 @@ from collections.abc import Iterator, Sequence
 
 from peakcut.ir.graph import Graph
 from peakcut.rules.protocol import RewriteRule
-from peakcut.transform.checkpoint import Block, block_key, checkpoint_blocks, find_blocks, why_not_checkpoint
+from peakcut.transform.checkpoint import (
+    Block,
+    block_key,
+    checkpoint_blocks,
+    find_blocks,
+    why_not_checkpoint,
+)
 from peakcut.transform.rewrite import Rewrite, RuleError
 from peakcut.transform.taso.find import TasoCandidate
 
