@@ -119,21 +119,47 @@ def _why_not_node(g: Graph, nid: int) -> str | None:
 def _plan(g: Graph, order: Sequence[int], block: Block) -> _Plan | str:
     inside = set(block.nodes)
     made = {t: v for v in block.nodes for t in g.nodes[v].output_ids()}
-    storage_of = g.tensors
-    # storages the block hands to later forward (or loss) nodes: the block's outputs, kept
-    handed = {storage_of[t].storage for t in made
+    readers, wanted = _backward_readers(g, block, inside, made)
+    if not readers:
+        return f"no backward node of {block.module} reads a tensor its forward makes (checkpointed already?)"
+    ordered = _ancestors_inside(g, block, inside, wanted)
+    reason = _why_not_copy(g, block, inside, ordered, made, readers)
+    if reason:
+        return reason
+    pos = positions(order)
+    position = min(pos[u] for u in readers)
+    capture = positions(g.order)
+    capture_position = min(capture[u] for u in readers)
+    if max(pos[v] for v in ordered) >= position:
+        return f"{describe_node(g, min(readers, key=pos.__getitem__))} runs before the forward of {block.module} ends"
+    hazards = _hazards(g, block, inside, ordered, made, pos, capture, (position, capture_position))
+    if isinstance(hazards, str):
+        return hazards
+    return _Plan(ordered, tuple(sorted(readers, key=pos.__getitem__)), position, capture_position, hazards)
+
+
+def _backward_readers(g: Graph, block: Block, inside: set[int], made: dict[int, int]
+                      ) -> tuple[dict[int, None], list[int]]:
+    """The backward nodes reading a tensor the block's forward makes (those to rewire), and the
+    block nodes that make those tensors. Tensors in a storage the block hands to later forward
+    (or loss) nodes are the block's output: kept, not recomputed."""
+    tensors = g.tensors
+    handed = {tensors[t].storage for t in made
               for u in g.users(t) if u not in inside and g.nodes[u].phase is not Phase.BACKWARD}
     readers: dict[int, None] = {}
     wanted: list[int] = []
     for t in made:
-        if storage_of[t].storage in handed:
+        if tensors[t].storage in handed:
             continue
         late = [u for u in g.users(t) if g.nodes[u].phase is Phase.BACKWARD]
         if late:
             wanted.append(made[t])
             readers.update(dict.fromkeys(late))
-    if not readers:
-        return f"no backward node of {block.module} reads a tensor its forward makes (checkpointed already?)"
+    return readers, wanted
+
+
+def _ancestors_inside(g: Graph, block: Block, inside: set[int], wanted: list[int]) -> tuple[int, ...]:
+    """`wanted` and their ancestors within the block, in the block's order: what is copied."""
     copied: set[int] = set()
     stack = list(dict.fromkeys(wanted))
     producer = g.producer_map()
@@ -143,19 +169,25 @@ def _plan(g: Graph, order: Sequence[int], block: Block) -> _Plan | str:
             continue
         copied.add(v)
         stack.extend(p for t in g.nodes[v].input_tuple if (p := producer.get(t)) in inside and p not in copied)
-    ordered = tuple(v for v in block.nodes if v in copied)
-    outputs = program_output_storages(g)
-    copied_storages: set[int] = set()
+    return tuple(v for v in block.nodes if v in copied)
+
+
+def _why_not_copy(g: Graph, block: Block, inside: set[int], ordered: tuple[int, ...],
+                  made: dict[int, int], readers: dict[int, None]) -> str | None:
+    """Why the nodes `ordered` cannot be recomputed for `readers` (module doc: Safety)."""
     randoms = [v for v in ordered if draws_random(g.nodes[v].op, g.nodes[v].args, g.nodes[v].kwargs)]
-    if randoms:   # the cause of the refusal to name first (dropout also makes uninitialized masks)
+    if randoms:   # the cause to name first (dropout also makes an uninitialized mask)
         return (f"{describe_node(g, randoms[0])} draws random numbers: a recompute would not give "
                 "the same result")
+    outputs = program_output_storages(g)
+    copied = set(ordered)
+    copied_storages: set[int] = set()
     for v in ordered:
         reason = _why_not_node(g, v)
         if reason:
             return reason
         for t in g.nodes[v].output_ids():
-            s = storage_of[t].storage
+            s = g.tensors[t].storage
             owner = g.storage_owner_of(s)
             if owner is not None and owner in inside and owner not in copied:
                 return f"{describe_tensor(g, t)} is a view of a tensor of {block.module} that is not recomputed"
@@ -164,34 +196,36 @@ def _plan(g: Graph, order: Sequence[int], block: Block) -> _Plan | str:
             if owner == v:
                 copied_storages.add(s)
     for s in copied_storages:
-        reason = why_not_move(g, [v for v in alias_closure(g, s, readers) if v not in made],
-                              g.storages[s], 0)
+        reason = why_not_move(g, [v for v in alias_closure(g, s, readers) if v not in made], g.storages[s], 0)
         if reason:
             return reason
-        if g.storage_writers(s):
+        writers = g.storage_writers(s)
+        if writers:
             return (f"a storage made by {block.module} is written in place by "
-                    f"{describe_node(g, g.storage_writers(s)[0])}: a recompute would miss that write")
-    pos = positions(order)
-    position = min(pos[u] for u in readers)
-    capture = positions(g.order)
-    capture_position = min(capture[u] for u in readers)
-    last_forward = max(pos[v] for v in ordered)
-    if last_forward >= position:
-        return f"{describe_node(g, min(readers, key=pos.__getitem__))} runs before the forward of {block.module} ends"
-    external = {storage_of[t].storage: t for v in ordered for t in g.nodes[v].input_tuple if t not in made}
-    hazards: dict[int, list[int]] = {}
+                    f"{describe_node(g, writers[0])}: a recompute would miss that write")
+    return None
+
+
+def _hazards(g: Graph, block: Block, inside: set[int], ordered: tuple[int, ...], made: dict[int, int],
+             pos: dict[int, int], capture: dict[int, int], at: tuple[int, int]
+             ) -> dict[int, tuple[int, ...]] | str:
+    """In-place writers of storages the copies read from outside the block (a parameter's
+    update), each with the copies that must run before it; a reason where such a write falls
+    between the block's forward and the copies' place `at` (in the order, in capture order)."""
+    tensors = g.tensors
+    external = {tensors[t].storage: t for v in ordered for t in g.nodes[v].input_tuple if t not in made}
     first = min(pos[v] for v in ordered)
+    hazards: dict[int, list[int]] = {}
     for s, t in external.items():
         for m in g.storage_writers(s):
             if m in inside or pos[m] < first:
                 continue      # a write before the block's forward: the forward and the copy see it alike
-            if pos[m] < position or capture[m] < capture_position:
+            if pos[m] < at[0] or capture[m] < at[1]:
                 return (f"{describe_node(g, m)} writes {describe_tensor(g, t)} in place between the "
                         f"forward of {block.module} and its backward")
-            hazards.setdefault(m, []).extend(v for v in ordered if s in
-                                              {storage_of[x].storage for x in g.nodes[v].input_tuple})
-    return _Plan(ordered, tuple(sorted(readers, key=pos.__getitem__)), position, capture_position,
-                 {m: tuple(dict.fromkeys(vs)) for m, vs in hazards.items()})
+            hazards.setdefault(m, []).extend(v for v in ordered
+                                             if s in {tensors[x].storage for x in g.nodes[v].input_tuple})
+    return {m: tuple(dict.fromkeys(vs)) for m, vs in hazards.items()}
 
 
 def _checked_plan(g: Graph, order: Sequence[int], block: Block) -> _Plan | str:
