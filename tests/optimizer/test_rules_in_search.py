@@ -99,3 +99,28 @@ def test_a_site_rewrites_a_base_once_for_every_state_on_it(case) -> None:
     assert (fresh.digest, fresh.peak_bytes, fresh.latency_s) == (b.digest, b.peak_bytes, b.latency_s)
     assert fresh.base_digest == b.base_digest
     exact(inst, b)
+
+
+def test_offload_param_at_every_parameter_is_offered_after_host_update_at_every_one() -> None:
+    """After host_update at every parameter, offload_param's bulk move is still offered (its
+    sites' readers include the host update's copies, which are not base nodes: a batched
+    rule's recipe leaves them out), and the two together keep eager's numbers."""
+    inst = in_float64(get_workload("bert-base").build("tiny"))
+    spec = peakcut.AdamW(lr=1e-2, eps=1e-4)
+    g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, spec, keep_grads=True)
+    opt = optimize_graph(g, time_budget=0, device="h100")
+    root, deriver = opt.result.root, opt.deriver
+
+    def bulk(state, kind: str):
+        (move,) = [m for m in children(state, deriver, MoveSettings.only(kind), random.Random(0))
+                   if m.kind == kind and m.description.startswith(f"{kind} at all")]
+        return move.build()
+
+    updated = bulk(root, "host_update")
+    both = bulk(updated, "offload_param")
+    assert {r.kind for r in both.recipes} == {"host_update", "offload_param"}
+    assert both.peak_bytes < updated.peak_bytes
+    report = peakcut.check_equivalence(inst.model, inst.batch, inst.loss_fn, spec,
+                                       lambda _m: Step(both.program, both.order), steps=2,
+                                       rtol=1e-7, atol=1e-9)
+    assert report.ok, f"{both.applied}: {report}"
