@@ -37,7 +37,11 @@ from peakcut.transform.checkpoint import checkpoint_blocks, find_blocks, why_not
 from peakcut.transform.rewrite import positions
 from peakcut.workloads import get_workload
 from tests.helpers import cross_entropy_loss, in_float64
-from tests.rules.test_offload_param import assert_tiny_plan_trains_like_eager
+from tests.rules.test_offload_param import (
+    assert_close,
+    assert_tiny_plan_trains_like_eager,
+    eager_step,
+)
 from tests.tolerance import tolerance
 
 STEPS = 3
@@ -67,15 +71,10 @@ def test_a_checkpointed_transformer_trains_like_eager(name: str) -> None:
     assert "# recompute of" in step.source
     assert peakcut.measure(step, model, inst.batch, method="cpu-profiler", repeats=1).peak_bytes == simulated
     tol = tolerance(torch.float32, 256, STEPS)
-    for _ in range(STEPS):
-        loss = step(model, inst.batch)
-        ref_loss = inst.loss_fn(ref, inst.batch)
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        torch.testing.assert_close(loss, ref_loss.detach(), rtol=tol, atol=tol)
+    for k in range(STEPS):
+        assert_close(step(model, inst.batch), eager_step(ref, ref_opt, inst.batch, inst.loss_fn), f"loss {k}", tol)
     for (pname, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(p, q, rtol=tol, atol=tol, msg=pname)
+        assert_close(p, q, pname, tol)
 
 
 class _Block(nn.Module):

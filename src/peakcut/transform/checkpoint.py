@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from peakcut.ir.edit import GraphEditor, splice
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase
-from peakcut.ir.registry import OpKind, draws_random, lookup
+from peakcut.ir.registry import draws_random
 from peakcut.ir.tags import NodeTags, RematTag
 from peakcut.ir.tensor import Role, TensorMeta
+from peakcut.transform.remat import why_not_recompute_op
 from peakcut.transform.rewrite import (
     Rewrite,
     RuleError,
@@ -52,11 +53,6 @@ from peakcut.transform.rewrite import (
 )
 
 _NUMBERED = re.compile(r"^(.*?\.\d+)(?:\.|$)")   # the module path up to its first number
-
-_UNINITIALIZED = frozenset({
-    "aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default",
-    "aten.new_empty.default", "aten.new_empty_strided.default",
-})
 
 
 @dataclass(frozen=True)
@@ -98,22 +94,6 @@ class _Plan:
     position: int                    # where the copies go in `order`
     capture_position: int            # and in g.order
     hazards: dict[int, tuple[int, ...]]   # in-place writer -> the copies it must follow
-
-
-def _why_not_node(g: Graph, nid: int) -> str | None:
-    node = g.nodes[nid]
-    what = describe_node(g, nid)
-    info = lookup(node.op)
-    if info is None:
-        return f"{what} is opaque to peakcut (not in the op registry)"
-    if info.kind is OpKind.SWAP:
-        return f"{what} is a swap op"
-    if node.op in _UNINITIALIZED:
-        return f"{what} returns uninitialized memory"
-    written = g.mutated_tensors(nid)
-    if written:
-        return f"{what} writes {describe_tensor(g, written[0])} in place: a recompute would write it again"
-    return None
 
 
 def _plan(g: Graph, order: Sequence[int], block: Block) -> _Plan | str:
@@ -183,7 +163,7 @@ def _why_not_copy(g: Graph, block: Block, inside: set[int], ordered: tuple[int, 
     copied = set(ordered)
     copied_storages: set[int] = set()
     for v in ordered:
-        reason = _why_not_node(g, v)
+        reason = why_not_recompute_op(g, v, views=True)
         if reason:
             return reason
         for t in g.nodes[v].output_ids():

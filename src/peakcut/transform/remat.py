@@ -42,7 +42,7 @@ from peakcut.transform.rewrite import (
 )
 
 # Ops whose output is uninitialized memory: a second call would not return the same values.
-_UNINITIALIZED = frozenset({
+UNINITIALIZED_OPS = frozenset({
     "aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default",
     "aten.new_empty.default", "aten.new_empty_strided.default",
 })
@@ -56,7 +56,9 @@ class _Plan:
     capture_position: int          # index in g.order to insert A' at
 
 
-def _why_not_op(g: Graph, node: int) -> str | None:
+def why_not_recompute_op(g: Graph, node: int, *, views: bool = False) -> str | None:
+    """Why running `node` a second time would not give its outputs again, or is no use (a view,
+    unless `views`: a copy of a block's forward copies its views too); None when it may."""
     n = g.nodes[node]
     what = describe_node(g, node)
     info = lookup(n.op)
@@ -64,13 +66,13 @@ def _why_not_op(g: Graph, node: int) -> str | None:
         return f"{what} is opaque to peakcut (not in the op registry): it is never transformed"
     if info.kind is OpKind.SWAP:
         return f"{what} is a swap op (store/load): de-swap it instead of recomputing it"
-    if info.kind is OpKind.VIEW:
+    if info.kind is OpKind.VIEW and not views:
         return (f"{what} is a view: its output aliases its input and frees nothing; recompute "
                 "the op that allocates the storage")
     if draws_random(n.op, n.args, n.kwargs):
         return (f"{what} draws random numbers: a recompute would not give the same result "
                 "(DESIGN invariant 4)")
-    if n.op in _UNINITIALIZED:
+    if n.op in UNINITIALIZED_OPS:
         return f"{what} returns uninitialized memory: a recompute would not give the same values"
     written = g.mutated_tensors(node)
     if written:
@@ -145,7 +147,7 @@ def _plan(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> _P
     stale = check_order_matches(g, order)
     if stale:
         return stale
-    reason = _why_not_op(g, node) or _why_not_outputs(g, node)
+    reason = why_not_recompute_op(g, node) or _why_not_outputs(g, node)
     if reason:
         return reason
     users = tuple(dict.fromkeys(users))
