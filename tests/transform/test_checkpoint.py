@@ -8,6 +8,8 @@ Covered:
 - every in-place writer of a storage a recompute reads (the optimizer's update of a
   parameter) runs after the recompute (control edge), in the order and in the graph;
 - a block checkpointed once has no site left;
+- undone (uncheckpoint_blocks): the step's peak is the plain step's again, half undone it lies
+  between, and both keep eager's numbers with measured = simulated peaks;
 - inside an enabled fission region (the search's move): the region carries over to the new
   base, the program's peak is below the split's alone, and it keeps eager's numbers;
 - with every update on the host and every parameter in host memory (the plan the search
@@ -33,7 +35,13 @@ from peakcut.optimizer.children import MoveSettings, children
 from peakcut.optimizer.derive import Deriver
 from peakcut.rules import RULES
 from peakcut.rules.hotspot import HotspotSite
-from peakcut.transform.checkpoint import checkpoint_blocks, find_blocks, why_not_checkpoint
+from peakcut.transform.checkpoint import (
+    checkpoint_blocks,
+    checkpointed_blocks,
+    find_blocks,
+    uncheckpoint_blocks,
+    why_not_checkpoint,
+)
 from peakcut.transform.rewrite import positions
 from peakcut.workloads import get_workload
 from tests.helpers import cross_entropy_loss, in_float64
@@ -170,3 +178,27 @@ def test_the_llm_plan_checkpoint_host_update_and_offloaded_parameters() -> None:
         g, order = done.graph, done.order
     assert simulate(g, order).peak_bytes < simulate(rw.graph, rw.order).peak_bytes
     assert_tiny_plan_trains_like_eager(inst, plain, g, order, (model, opt), (ref, ref_opt))
+
+
+def test_undoing_the_checkpoint() -> None:
+    inst = get_workload("llama2-7b").build("tiny")
+    model = inst.model
+    plain = peakcut.capture(model, inst.batch, inst.loss_fn, "adamw", keep_grads=True)
+    done = _checkpointed(plain)
+    (modules,) = checkpointed_blocks(done.graph).values()
+    assert modules == ["model.layers.0", "model.layers.1"]
+    peaks = {"plain": simulate(plain, plain.order).peak_bytes,
+             "checkpointed": simulate(done.graph, done.order).peak_bytes}
+    for label, undo in (("half", modules[1:]), ("all", modules)):
+        rw, reasons = uncheckpoint_blocks(done.graph, done.order, undo)
+        assert rw is not None and reasons == [None] * len(undo), reasons
+        assert not any(n.tags.remat is not None and n.tags.remat.block in undo for n in rw.graph.nodes.values())
+        peaks[label] = simulated = simulate(rw.graph, rw.order).peak_bytes
+        step = peakcut.build(rw.graph, rw.order)
+        assert peakcut.measure(step, model, inst.batch, method="cpu-profiler", repeats=1).peak_bytes == simulated
+        report = peakcut.check_equivalence(model, inst.batch, inst.loss_fn, peakcut.AdamW(),
+                                           lambda _m, rw=rw: Step(rw.graph, rw.order), steps=2)
+        assert report.ok, (label, report)
+    assert peaks["all"] == peaks["plain"]
+    assert peaks["checkpointed"] <= peaks["half"] <= peaks["plain"], peaks
+    assert list(RULES.rewrite_candidates(done.graph, done.order, kinds=["uncheckpoint_blocks"]))

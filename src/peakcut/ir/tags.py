@@ -57,9 +57,12 @@ class FissionTag(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class RematTag:
-    """A recompute of node `of` (the original stays in the graph)."""
+    """A recompute of node `of` (the original stays in the graph unless nothing else reads it);
+    `block`: the module of the block whose checkpoint made it (peakcut.transform.checkpoint),
+    "" for the remat rule's."""
 
     of: int
+    block: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +143,7 @@ def tags_to_json(tags: NodeTags) -> dict[str, Any]:
             "region": f.region, "role": f.role, "path": [list(p) for p in f.path], "part": f.part,
             "n": f.n, "of": f.of, "label": f.label, "component": f.component})
     if tags.remat is not None:
-        doc["remat"] = {"of": tags.remat.of}
+        doc["remat"] = {"of": tags.remat.of, **({"block": tags.remat.block} if tags.remat.block else {})}
     if tags.swap is not None:
         doc["swap"] = {"of": tags.swap.of}
     if tags.taso is not None:
@@ -166,7 +169,7 @@ def tags_from_json(doc: Mapping[str, Any]) -> NodeTags:
     if "fission" in doc:
         tags = tags._replace(fission=_fission(doc["fission"]))
     if "remat" in doc:
-        tags = tags._replace(remat=RematTag(int(doc["remat"]["of"])))
+        tags = tags._replace(remat=RematTag(int(doc["remat"]["of"]), str(doc["remat"].get("block", ""))))
     if "swap" in doc:
         tags = tags._replace(swap=SwapTag(int(doc["swap"]["of"])))
     if "taso" in doc:

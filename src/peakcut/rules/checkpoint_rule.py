@@ -1,6 +1,9 @@
-"""Checkpointing a model's repeated blocks, as a rewrite of the base graph (the rewrite itself:
-peakcut.transform.checkpoint). Its sites: per list of numbered blocks (a transformer's layers),
-every block, and every second block (half the recompute, for a tighter latency limit).
+"""Checkpointing a model's repeated blocks, and undoing it, as rewrites of the base graph (the
+rewrites themselves: peakcut.transform.checkpoint). checkpoint_blocks' sites: per list of
+numbered blocks (a transformer's layers), every block, and every second block (half the
+recompute). uncheckpoint_blocks' sites: every second checkpointed block of a list, then all of
+them: where memory allows, the search trades recompute back for latency (a rewrite has no
+undo move of its own).
 
 It is the one rewrite that may touch enabled fission regions (`in_regions`): its copies
 become base nodes, the F-Tree is found again on the new base and the enabled regions carried
@@ -17,8 +20,11 @@ from peakcut.transform.checkpoint import (
     Block,
     block_key,
     checkpoint_blocks,
+    checkpointed_blocks,
     find_blocks,
+    uncheckpoint_blocks,
     why_not_checkpoint,
+    why_not_uncheckpoint,
 )
 from peakcut.transform.rewrite import Rewrite, RuleError
 from peakcut.transform.taso.find import TasoCandidate
@@ -59,6 +65,62 @@ class CheckpointBlocksRule(RewriteRule):
 
     def describe(self, site: TasoCandidate) -> str:
         return site.description
+
+
+class UncheckpointBlocksRule(RewriteRule):
+    """Checkpointed blocks' backward reads the forward's tensors again (checkpoint_blocks undone)."""
+
+    kind = "uncheckpoint_blocks"
+    in_regions = True
+
+    def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+        for name, modules in checkpointed_blocks(g).items():
+            if len(modules) >= 2:
+                half = modules[1::2]
+                yield _undo_site(g, half, f"un-checkpoint every second checkpointed block of {name} ({len(half)})")
+            yield _undo_site(g, modules, f"un-checkpoint {len(modules)} blocks of {name}")
+
+    def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
+        modules = _modules(g, site)
+        if isinstance(modules, str):
+            return modules
+        reasons = [why_not_uncheckpoint(g, order, m) for m in modules]
+        return None if None in reasons else reasons[0]
+
+    def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
+        modules = _modules(g, site)
+        if isinstance(modules, str):
+            raise RuleError(modules)
+        done, reasons = uncheckpoint_blocks(g, order, modules)
+        if done is None:
+            raise RuleError(next(r for r in reasons if r))
+        return done
+
+    def describe(self, site: TasoCandidate) -> str:
+        return site.description
+
+
+def _undo_site(g: Graph, modules: Sequence[str], what: str) -> TasoCandidate:
+    """A site naming the recomputes of `modules` (one node each stands for its block)."""
+    wanted = set(modules)
+    firsts: dict[str, int] = {}
+    for v in g.order:
+        tag = g.nodes[v].tags.remat
+        if tag is not None and tag.block in wanted and tag.block not in firsts:
+            firsts[tag.block] = v
+    return TasoCandidate("uncheckpoint_blocks", tuple(firsts[m] for m in modules), what)
+
+
+def _modules(g: Graph, site: TasoCandidate) -> list[str] | str:
+    """The checkpointed blocks a site of uncheckpoint_blocks names."""
+    out = []
+    for v in site.nodes:
+        node = g.nodes.get(v)
+        tag = node.tags.remat if node is not None else None
+        if tag is None or not tag.block:
+            return f"node {v} of the site is not a block's recompute in this graph"
+        out.append(tag.block)
+    return out
 
 
 def _site(blocks: Sequence[Block], what: str) -> TasoCandidate:

@@ -19,7 +19,7 @@ from types import MappingProxyType
 
 from peakcut.ir.graph import Graph
 from peakcut.memory import MemoryProfile, simulate
-from peakcut.rules.checkpoint_rule import CheckpointBlocksRule
+from peakcut.rules.checkpoint_rule import CheckpointBlocksRule, UncheckpointBlocksRule
 from peakcut.rules.fission_rule import FissionRule
 from peakcut.rules.host_update_rule import HostUpdateRule
 from peakcut.rules.hotspot import Hotspot
@@ -231,6 +231,7 @@ RULES = Registry(
     ),
     rewrites=(
         CheckpointBlocksRule(),
+        UncheckpointBlocksRule(),
         MergeMatmulsRule(),
         SplitMatmulRule(),
         DropIdentityRule(),
