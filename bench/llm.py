@@ -28,6 +28,7 @@ from peakcut.units import format_bytes, format_seconds
 from peakcut.workloads import LLM_WORKLOAD_NAMES, get_workload
 
 LIMITS = ("80GB", "40GB", "24GB")
+REWRITE_WORDS = (("checkpoint_blocks", "checkpoint "), ("uncheckpoint_blocks", "un-checkpoint "), ("taso", "taso: "))
 DEVICES = ("h100", "h200")
 
 
@@ -46,6 +47,10 @@ def run(names: list[str], devices: list[str], limits: list[str], budget: float) 
                 kinds = {f"fission n={n}": 1 for n in sorted({f["n"] for f in r["fission"]})}
                 for recipe in found.result.best.recipes:
                     kinds[recipe.kind] = kinds.get(recipe.kind, 0) + 1
+                for what in found.result.best.applied:     # rewrites of the step: by their words
+                    for kind, prefix in REWRITE_WORDS:
+                        if what.startswith(prefix):
+                            kinds[kind] = kinds.get(kind, 0) + 1
                 rows.append({
                     "workload": name, "description": inst.description, "nodes": len(g.nodes),
                     "capture_s": round(capture_s, 1), "device": device, "limit": limit,
