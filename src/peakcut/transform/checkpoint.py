@@ -28,8 +28,9 @@ Safety (DESIGN invariants 2 and 4), checked per block; a block that fails is lef
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from peakcut.ir.edit import GraphEditor, splice
 from peakcut.ir.graph import Graph
@@ -302,24 +303,38 @@ def _remove_dead(edit: GraphEditor, originals: Sequence[int]) -> tuple[int, ...]
 def checkpoint_blocks(g: Graph, order: Sequence[int], blocks: Sequence[Block]) -> tuple[Rewrite | None, list[str | None]]:
     """Every block of `blocks` that can be checkpointed, one after another: the rewrite (None
     when none can) and, per block, why it was not (None: it was)."""
+    return _one_by_one(g, order, blocks, why_not_checkpoint, checkpoint_block,
+                       f"checkpoint {{n}} blocks ({blocks[0].module} ... {blocks[-1].module})" if blocks else "")
+
+
+T = TypeVar("T")
+
+
+def _one_by_one(g: Graph, order: Sequence[int], items: Sequence[T],
+                why_not: Callable[[Graph, Sequence[int], T], str | None],
+                apply: Callable[[Graph, Sequence[int], T], Rewrite], plural: str
+                ) -> tuple[Rewrite | None, list[str | None]]:
+    """`apply` at each item where `why_not` says None, each judged on the graph the ones before
+    made: the rewrites as one (described by the one's own words, or `plural` with {n} the
+    count; None when none applied) and, per item, why not (None: applied)."""
     reasons: list[str | None] = []
     added: list[int] = []
     changed: list[int] = []
     removed: list[int] = []
     done: Rewrite | None = None
-    for block in blocks:
+    for item in items:
         h, o = (g, order) if done is None else (done.graph, done.order)
-        reason = why_not_checkpoint(h, o, block)
+        reason = why_not(h, o, item)
         reasons.append(reason)
         if reason is None:
-            done = checkpoint_block(h, o, block)
+            done = apply(h, o, item)
             added.extend(done.added)
             changed.extend(done.changed)
             removed.extend(done.removed)
     if done is None:
         return None, reasons
     n = reasons.count(None)
-    what = done.description if n == 1 else f"checkpoint {n} blocks ({blocks[0].module} ... {blocks[-1].module})"
+    what = done.description if n == 1 else plural.format(n=n)
     gone = set(removed)
     return Rewrite(done.graph, done.order, tuple(added), tuple(v for v in dict.fromkeys(changed) if v not in gone),
                    tuple(removed), what), reasons
@@ -416,22 +431,5 @@ def uncheckpoint_blocks(g: Graph, order: Sequence[int], modules: Sequence[str]
                         ) -> tuple[Rewrite | None, list[str | None]]:
     """uncheckpoint_block for each of `modules` that can be: the rewrite (None when none can)
     and, per module, why not (None: done)."""
-    reasons: list[str | None] = []
-    changed: list[int] = []
-    removed: list[int] = []
-    done: Rewrite | None = None
-    for module in modules:
-        h, o = (g, order) if done is None else (done.graph, done.order)
-        reason = why_not_uncheckpoint(h, o, module)
-        reasons.append(reason)
-        if reason is None:
-            done = uncheckpoint_block(h, o, module)
-            changed.extend(done.changed)
-            removed.extend(done.removed)
-    if done is None:
-        return None, reasons
-    n = reasons.count(None)
-    what = done.description if n == 1 else f"un-checkpoint {n} blocks ({modules[0]} ... {modules[-1]})"
-    gone = set(removed)
-    return Rewrite(done.graph, done.order, (), tuple(v for v in dict.fromkeys(changed) if v not in gone),
-                   tuple(removed), what), reasons
+    return _one_by_one(g, order, modules, why_not_uncheckpoint, uncheckpoint_block,
+                       f"un-checkpoint {{n}} blocks ({modules[0]} ... {modules[-1]})" if modules else "")
