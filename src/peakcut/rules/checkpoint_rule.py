@@ -5,7 +5,7 @@ recompute). uncheckpoint_blocks' sites: every second checkpointed block of a lis
 them: where memory allows, the search trades recompute back for latency (a rewrite has no
 undo move of its own).
 
-It is the one rewrite that may touch enabled fission regions (`in_regions`): its copies
+They are the rewrites that may touch enabled fission regions (`in_regions`): the copies
 become base nodes, the F-Tree is found again on the new base and the enabled regions carried
 over, so a region that micro-batches the whole step recomputes each block per part (what
 the program rules, which stay outside regions, cannot do)."""
@@ -13,6 +13,7 @@ the program rules, which stay outside regions, cannot do)."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from peakcut.ir.graph import Graph
 from peakcut.rules.protocol import RewriteRule
@@ -30,12 +31,46 @@ from peakcut.transform.rewrite import Rewrite, RuleError
 from peakcut.transform.taso.find import TasoCandidate
 
 
-class CheckpointBlocksRule(RewriteRule):
+class _BlockRule(RewriteRule):
+    """What both rules do alike: a site names blocks; it applies where one of them does."""
+
+    in_regions = True
+
+    def targets(self, g: Graph, site: TasoCandidate) -> list[Any] | str:
+        """The blocks the site names in g, or why it names none."""
+        raise NotImplementedError
+
+    def why_not_one(self, g: Graph, order: Sequence[int], target: Any) -> str | None:
+        raise NotImplementedError
+
+    def apply_all(self, g: Graph, order: Sequence[int], targets: list[Any]) -> tuple[Rewrite | None, list[str | None]]:
+        raise NotImplementedError
+
+    def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
+        targets = self.targets(g, site)
+        if isinstance(targets, str):
+            return targets
+        reasons = [self.why_not_one(g, order, t) for t in targets]
+        return None if None in reasons else reasons[0]
+
+    def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
+        targets = self.targets(g, site)
+        if isinstance(targets, str):
+            raise RuleError(targets)
+        done, reasons = self.apply_all(g, order, targets)
+        if done is None:
+            raise RuleError(next(r for r in reasons if r))
+        return done
+
+    def describe(self, site: TasoCandidate) -> str:
+        return site.description
+
+
+class CheckpointBlocksRule(_BlockRule):
     """Each block's backward reads a recompute of the block's forward (torch.utils.checkpoint
     around every block, or every second one)."""
 
     kind = "checkpoint_blocks"
-    in_regions = True
 
     def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
         for name, blocks in find_blocks(g).items():
@@ -47,31 +82,20 @@ class CheckpointBlocksRule(RewriteRule):
                 half = ready[1::2]
                 yield _site(half, f"checkpoint every second block of {name} ({len(half)})")
 
-    def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
-        blocks = _blocks(g, site)
-        if isinstance(blocks, str):
-            return blocks
-        reasons = [why_not_checkpoint(g, order, b) for b in blocks]
-        return None if None in reasons else reasons[0]
+    def targets(self, g: Graph, site: TasoCandidate) -> list[Any] | str:
+        return _blocks(g, site)
 
-    def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
-        blocks = _blocks(g, site)
-        if isinstance(blocks, str):
-            raise RuleError(blocks)
-        done, reasons = checkpoint_blocks(g, order, blocks)
-        if done is None:
-            raise RuleError(next(r for r in reasons if r))
-        return done
+    def why_not_one(self, g: Graph, order: Sequence[int], target: Any) -> str | None:
+        return why_not_checkpoint(g, order, target)
 
-    def describe(self, site: TasoCandidate) -> str:
-        return site.description
+    def apply_all(self, g: Graph, order: Sequence[int], targets: list[Any]) -> tuple[Rewrite | None, list[str | None]]:
+        return checkpoint_blocks(g, order, targets)
 
 
-class UncheckpointBlocksRule(RewriteRule):
+class UncheckpointBlocksRule(_BlockRule):
     """Checkpointed blocks' backward reads the forward's tensors again (checkpoint_blocks undone)."""
 
     kind = "uncheckpoint_blocks"
-    in_regions = True
 
     def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
         for name, modules in checkpointed_blocks(g).items():
@@ -80,24 +104,14 @@ class UncheckpointBlocksRule(RewriteRule):
                 yield _undo_site(g, half, f"un-checkpoint every second checkpointed block of {name} ({len(half)})")
             yield _undo_site(g, modules, f"un-checkpoint {len(modules)} blocks of {name}")
 
-    def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
-        modules = _modules(g, site)
-        if isinstance(modules, str):
-            return modules
-        reasons = [why_not_uncheckpoint(g, order, m) for m in modules]
-        return None if None in reasons else reasons[0]
+    def targets(self, g: Graph, site: TasoCandidate) -> list[Any] | str:
+        return _modules(g, site)
 
-    def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
-        modules = _modules(g, site)
-        if isinstance(modules, str):
-            raise RuleError(modules)
-        done, reasons = uncheckpoint_blocks(g, order, modules)
-        if done is None:
-            raise RuleError(next(r for r in reasons if r))
-        return done
+    def why_not_one(self, g: Graph, order: Sequence[int], target: Any) -> str | None:
+        return why_not_uncheckpoint(g, order, target)
 
-    def describe(self, site: TasoCandidate) -> str:
-        return site.description
+    def apply_all(self, g: Graph, order: Sequence[int], targets: list[Any]) -> tuple[Rewrite | None, list[str | None]]:
+        return uncheckpoint_blocks(g, order, targets)
 
 
 def _undo_site(g: Graph, modules: Sequence[str], what: str) -> TasoCandidate:
