@@ -194,7 +194,14 @@ def _hazards(g: Graph, block: Block, inside: set[int], ordered: tuple[int, ...],
     update), each with the copies that must run before it; a reason where such a write falls
     between the block's forward and the copies' place `at` (in the order, in capture order)."""
     tensors = g.tensors
-    external = {tensors[t].storage: t for v in ordered for t in g.nodes[v].input_tuple if t not in made}
+    external: dict[int, int] = {}              # storage read from outside the block -> a tensor in it
+    readers: dict[int, list[int]] = {}         # storage -> the copied nodes reading it (views included)
+    for v in ordered:
+        for t in g.nodes[v].input_tuple:
+            s = tensors[t].storage
+            readers.setdefault(s, []).append(v)
+            if t not in made:
+                external[s] = t
     first = min(pos[v] for v in ordered)
     hazards: dict[int, list[int]] = {}
     for s, t in external.items():
@@ -204,8 +211,7 @@ def _hazards(g: Graph, block: Block, inside: set[int], ordered: tuple[int, ...],
             if pos[m] < at[0] or capture[m] < at[1]:
                 return (f"{describe_node(g, m)} writes {describe_tensor(g, t)} in place between the "
                         f"forward of {block.module} and its backward")
-            hazards.setdefault(m, []).extend(v for v in ordered
-                                             if s in {tensors[x].storage for x in g.nodes[v].input_tuple})
+            hazards.setdefault(m, []).extend(readers[s])
     return {m: tuple(dict.fromkeys(vs)) for m, vs in hazards.items()}
 
 
