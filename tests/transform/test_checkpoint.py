@@ -3,17 +3,17 @@
 Covered:
 - the blocks of the tiny transformers are found by module path (a layer list of 2 blocks);
 - checkpointed, each tiny transformer trains like eager over 3 AdamW steps, its simulated
-  peak is below the plain step's and equal to the measured one (CPU profiler);
+  peak is below the plain step's and within 5% of the measured one (CPU profiler);
 - a block whose forward draws random numbers (dropout) is refused, naming the node;
 - every in-place writer of a storage a recompute reads (the optimizer's update of a
   parameter) runs after the recompute (control edge), in the order and in the graph;
 - a block checkpointed once has no site left;
 - undone (uncheckpoint_blocks): the step's peak is the plain step's again, half undone it lies
-  between, and both keep eager's numbers with measured = simulated peaks;
+  between, and both keep eager's numbers with measured peaks within 5% of the simulated ones;
 - inside an enabled fission region (the search's move): the region carries over to the new
   base, the program's peak is below the split's alone, and it keeps eager's numbers;
 - with every update on the host and every parameter in host memory (the plan the search
-  finds for Llama-2-7B at 24 GB), at tiny size: eager's numbers, measured = simulated.
+  finds for Llama-2-7B at 24 GB), at tiny size: eager's numbers, measured peak within 5% of the simulated one (assert_tiny_plan_trains_like_eager).
 """
 
 from __future__ import annotations
@@ -56,6 +56,12 @@ STEPS = 3
 TRANSFORMERS = ("bert-base", "gpt2-xl", "llama2-7b")
 
 
+def _assert_measured_near(measured: int, simulated: int) -> None:
+    """The spine's tolerance (5%): equal to the byte on the CPU these figures were made on,
+    but another CPU's kernels may take other scratch memory than the calibrated model says."""
+    assert abs(simulated - measured) <= 0.05 * measured, (simulated, measured)
+
+
 def _checkpointed(g: peakcut.ir.graph.Graph):
     (blocks,) = find_blocks(g).values()
     rw, reasons = checkpoint_blocks(g, g.order, blocks)
@@ -77,7 +83,8 @@ def test_a_checkpointed_transformer_trains_like_eager(name: str) -> None:
     assert simulated < simulate(plain, plain.order).peak_bytes
     step = peakcut.build(rw.graph, rw.order, optimizer=opt)
     assert "# recompute of" in step.source
-    assert peakcut.measure(step, model, inst.batch, method="cpu-profiler", repeats=1).peak_bytes == simulated
+    _assert_measured_near(peakcut.measure(step, model, inst.batch, method="cpu-profiler", repeats=1).peak_bytes,
+                          simulated)
     tol = tolerance(torch.float32, 256, STEPS)
     for k in range(STEPS):
         assert_close(step(model, inst.batch), eager_step(ref, ref_opt, inst.batch, inst.loss_fn), f"loss {k}", tol)
@@ -195,7 +202,8 @@ def test_undoing_the_checkpoint() -> None:
         assert not any(n.tags.remat is not None and n.tags.remat.block in undo for n in rw.graph.nodes.values())
         peaks[label] = simulated = simulate(rw.graph, rw.order).peak_bytes
         step = peakcut.build(rw.graph, rw.order)
-        assert peakcut.measure(step, model, inst.batch, method="cpu-profiler", repeats=1).peak_bytes == simulated
+        _assert_measured_near(peakcut.measure(step, model, inst.batch, method="cpu-profiler", repeats=1).peak_bytes,
+                              simulated)
         report = peakcut.check_equivalence(model, inst.batch, inst.loss_fn, peakcut.AdamW(),
                                            lambda _m, rw=rw: Step(rw.graph, rw.order), steps=2)
         assert report.ok, (label, report)
