@@ -4,6 +4,12 @@ Covered:
 - the blocks of the tiny transformers are found by module path (a layer list of 2 blocks);
 - checkpointed, each tiny transformer trains like eager over 3 AdamW steps, its simulated
   peak is below the plain step's and within 5% of the measured one (CPU profiler);
+- the blocks of the tiny CNNs (ResNet-50's bottlenecks across stages, U-Net's encoder and
+  decoder stages, U-Net++'s nodes) are found and checkpointed with their training-mode batch
+  norms (recomputed without the running statistics): eager's loss, parameters and running
+  statistics (equal to the bit on the CPU this was written on: the recompute runs the same
+  kernel on the same inputs), measured peak within 5% of the simulated one, below the plain
+  step's;
 - a block whose forward draws random numbers (dropout) is refused, naming the node;
 - every in-place writer of a storage a recompute reads (the optimizer's update of a
   parameter) runs after the recompute (control edge), in the order and in the graph;
@@ -90,6 +96,36 @@ def test_a_checkpointed_transformer_trains_like_eager(name: str) -> None:
         assert_close(step(model, inst.batch), eager_step(ref, ref_opt, inst.batch, inst.loss_fn), f"loss {k}", tol)
     for (pname, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         assert_close(p, q, pname, tol)
+
+
+CNN_BLOCKS = {"resnet50": {"layer#": 4}, "unet": {"downs": 3, "up_convs": 3}, "unetpp": {"nodes.x#_#": 10}}
+
+
+@pytest.mark.parametrize("name", sorted(CNN_BLOCKS))
+def test_a_checkpointed_cnn_keeps_eager_numbers_and_running_statistics(name: str) -> None:
+    inst = get_workload(name).build("tiny")
+    model, ref = inst.model, copy.deepcopy(inst.model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    plain = peakcut.capture(model, inst.batch, inst.loss_fn, opt)
+    found = find_blocks(plain)
+    assert {k: len(v) for k, v in found.items()} == CNN_BLOCKS[name]
+    g, order = plain, plain.order
+    for blocks in found.values():
+        rw, reasons = checkpoint_blocks(g, order, blocks)
+        assert rw is not None and reasons == [None] * len(blocks), reasons
+        g, order = rw.graph, rw.order
+    assert any(g.nodes[v].op == "aten.native_batch_norm.default" and g.nodes[v].tags.remat for v in order)
+    simulated = simulate(g, order).peak_bytes
+    assert simulated < simulate(plain, plain.order).peak_bytes
+    step = peakcut.build(g, order, optimizer=opt)
+    _assert_measured_near(peakcut.measure(step, model, inst.batch, method="cpu-profiler", repeats=1).peak_bytes,
+                          simulated)
+    tol = tolerance(torch.float32, inst.batch[0].numel(), STEPS)
+    for k in range(STEPS):
+        assert_close(step(model, inst.batch), eager_step(ref, ref_opt, inst.batch, inst.loss_fn), f"loss {k}", tol)
+    for (pname, p), q in zip(model.state_dict().items(), ref.state_dict().values(), strict=True):
+        assert_close(p, q, pname, tol)   # running_mean/var updated once per step, as in eager
 
 
 class _Block(nn.Module):

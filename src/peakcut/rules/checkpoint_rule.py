@@ -1,6 +1,6 @@
 """Checkpointing a model's repeated blocks, and undoing it, as rewrites of the base graph (the
 rewrites themselves: peakcut.transform.checkpoint). checkpoint_blocks' sites: per list of
-numbered blocks (a transformer's layers), every block, and every second block (half the
+repeated blocks (a transformer's layers, a ResNet's bottlenecks), every block, and every second block (half the
 recompute). uncheckpoint_blocks' sites: every second checkpointed block of a list, then all of
 them: where memory allows, the search trades recompute back for latency (a rewrite has no
 undo move of its own).
@@ -19,7 +19,7 @@ from peakcut.ir.graph import Graph
 from peakcut.rules.protocol import RewriteRule
 from peakcut.transform.checkpoint import (
     Block,
-    block_key,
+    blocks_of,
     checkpoint_blocks,
     checkpointed_blocks,
     find_blocks,
@@ -143,11 +143,4 @@ def _site(blocks: Sequence[Block], what: str) -> TasoCandidate:
 
 def _blocks(g: Graph, site: TasoCandidate) -> list[Block] | str:
     """The site's blocks in g: its nodes grouped by block, in order."""
-    grouped: dict[str, list[int]] = {}
-    for v in site.nodes:
-        node = g.nodes.get(v)
-        key = block_key(node.module) if node is not None else None
-        if key is None:
-            return f"node {v} of the site is not a block's node in this graph"
-        grouped.setdefault(key, []).append(v)
-    return [Block(key, tuple(nodes)) for key, nodes in grouped.items()]
+    return blocks_of(g, site.nodes)

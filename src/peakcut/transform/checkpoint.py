@@ -1,7 +1,7 @@
 """Activation checkpointing of repeated blocks (a transformer's layers) as a rewrite of the step.
 
-A block is the forward nodes of one numbered module (`model.layers.3`, `transformer.h.10`,
-`bert.encoder.layer.0`: the module path up to its first number). Checkpointing a block
+A block is the forward nodes of one repeated module (`model.layers.3`, `transformer.h.10`,
+ResNet's bottleneck `layer2.1`, U-Net++'s `nodes.x1_0`: find_blocks). Checkpointing a block
 gives its backward a recomputed copy of the block's forward: every backward node that read a
 tensor the block's forward made reads the copy's tensor instead. The copies read the
 block's inputs (the residual stream, parameters, masks, the rotary tables), are placed
@@ -19,7 +19,9 @@ its own rows.
 
 Safety (DESIGN invariants 2 and 4), checked per block; a block that fails is left alone:
 - every copied node is an op the registry knows, draws no random numbers, writes nothing in
-  place and returns initialized memory;
+  place and returns initialized memory; a training-mode batch norm is copied without its
+  running statistics (remat.recompute_call): it gives the same outputs, and the statistics
+  are updated once, by the forward, as in eager;
 - no copied tensor is a program output or written in place by any node;
 - every in-place writer of a storage the copies read (an optimizer update of a parameter)
   runs after the copies' place in the order and gets a control edge "after the copy".
@@ -38,7 +40,7 @@ from peakcut.ir.node import Node, Phase, TensorRef, map_refs
 from peakcut.ir.registry import draws_random
 from peakcut.ir.tags import NodeTags, RematTag
 from peakcut.ir.tensor import Role, TensorMeta
-from peakcut.transform.remat import why_not_recompute_op
+from peakcut.transform.remat import recompute_call, why_not_recompute_op
 from peakcut.transform.rewrite import (
     Rewrite,
     RuleError,
@@ -53,39 +55,61 @@ from peakcut.transform.rewrite import (
     why_not_move,
 )
 
-_NUMBERED = re.compile(r"^(.*?\.\d+)(?:\.|$)")   # the module path up to its first number
+_NUMBER = re.compile(r"\d+")
 
 
 @dataclass(frozen=True)
 class Block:
-    """One numbered module's forward nodes, in capture order."""
+    """One repeated module's forward nodes, in capture order."""
 
-    module: str                # e.g. "model.layers.3"
+    module: str                # e.g. "model.layers.3", "layer2.1", "nodes.x1_0"
     nodes: tuple[int, ...]
 
 
-def block_key(module: str) -> str | None:
-    """The block a module path belongs to ('model.layers.3.mlp' -> 'model.layers.3'); None when
-    the path has no numbered part."""
-    m = _NUMBERED.match(module)
-    return m.group(1) if m else None
-
-
 def find_blocks(g: Graph) -> dict[str, list[Block]]:
-    """The step's repeated blocks, by module list ('model.layers' -> its blocks in order); only
-    lists of at least two blocks."""
-    members: dict[str, list[int]] = {}
+    """The step's repeated blocks, by list name ('model.layers' -> its blocks in order).
+
+    A block is a module whose forward runs ops of at least two module paths (a layer, not a
+    single convolution), one of at least two such modules whose paths differ only in their
+    numbers: `model.layers.3`, ResNet's bottlenecks `layer2.1` (across stages), U-Net++'s
+    `nodes.x1_0`. Where such families nest (a stage `layer2` holds bottlenecks; a layer holds
+    its `mlp`), the family with more members wins, the outer one on a tie. A list is named
+    by its pattern without a trailing number (`model.layers`, `layer#`, `nodes.x#_#`).
+    """
+    under: dict[str, list[int]] = {}       # module path -> the forward nodes under it
+    paths: dict[str, set[str]] = {}         # module path -> the module paths of those nodes
     for nid in g.order:
         node = g.nodes[nid]
-        if node.phase is not Phase.FORWARD or node.tags.remat is not None:
+        if node.phase is not Phase.FORWARD or node.tags.remat is not None or not node.module:
             continue
-        key = block_key(node.module)
-        if key is not None:
-            members.setdefault(key, []).append(nid)
-    lists: dict[str, list[Block]] = {}
-    for key, nodes in members.items():
-        lists.setdefault(key.rsplit(".", 1)[0], []).append(Block(key, tuple(nodes)))
-    return {name: blocks for name, blocks in lists.items() if len(blocks) >= 2}
+        parts = node.module.split(".")
+        for k in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:k])
+            under.setdefault(prefix, []).append(nid)
+            paths.setdefault(prefix, set()).add(node.module)
+    families: dict[str, list[str]] = {}
+    for prefix in under:                   # in the order of their first forward node
+        if len(paths[prefix]) >= 2 and _NUMBER.search(prefix):
+            families.setdefault(_NUMBER.sub("#", prefix), []).append(prefix)
+    chosen: list[str] = []
+    for pattern in sorted((p for p, ms in families.items() if len(ms) >= 2),
+                          key=lambda p: (-len(families[p]), p.count("."))):
+        if not any(pattern.startswith(c + ".") or c.startswith(pattern + ".") for c in chosen):
+            chosen.append(pattern)
+    return {p.removesuffix(".#"): [Block(m, tuple(under[m])) for m in families[p]]
+            for p in sorted(chosen, key=lambda p: min(under[m][0] for m in families[p]))}
+
+
+def blocks_of(g: Graph, nodes: Sequence[int]) -> list[Block] | str:
+    """`nodes` (forward nodes of blocks find_blocks finds) grouped by block, in order; a reason
+    where one is not such a node in g."""
+    module = {v: b.module for blocks in find_blocks(g).values() for b in blocks for v in b.nodes}
+    grouped: dict[str, list[int]] = {}
+    for v in nodes:
+        if v not in module:
+            return f"node {v} is not a forward node of a repeated block in this graph"
+        grouped.setdefault(module[v], []).append(v)
+    return [Block(key, tuple(vs)) for key, vs in grouped.items()]
 
 
 @dataclass(frozen=True)
@@ -197,7 +221,7 @@ def _hazards(g: Graph, block: Block, inside: set[int], ordered: tuple[int, ...],
     external: dict[int, int] = {}              # storage read from outside the block -> a tensor in it
     readers: dict[int, list[int]] = {}         # storage -> the copied nodes reading it (views included)
     for v in ordered:
-        for t in g.nodes[v].input_tuple:
+        for t in recompute_call(g.nodes[v]).input_tuple:
             s = tensors[t].storage
             readers.setdefault(s, []).append(v)
             if t not in made:
@@ -243,7 +267,7 @@ def checkpoint_block(g: Graph, order: Sequence[int], block: Block) -> Rewrite:
     node_map: dict[int, int] = {}
     copies: list[int] = []
     for v in plan.copied:
-        node = g.nodes[v]
+        node = recompute_call(g.nodes[v])
         metas: list[TensorMeta] = []
         outs: list[int | None] = []
         for t in node.outputs:

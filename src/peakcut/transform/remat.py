@@ -15,7 +15,7 @@ Safety (DESIGN invariants 2 and 4, and the MAGIS reference code's bugs, notes §
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from peakcut.ir.edit import GraphEditor, splice
 from peakcut.ir.graph import Graph
@@ -48,6 +48,22 @@ UNINITIALIZED_OPS = frozenset({
 })
 
 
+# Ops whose undeclared in-place writes are state updates a recompute leaves out: given no
+# running statistics, training-mode batch norm returns the same outputs and writes nothing
+# (the forward updated the statistics once; a second update would be wrong).
+_STATE_ARGUMENTS = {"aten.native_batch_norm.default": (3, 4)}   # running_mean, running_var
+_TRAINING_ARGUMENT = {"aten.native_batch_norm.default": 5}
+
+
+def recompute_call(n: Node) -> Node:
+    """The call a recompute of `n` makes: `n` itself, or a training-mode batch norm with its
+    running statistics left out (module constant _STATE_ARGUMENTS)."""
+    state = _STATE_ARGUMENTS.get(n.op)
+    if state is None or len(n.args) <= _TRAINING_ARGUMENT[n.op] or n.args[_TRAINING_ARGUMENT[n.op]] is not True:
+        return n
+    return replace(n, args=tuple(None if i in state else a for i, a in enumerate(n.args)))
+
+
 @dataclass(frozen=True)
 class _Plan:
     users: tuple[int, ...]         # the users, in order
@@ -74,7 +90,7 @@ def why_not_recompute_op(g: Graph, node: int, *, views: bool = False) -> str | N
                 "(DESIGN invariant 4)")
     if n.op in UNINITIALIZED_OPS:
         return f"{what} returns uninitialized memory: a recompute would not give the same values"
-    written = g.mutated_tensors(node)
+    written = recompute_call(n).mutated_ids()
     if written:
         return (f"{what} writes {describe_tensor(g, written[0])} in place: a recompute would write "
                 "it again")
@@ -160,7 +176,7 @@ def _plan(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> _P
         reason = why_not_move(g, views, g.storages[s], 0)
         if reason:
             return reason
-    n = g.nodes[node]
+    n = recompute_call(g.nodes[node])
     written = writers_of(g, {g.tensors[t].storage for t in n.input_ids()})
     before = ancestors(g, node) if written else set()   # the walk is long; often not needed
     hazards = tuple(sorted({m for ms in written.values() for m in ms
@@ -192,7 +208,7 @@ def remat(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> Re
     plan = _plan(g, order, node, users)
     if isinstance(plan, str):
         raise RuleError(plan)
-    a = g.nodes[node]
+    a = recompute_call(g.nodes[node])
     edit = GraphEditor(g)
     storage_map: dict[int, int] = {}
     out_map: dict[int, int] = {}
