@@ -19,6 +19,7 @@ from types import MappingProxyType
 
 from peakcut.ir.graph import Graph
 from peakcut.memory import MemoryProfile, simulate
+from peakcut.rules.batch_norm_rule import SplitBatchNormsRule
 from peakcut.rules.checkpoint_rule import CheckpointBlocksRule, UncheckpointBlocksRule
 from peakcut.rules.fission_rule import FissionRule
 from peakcut.rules.host_update_rule import HostUpdateRule
@@ -230,6 +231,7 @@ RULES = Registry(
         HostUpdateRule(),
     ),
     rewrites=(
+        SplitBatchNormsRule(),
         CheckpointBlocksRule(),
         UncheckpointBlocksRule(),
         MergeMatmulsRule(),

@@ -372,17 +372,22 @@ def _one_by_one(g: Graph, order: Sequence[int], items: Sequence[T],
 
 # ------------------------------------------------------------------ the inverse
 def checkpointed_blocks(g: Graph) -> dict[str, list[str]]:
-    """The checkpointed blocks of g by module list ('model.layers' -> ['model.layers.0', ...]),
-    in order: the blocks whose recomputes (RematTag.block) are in g."""
+    """The checkpointed blocks of g by list, named as find_blocks names them ('model.layers' ->
+    ['model.layers.0', ...]), in order: the blocks whose recomputes (RematTag.block) are in g."""
     found: dict[str, None] = {}
     for nid in g.order:
         tag = g.nodes[nid].tags.remat
         if tag is not None and tag.block:
             found[tag.block] = None
     lists: dict[str, list[str]] = {}
-    for module in sorted(found, key=lambda m: (m.rsplit(".", 1)[0], int(m.rsplit(".", 1)[1]))):
-        lists.setdefault(module.rsplit(".", 1)[0], []).append(module)
+    for module in sorted(found, key=_natural):
+        lists.setdefault(_NUMBER.sub("#", module).removesuffix(".#"), []).append(module)
     return lists
+
+
+def _natural(module: str) -> tuple[tuple[str, int], ...]:
+    """Sort key of a module path with its numbers compared as numbers (layer2.10 after layer2.9)."""
+    return tuple((text, int(num) if num else -1) for text, num in re.findall(r"(\D*)(\d*)", module) if text or num)
 
 
 def _copies(g: Graph, module: str) -> list[int]:
