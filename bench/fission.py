@@ -11,6 +11,9 @@ split along the batch goes below, whatever the F-Tree, with the node where
 it is reached.
 The loss's gradient seed and target count are first computed without the loss
 (peakcut.fission.loss, exact), so that regions may span forward and backward.
+A workload with training-mode batch norms gets a second row, "batch norms split": the same
+on the step with every batch norm rewritten as batch-splittable ops
+(peakcut.transform.batch_norm; its eager peak is that step's in capture order).
 All peaks are simulated (capture order, CPU workspace model); nothing runs.
 """
 
@@ -24,12 +27,40 @@ import torch
 import peakcut
 from peakcut.fission import batch_fission_bound, best_root_at_two, find_ftree
 from peakcut.fission.loss import detach_loss
+from peakcut.ir.graph import Graph
 from peakcut.memory import simulate
+from peakcut.transform.batch_norm import split_batch_norms_everywhere
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.3f}"
+
+
+def _row(description: str, g: Graph, eager: int) -> str:
+    """One table row: the F-Tree of g's batch dimension (capture order), its best root at
+    n = 2, the bound; changes against `eager` (the captured step's peak)."""
+    base = simulate(g).peak_bytes
+    t0 = time.perf_counter()
+    tree, dgraph = find_ftree(g, batch_only=True)
+    build_s = time.perf_counter() - t0
+    bound = batch_fission_bound(g, dgraph)
+    at = g.nodes[bound.node] if bound.node is not None else None
+    where = f"{at.op.removeprefix('aten.').removesuffix('.default')} {at.module}" if at else "-"
+    bound_cell = f"{_gib(bound.bytes)} ({bound.bytes / eager - 1:+.2%}, {where})"
+    if not tree.nodes:
+        return (f"| {description} | {len(g.nodes)} | {build_s:.1f} | 0 | - | - | {_gib(base)} | - | - | - "
+                f"| {bound_cell} |")
+    t0 = time.perf_counter()
+    best = best_root_at_two(g, tree, dgraph)
+    expand_s = time.perf_counter() - t0
+    if best is None:
+        return (f"| {description} | {len(g.nodes)} | {build_s:.1f} | {tree.levels()} | {tree.nodes_per_level()} "
+                f"| - | {_gib(base)} | no root of even length | - | {expand_s:.1f} | {bound_cell} |")
+    root, peak = best
+    return (f"| {description} | {len(g.nodes)} | {build_s:.1f} | {tree.levels()} | "
+            f"{tree.nodes_per_level()} | {len(tree.nodes[root].nodes)} | {_gib(base)} | {_gib(peak)} | "
+            f"{peak / eager - 1:+.1%} | {expand_s:.1f} | {bound_cell} |")
 
 
 def main() -> None:
@@ -41,24 +72,10 @@ def main() -> None:
     for name in WORKLOAD_NAMES:
         inst = get_workload(name).build("paper")
         g = detach_loss(peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw"))
-        eager = simulate(g).peak_bytes
-        t0 = time.perf_counter()
-        tree, dgraph = find_ftree(g, batch_only=True)
-        build_s = time.perf_counter() - t0
-        bound = batch_fission_bound(g, dgraph)
-        at = g.nodes[bound.node] if bound.node is not None else None
-        where = f"{at.op.removeprefix('aten.').removesuffix('.default')} {at.module}" if at else "-"
-        bound_cell = f"{_gib(bound.bytes)} ({bound.bytes / eager - 1:+.2%}, {where})"
-        if not tree.nodes:
-            rows.append(f"| {inst.description} | {len(g.nodes)} | {build_s:.1f} | 0 | - | - | {_gib(eager)} | - | - | - "
-                        f"| {bound_cell} |")
-            continue
-        t0 = time.perf_counter()
-        root, peak = best_root_at_two(g, tree, dgraph)
-        expand_s = time.perf_counter() - t0
-        rows.append(f"| {inst.description} | {len(g.nodes)} | {build_s:.1f} | {tree.levels()} | "
-                    f"{tree.nodes_per_level()} | {len(tree.nodes[root].nodes)} | {_gib(eager)} | {_gib(peak)} | "
-                    f"{peak / eager - 1:+.1%} | {expand_s:.1f} | {bound_cell} |")
+        rows.append(_row(inst.description, g, simulate(g).peak_bytes))
+        split = split_batch_norms_everywhere(g)
+        if split is not None:
+            rows.append(_row(f"{inst.description}, batch norms split", split.graph, simulate(g).peak_bytes))
     print("\n".join(rows))
 
 

@@ -30,6 +30,7 @@ import peakcut
 from peakcut.optimizer import optimize_graph
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
+BLOCK_REWRITES = ("checkpoint ", "un-checkpoint ", "split ")   # checkpoint_blocks, its inverse, split_batch_norms
 SETTINGS = (("latency", 1.10), ("latency", 1.05), ("memory", 0.8), ("memory", 0.4))
 DEVICES = ("rtx3090", "h200")
 
@@ -51,16 +52,17 @@ def run_workload(name: str, devices: tuple[str, ...], budget: float) -> list[dic
                          "latency_ratio": r["latency_ratio"], "states": r["search"]["states"],
                          "states_per_minute": r["search"]["states_per_minute"],
                          "wall": time.perf_counter() - t0, "applied": len(r["applied"]),
-                         "fission": r["fission"], "recipes": len(r["recipes"])})
+                         "fission": r["fission"], "recipes": len(r["recipes"]),
+                         "rewrites": [d for d in r["applied"] if d.startswith(BLOCK_REWRITES)]})
     return rows
 
 
 def _cell(row: dict) -> str:
     if row["mode"] == "latency":
         mark = "" if row["feasible"] else " (limit not met)"
-        return f"{row['peak_ratio']:.1%} (+{row['latency_ratio'] - 1:.1%}){mark}"
+        return f"{row['peak_ratio']:.1%} ({row['latency_ratio'] - 1:+.1%}){mark}"
     if row["feasible"]:
-        return f"+{row['latency_ratio'] - 1:.1%} ({row['peak_ratio']:.0%})"
+        return f"{row['latency_ratio'] - 1:+.1%} ({row['peak_ratio']:.0%})"
     return f"not met: best {row['peak_ratio']:.0%}"
 
 
@@ -91,12 +93,12 @@ def main() -> None:
             print(f"| {desc} | {device} | " + " | ".join(cells) + " |")
     print("\nPeak cells: peak / eager peak (latency overhead). Overhead cells: latency overhead "
           "(peak / eager peak).\n")
-    print("| workload | device | setting | states | states/min | fission (F-Tree node: n) | remat+swap |")
-    print("|---|---|---|---|---|---|---|")
+    print("| workload | device | setting | states | states/min | fission (F-Tree node: n) | remat+swap | block rewrites |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         fission = ", ".join(f"{f['ftree_node']}: {f['n']}" for f in r["fission"]) or "-"
         print(f"| {r['workload']} | {r['device']} | {r['mode']} {r['value']} | {r['states']} | "
-              f"{r['states_per_minute']:.0f} | {fission} | {r['recipes']} |")
+              f"{r['states_per_minute']:.0f} | {fission} | {r['recipes']} | {'; '.join(r['rewrites']) or '-'} |")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,12 @@
 """Checkpointing repeated blocks (transform/checkpoint.py, rules/checkpoint_rule.py).
 
 Covered:
-- the blocks of the tiny transformers are found by module path (a layer list of 2 blocks);
-- checkpointed, each tiny transformer trains like eager over 3 AdamW steps, its simulated
-  peak is below the plain step's and within 5% of the measured one (CPU profiler);
-- the blocks of the tiny CNNs (ResNet-50's bottlenecks across stages, U-Net's encoder and
-  decoder stages, U-Net++'s nodes) are found and checkpointed with their training-mode batch
-  norms (recomputed without the running statistics): eager's loss, parameters and running
-  statistics (equal to the bit on the CPU this was written on: the recompute runs the same
-  kernel on the same inputs), measured peak within 5% of the simulated one, below the plain
-  step's;
+- the blocks of the tiny models are found by module path: the transformers' layer lists,
+  ResNet-50's bottlenecks across stages, U-Net's encoder and decoder stages, U-Net++'s nodes;
+- every block checkpointed, each trains like eager over 3 AdamW steps (loss, parameters,
+  buffers: the CNNs' batch norms are recomputed without their running statistics, which are
+  updated once, as in eager), its simulated peak is below the plain step's and within 5% of
+  the measured one (CPU profiler);
 - a block whose forward draws random numbers (dropout) is refused, naming the node;
 - every in-place writer of a storage a recompute reads (the optimizer's update of a
   parameter) runs after the recompute (control edge), in the order and in the graph;
@@ -59,7 +56,6 @@ from tests.rules.test_offload_param import (
 from tests.tolerance import tolerance
 
 STEPS = 3
-TRANSFORMERS = ("bert-base", "gpt2-xl", "llama2-7b")
 
 
 def _assert_measured_near(measured: int, simulated: int) -> None:
@@ -75,57 +71,46 @@ def _checkpointed(g: peakcut.ir.graph.Graph):
     return rw
 
 
-@pytest.mark.parametrize("name", TRANSFORMERS)
-def test_a_checkpointed_transformer_trains_like_eager(name: str) -> None:
-    inst = get_workload(name).build("tiny")
-    model, ref = inst.model, copy.deepcopy(inst.model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
-    plain = peakcut.capture(model, inst.batch, inst.loss_fn, opt)
-    blocks = find_blocks(plain)
-    assert len(blocks) == 1 and len(next(iter(blocks.values()))) == 2, blocks.keys()
-    rw = _checkpointed(plain)
-    simulated = simulate(rw.graph, rw.order).peak_bytes
-    assert simulated < simulate(plain, plain.order).peak_bytes
-    step = peakcut.build(rw.graph, rw.order, optimizer=opt)
-    assert "# recompute of" in step.source
-    _assert_measured_near(peakcut.measure(step, model, inst.batch, method="cpu-profiler", repeats=1).peak_bytes,
-                          simulated)
-    tol = tolerance(torch.float32, 256, STEPS)
-    for k in range(STEPS):
-        assert_close(step(model, inst.batch), eager_step(ref, ref_opt, inst.batch, inst.loss_fn), f"loss {k}", tol)
-    for (pname, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
-        assert_close(p, q, pname, tol)
+BLOCKS = {"bert-base": {"bert.encoder.layer": 2}, "gpt2-xl": {"transformer.h": 2}, "llama2-7b": {"model.layers": 2},
+          "resnet50": {"layer#": 4}, "unet": {"downs": 3, "up_convs": 3}, "unetpp": {"nodes.x#_#": 10}}
 
 
-CNN_BLOCKS = {"resnet50": {"layer#": 4}, "unet": {"downs": 3, "up_convs": 3}, "unetpp": {"nodes.x#_#": 10}}
-
-
-@pytest.mark.parametrize("name", sorted(CNN_BLOCKS))
-def test_a_checkpointed_cnn_keeps_eager_numbers_and_running_statistics(name: str) -> None:
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_a_checkpointed_model_keeps_eager_numbers(name: str) -> None:
+    """Every block list checkpointed: eager's loss, parameters and buffers (the CNNs' running
+    statistics, updated once per step although their batch norms run twice)."""
     inst = get_workload(name).build("tiny")
     model, ref = inst.model, copy.deepcopy(inst.model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
     plain = peakcut.capture(model, inst.batch, inst.loss_fn, opt)
     found = find_blocks(plain)
-    assert {k: len(v) for k, v in found.items()} == CNN_BLOCKS[name]
+    assert {k: len(v) for k, v in found.items()} == BLOCKS[name]
     g, order = plain, plain.order
     for blocks in found.values():
         rw, reasons = checkpoint_blocks(g, order, blocks)
         assert rw is not None and reasons == [None] * len(blocks), reasons
         g, order = rw.graph, rw.order
-    assert any(g.nodes[v].op == "aten.native_batch_norm.default" and g.nodes[v].tags.remat for v in order)
     simulated = simulate(g, order).peak_bytes
     assert simulated < simulate(plain, plain.order).peak_bytes
     step = peakcut.build(g, order, optimizer=opt)
+    assert "# recompute of" in step.source
     _assert_measured_near(peakcut.measure(step, model, inst.batch, method="cpu-profiler", repeats=1).peak_bytes,
                           simulated)
-    tol = tolerance(torch.float32, inst.batch[0].numel(), STEPS)
+    tol = tolerance(torch.float32, max(256, inst.batch[0].numel()), STEPS)
     for k in range(STEPS):
         assert_close(step(model, inst.batch), eager_step(ref, ref_opt, inst.batch, inst.loss_fn), f"loss {k}", tol)
     for (pname, p), q in zip(model.state_dict().items(), ref.state_dict().values(), strict=True):
-        assert_close(p, q, pname, tol)   # running_mean/var updated once per step, as in eager
+        assert_close(p, q, pname, tol)
+
+
+def test_a_training_batch_norm_is_recomputed_without_its_running_statistics() -> None:
+    inst = get_workload("resnet50").build("tiny")
+    g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw")
+    rw = _checkpointed(g)
+    copies = [v for v in rw.added if rw.graph.nodes[v].op == "aten.native_batch_norm.default"]
+    assert copies and all(rw.graph.nodes[v].args[3:5] == (None, None) for v in copies)
+    assert not any(rw.graph.mutated_tensors(v) for v in copies)
 
 
 class _Block(nn.Module):
