@@ -231,7 +231,6 @@ RULES = Registry(
         HostUpdateRule(),
     ),
     rewrites=(
-        SplitBatchNormsRule(),
         CheckpointBlocksRule(),
         UncheckpointBlocksRule(),
         MergeMatmulsRule(),
@@ -239,6 +238,7 @@ RULES = Registry(
         DropIdentityRule(),
         CancelTransposesRule(),
         FoldViewsRule(),
+        SplitBatchNormsRule(),   # last: it saves transients only and costs latency (docs/fission.md)
     ),
 )
 """Every rule the search uses, in the order it tries them (see Registry)."""
