@@ -9,7 +9,7 @@ each layer's input is the concatenation of all earlier outputs; BN-ReLU-conv lay
   simulated one;
 - the batch F-Tree of the rewritten step has regions that hold pieces of batch norms (before
   the rewrite a batch norm cut the batch dimension). Every such region, enabled alone at
-  n = 2 and at its largest n, gives eager's numbers over 2 SGD steps in float64 (rtol 1e-7,
+  n = 2 and at its largest n, gives eager's numbers over 3 SGD steps in float64 (rtol 1e-7,
   as tests/fission/test_fission_workloads.py, which says why float64 and SGD there) and a
   measured peak within 5% of the simulated one;
 - refusals name the node: eval mode, a rank-2 input, a bfloat16 input;
@@ -127,7 +127,7 @@ def test_batch_regions_across_batch_norms_keep_eager_numbers(name: str) -> None:
             ex = expand(rw.graph, rw.order, enabled, dgraph)
             what = f"{name} F-Tree node {f.id} ({len(f.nodes)} nodes) at n={n}"
             report = peakcut.check_equivalence(model, batch, loss_fn, SGD, lambda _m, ex=ex: Step(ex.graph, ex.order),
-                                               steps=2, rtol=RTOL, atol=ATOL)
+                                               steps=3, rtol=RTOL, atol=ATOL)
             assert report.ok, f"{what}: {report}"
             step = Step(ex.graph, ex.order)
             assert "for part in range(" in step.source, what

@@ -1,8 +1,10 @@
 """Checkpointing a model's repeated blocks, and undoing it, as rewrites of the base graph (the
 rewrites themselves: peakcut.transform.checkpoint). checkpoint_blocks' sites: per list of
-repeated blocks (a transformer's layers, a ResNet's bottlenecks), every block, and every second block (half the
-recompute). uncheckpoint_blocks' sites: every second checkpointed block of a list, then all of
-them: where memory allows, the search trades recompute back for latency (a rewrite has no
+repeated blocks (a transformer's layers, a ResNet's bottlenecks), every block, and the first half
+of them (half the recompute; in a CNN the first blocks run at the highest resolution and hold
+the most activations: ResNet-50 at paper size, first half 53% of eager's peak at +15% latency,
+every second block 73% at +13%). uncheckpoint_blocks' sites: the last half of the checkpointed
+blocks of a list, then all of them: where memory allows, the search trades recompute back for latency (a rewrite has no
 undo move of its own).
 
 They are the rewrites that may touch enabled fission regions (`in_regions`): the copies
@@ -68,7 +70,7 @@ class _BlockRule(RewriteRule):
 
 class CheckpointBlocksRule(_BlockRule):
     """Each block's backward reads a recompute of the block's forward (torch.utils.checkpoint
-    around every block, or every second one)."""
+    around every block, or around the first half)."""
 
     kind = "checkpoint_blocks"
 
@@ -79,8 +81,8 @@ class CheckpointBlocksRule(_BlockRule):
                 continue
             yield _site(ready, f"checkpoint {len(ready)} blocks of {name}")
             if len(ready) >= 4:
-                half = ready[1::2]
-                yield _site(half, f"checkpoint every second block of {name} ({len(half)})")
+                half = ready[:len(ready) // 2]
+                yield _site(half, f"checkpoint the first {len(half)} blocks of {name}")
 
     def targets(self, g: Graph, site: TasoCandidate) -> list[Any] | str:
         return _blocks(g, site)
@@ -100,8 +102,8 @@ class UncheckpointBlocksRule(_BlockRule):
     def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
         for name, modules in checkpointed_blocks(g).items():
             if len(modules) >= 2:
-                half = modules[1::2]
-                yield _undo_site(g, half, f"un-checkpoint every second checkpointed block of {name} ({len(half)})")
+                half = modules[len(modules) // 2:]
+                yield _undo_site(g, half, f"un-checkpoint the last {len(half)} checkpointed blocks of {name}")
             yield _undo_site(g, modules, f"un-checkpoint {len(modules)} blocks of {name}")
 
     def targets(self, g: Graph, site: TasoCandidate) -> list[Any] | str:
