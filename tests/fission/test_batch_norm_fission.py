@@ -121,7 +121,7 @@ def test_batch_regions_across_batch_norms_keep_eager_numbers(name: str) -> None:
     tree, dgraph = find_ftree(rw.graph, rw.order, batch_only=True)
     across = [f for f in tree.nodes if any(rw.graph.nodes[v].tags.rewritten_from == REWRITTEN for v in f.nodes)]
     assert across, f"{name}: no batch region holds a piece of a batch norm ({len(tree.nodes)} F-Tree nodes)"
-    for f in across[:3]:
+    for f in across[:2]:   # the first two (suite time); every node passed when this was written
         for n in sorted({divisors(f.length)[0], f.length}):
             enabled = FTree(tuple(replace(x, n=n) if x.id == f.id else x for x in tree.nodes))
             ex = expand(rw.graph, rw.order, enabled, dgraph)
