@@ -453,13 +453,15 @@ def uncheckpoint_block(g: Graph, order: Sequence[int], module: str) -> Rewrite:
 
 
 def _same_call(copy: Node, original: Node, back: dict[int, int]) -> bool:
-    """Whether `copy`, its tensor arguments read back through `back`, is `original`'s call."""
+    """Whether `copy`, its tensor arguments read back through `back`, is `original`'s recompute
+    (remat.recompute_call: a batch norm's copy passes no running statistics)."""
     def read_back(ref: TensorRef) -> TensorRef:
         return TensorRef(back.get(ref.id, ref.id))
 
-    return (copy.op == original.op and len(copy.outputs) == len(original.outputs)
-            and map_refs(copy.args, read_back) == original.args
-            and map_refs(copy.kwargs, read_back) == original.kwargs)
+    call = recompute_call(original)
+    return (copy.op == call.op and len(copy.outputs) == len(call.outputs)
+            and map_refs(copy.args, read_back) == call.args
+            and map_refs(copy.kwargs, read_back) == call.kwargs)
 
 
 def uncheckpoint_blocks(g: Graph, order: Sequence[int], modules: Sequence[str]
