@@ -176,6 +176,21 @@ def test_per_sample_norms_split_as_captured(name: str) -> None:
                               f"{name} at n={n}")
 
 
+def test_a_channels_last_batch_norm_is_rewritten_exactly() -> None:
+    """The normalize keeps the input's layout (the rewrite's addcmul stands for the batch
+    norm's output tensor, so its strides must match)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(8, 5)).double().to(memory_format=torch.channels_last)
+    batch = (torch.randn(4, 3, 8, 8, dtype=torch.float64).to(memory_format=torch.channels_last),
+             torch.randint(0, 5, (4,)))
+    g = peakcut.capture(model, batch, cross_entropy_loss, SGD, keep_grads=True)
+    rw = _split(g)
+    report = peakcut.check_equivalence(model, batch, cross_entropy_loss, SGD, lambda _m: Step(rw.graph, rw.order),
+                                       steps=3, rtol=RTOL, atol=ATOL)
+    assert report.ok, str(report)
+
+
 def _bn_graph(bn: nn.Module, x: torch.Tensor, train: bool = True) -> peakcut.ir.graph.Graph:
     model = nn.Sequential(bn, nn.Flatten(), nn.LazyLinear(3)).to(x.dtype)
     model(x)
