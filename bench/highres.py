@@ -14,6 +14,7 @@ import argparse
 import os
 import platform
 import time
+from dataclasses import replace
 
 import torch
 
@@ -22,7 +23,7 @@ from bench.peers.peakcut_hook import PAPER_BUDGET, PAPER_DEVICE
 from bench.peers.simulate import PROFILES, simulate_workload
 from bench.peers.tools import Tool, compile_tools
 from peakcut.workloads.base import WorkloadInstance
-from peakcut.workloads.unet import UNET_PAPER, UNet, _segmentation_batch, segmentation_loss
+from peakcut.workloads.unet import UNET_PAPER, UNet, segmentation_batch, segmentation_loss
 
 BUDGETS = (1.0, 0.6, 0.4, 0.2, 0.0)
 LIMITS = ("latency 1.1", "memory 0.5", "memory 0.4")
@@ -30,9 +31,9 @@ LIMITS = ("latency 1.1", "memory 0.5", "memory 0.4")
 
 def instance(image: int, batch: int) -> WorkloadInstance:
     """The paper U-Net (64-1024 channels, BatchNorm) on `image`x`image` inputs."""
-    cfg = UNET_PAPER.__class__(**{**UNET_PAPER.__dict__, "image": image})
+    cfg = replace(UNET_PAPER, image=image)
     torch.manual_seed(0)
-    return WorkloadInstance("unet", f"{image}px", UNet(cfg), _segmentation_batch(cfg, batch), segmentation_loss,
+    return WorkloadInstance("unet", f"{image}px", UNet(cfg), segmentation_batch(cfg, batch), segmentation_loss,
                             torch.float32, batch, f"U-Net, batch {batch}, 3x{image}x{image}, fp32")
 
 

@@ -64,7 +64,7 @@ def find_batch_norms(g: Graph) -> list[BatchNormSite]:
         if node.op != FORWARD_OP or not _training(node):
             continue
         stats = {t for t in node.outputs[1:3] if t is not None}
-        readers = tuple(u for u in dict.fromkeys(u for t in stats for u in g.users(t)))
+        readers = tuple(dict.fromkeys(u for t in stats for u in g.users(t)))
         sites.append(BatchNormSite(nid, readers))
     return sites
 
@@ -90,10 +90,9 @@ def why_not_split(g: Graph, site: BatchNormSite) -> str | None:
         return (f"{what} normalizes a {x.dtype} input: its kernel keeps the statistics in float32, "
                 "the rewrite would compute them in the input's dtype")
     for v in site.backwards:
-        if g.nodes[v].op != BACKWARD_OP:
-            return f"{describe_node(g, v)} reads the statistics of {what}: only its backward may"
-    for v in site.backwards:
         b = g.nodes[v]
+        if b.op != BACKWARD_OP:
+            return f"{describe_node(g, v)} reads the statistics of {what}: only its backward may"
         if b.args[1:3] != node.args[0:2] or b.args[7] is not True or [
                 r.id if isinstance(r, TensorRef) else None for r in b.args[5:7]] != list(node.outputs[1:3]):
             return f"{describe_node(g, v)} is not the training backward of {what} on the same input"

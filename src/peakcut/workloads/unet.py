@@ -122,7 +122,7 @@ class UNetPlusPlus(nn.Module):
         return self.outc(grid[0][self.depth])
 
 
-def _segmentation_batch(cfg: UNetConfig, batch_size: int) -> tuple[torch.Tensor, ...]:
+def segmentation_batch(cfg: UNetConfig, batch_size: int) -> tuple[torch.Tensor, ...]:
     images = torch.randn(batch_size, cfg.in_channels, cfg.image, cfg.image)
     masks = torch.randint(0, cfg.num_classes, (batch_size, cfg.image, cfg.image))
     return images, masks
@@ -131,13 +131,13 @@ def _segmentation_batch(cfg: UNetConfig, batch_size: int) -> tuple[torch.Tensor,
 def make_unet(size: str, batch_size: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """U-Net (or its tiny sibling) and a batch ``(images, per-pixel labels)``."""
     cfg = UNET[size]
-    return UNet(cfg), _segmentation_batch(cfg, batch_size)
+    return UNet(cfg), segmentation_batch(cfg, batch_size)
 
 
 def make_unetpp(size: str, batch_size: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """U-Net++ (or its tiny sibling) and a batch ``(images, per-pixel labels)``."""
     cfg = UNETPP[size]
-    return UNetPlusPlus(cfg), _segmentation_batch(cfg, batch_size)
+    return UNetPlusPlus(cfg), segmentation_batch(cfg, batch_size)
 
 
 def segmentation_loss(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
