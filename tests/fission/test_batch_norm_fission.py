@@ -42,6 +42,7 @@ from peakcut.ir.node import Phase
 from peakcut.memory import simulate
 from peakcut.rules import RULES
 from peakcut.transform.batch_norm import find_batch_norms, split_batch_norms, why_not_split
+from peakcut.transform.rewrite import ancestors
 from peakcut.workloads import get_workload
 from tests.helpers import cross_entropy_loss, in_float64
 
@@ -212,6 +213,26 @@ def test_refusals_name_the_node(make, reason) -> None:
     (site,) = sites
     why = why_not_split(g, site)
     assert why is not None and reason in why and "native_batch_norm" in why
+
+
+def test_parameter_updates_wait_for_the_new_readers_of_the_parameters() -> None:
+    """Every in-place writer of a storage a new node reads (a weight's update) that runs after
+    it in the order is its descendant in the graph, by data or control edges (the batch norm's
+    control edges are carried to every node that replaces it), so no order may run it first."""
+    model, batch, loss_fn = _workload("resnet50")
+    plain = peakcut.capture(model, batch, loss_fn, "adamw")
+    rw = _split(plain)
+    g, added = rw.graph, set(rw.added)
+    pos = {v: i for i, v in enumerate(rw.order)}
+    guarded = 0
+    for a in added:
+        for t in g.nodes[a].input_ids():
+            for m in g.storage_writers(g.tensors[t].storage):
+                if m in added or pos[m] < pos[a]:
+                    continue       # the rewrite's own lerp_, or a write the original saw too
+                assert a in ancestors(g, m), (g.nodes[a].name, g.nodes[m].name)   # data or control edge
+                guarded += 1
+    assert guarded >= 3 * len(find_batch_norms(plain))   # weight and bias in the forward, weight in the backward
 
 
 def test_the_rule_offers_all_batch_norms_once() -> None:
