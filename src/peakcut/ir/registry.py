@@ -200,6 +200,28 @@ def bytes_moved(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor])
     return sum(t.numel() * t.element_size() for t in (*inputs, *outputs))
 
 
+# Training-mode batch norm takes statistics over the batch and spatial dims, far more than a
+# cache holds: its kernels read their full-size inputs in a statistics pass before the pass
+# that writes (CPU: batch_norm_cpu_collect_stats then the transform; CUDA:
+# batch_norm_collect_statistics then batch_norm_transform_input, and batch_norm_backward_reduce
+# then batch_norm_backward_elemt). op -> (the arguments read twice, the training flag's index).
+_STATISTICS_PASS: dict[str, tuple[tuple[int, ...], int]] = {
+    "aten.native_batch_norm.default": ((0,), 5),
+    "aten._native_batch_norm_legit.default": ((0,), 5),
+    "aten._native_batch_norm_legit_functional.default": ((0,), 5),
+    "aten.native_batch_norm_backward.default": ((0, 1), 7),
+}
+
+
+def reread_bytes(op: str, args: Sequence[Any]) -> int:
+    """Bytes a call reads again beyond bytes_moved's one touch per tensor: a training-mode batch
+    norm's statistics pass over its full-size inputs (module constant _STATISTICS_PASS)."""
+    spec = _STATISTICS_PASS.get(op)
+    if spec is None or len(args) <= spec[1] or args[spec[1]] is not True:
+        return 0
+    return sum(args[i].numel() * args[i].element_size() for i in spec[0] if isinstance(args[i], torch.Tensor))
+
+
 @cache
 def _overload(op: str) -> torch._ops.OpOverload | None:
 
