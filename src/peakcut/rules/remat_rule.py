@@ -39,18 +39,26 @@ class RematRule(ProgramRule):
     def code(self, g: Graph, order: Sequence[int], names: Names) -> NodeCode | None:
         if not any(n.tags.remat is not None for n in g.nodes.values()):
             return None
-        return RecomputeComments(g)
+        return RecomputeComments(g, order)
 
 
 class RecomputeComments(NodeCode):
-    """A `# recompute of <name>` line before every recompute (the call itself is ordinary)."""
+    """A `# recompute of <name>` line before every recompute (the call itself is ordinary); once
+    for a run of nodes that recompute the same node (a batch norm's normalize)."""
 
-    def __init__(self, g: Graph) -> None:
+    def __init__(self, g: Graph, order: Sequence[int]) -> None:
         self.g = g
+        self.continued: set[int] = set()    # recomputes right after one of the same node
+        previous = None
+        for nid in order:
+            tag = g.nodes[nid].tags.remat
+            if tag is not None and previous is not None and tag.of == previous:
+                self.continued.add(nid)
+            previous = tag.of if tag is not None else None
 
     def before(self, nid: int, pad: str) -> list[str]:
         tag = self.g.nodes[nid].tags.remat
-        if tag is None:
+        if tag is None or nid in self.continued:
             return []
         original = tag.of
         if original in self.g.nodes:

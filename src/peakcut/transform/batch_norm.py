@@ -99,18 +99,20 @@ def why_not_split(g: Graph, site: BatchNormSite) -> str | None:
     return None
 
 
-class _Ops:
-    """Adds the rewrite's nodes, named after the batch norm, in its module and phase."""
+class BatchNormOps:
+    """Adds nodes named after a batch norm (`<name>_<tag>`), in its module, in `phase`, with
+    `tags` (default: rewritten from native_batch_norm); `added` lists them in order."""
 
-    def __init__(self, edit: GraphEditor, base: Node, phase: Phase) -> None:
+    def __init__(self, edit: GraphEditor, base: Node, phase: Phase, tags: NodeTags | None = None) -> None:
         self.edit, self.base, self.phase = edit, base, phase
+        self.tags = NodeTags(rewritten_from="native_batch_norm") if tags is None else tags
         self.added: list[int] = []
 
     def __call__(self, op: str, *args: object, tag: str, outputs: Sequence[int] | None = None,
                  multi_output: bool = False, **kwargs: Any) -> list[int | None]:
         node = self.edit.add_op(f"aten.{op}", tuple(args), dict(kwargs), name=f"{self.base.name}_{tag}",
                                 phase=self.phase, module=self.base.module, multi_output=multi_output,
-                                tags=NodeTags(rewritten_from="native_batch_norm"), outputs=outputs)
+                                tags=self.tags, outputs=outputs)
         self.added.append(node.id)
         return list(node.outputs)
 
@@ -122,8 +124,20 @@ class _Ops:
         return TensorRef(out)
 
 
-def _broadcast(ops: _Ops, t: TensorRef, channels: int, rank: int, tag: str) -> TensorRef:
+def _broadcast(ops: BatchNormOps, t: TensorRef, channels: int, rank: int, tag: str) -> TensorRef:
     return ops.one("view.default", t, [1, channels] + [1] * (rank - 2), tag=f"{tag}_b")
+
+
+def normalize(ops: BatchNormOps, x: TensorRef, w: TensorRef | None, b: TensorRef | None, mean: TensorRef,
+              invstd: TensorRef, shape: Sequence[int], outputs: Sequence[int] | None = None) -> TensorRef:
+    """y = addcmul(beta, x, alpha), alpha = invstd * w, beta = b - mean * alpha, per channel:
+    the kernel's normalize (module doc), for x of `shape` [N, C, *S]."""
+    rank, channels = len(shape), shape[1]
+    alpha = invstd if w is None else ops.one("mul.Tensor", invstd, w, tag="alpha")
+    shift = ops.one("mul.Tensor", mean, alpha, tag="mean_alpha")
+    beta = ops.one("neg.default", shift, tag="beta") if b is None else ops.one("sub.Tensor", b, shift, tag="beta")
+    return ops.one("addcmul.default", _broadcast(ops, beta, channels, rank, "beta"), x,
+                   _broadcast(ops, alpha, channels, rank, "alpha"), tag="out", outputs=outputs)
 
 
 def _kept(t: int | None, keep: set[int]) -> list[int] | None:
@@ -137,7 +151,7 @@ def _forward(edit: GraphEditor, g: Graph, node: Node, keep: set[int]) -> tuple[l
     meta = g.tensors[x.id]
     rank, channels = len(meta.shape), meta.shape[1]
     count = meta.numel // channels
-    ops = _Ops(edit, node, node.phase)
+    ops = BatchNormOps(edit, node, node.phase)
     v, m = (TensorRef(t) if t is not None else None
             for t in ops("var_mean.correction", x, list(range(2, rank)), tag="sample_stats", correction=0,
                                      multi_output=True))
@@ -148,11 +162,7 @@ def _forward(edit: GraphEditor, g: Graph, node: Node, keep: set[int]) -> tuple[l
     between = ops.one("var.correction", m, [0], tag="var_between", correction=0)
     var = ops.one("add.Tensor", within, between, tag="var")
     invstd = ops.one("rsqrt.default", ops.one("add.Scalar", var, eps, tag="var_eps"), tag="invstd")
-    alpha = invstd if w is None else ops.one("mul.Tensor", invstd, w, tag="alpha")
-    shift = ops.one("mul.Tensor", mean, alpha, tag="mean_alpha")
-    beta = ops.one("neg.default", shift, tag="beta") if b is None else ops.one("sub.Tensor", b, shift, tag="beta")
-    ops("addcmul.default", _broadcast(ops, beta, channels, rank, "beta"), x,
-        _broadcast(ops, alpha, channels, rank, "alpha"), tag="out", outputs=_kept(node.outputs[0], keep))
+    normalize(ops, x, w, b, mean, invstd, meta.shape, _kept(node.outputs[0], keep))
     if rm is not None:
         ops("lerp_.Scalar", rm, mean, momentum, tag="running_mean")
     if rv is not None:
@@ -168,7 +178,7 @@ def _backward(edit: GraphEditor, g: Graph, node: Node, stats: dict[str, TensorRe
     rank, channels = len(meta.shape), meta.shape[1]
     count = meta.numel // channels
     dims = [0, *range(2, rank)]
-    ops = _Ops(edit, node, node.phase)
+    ops = BatchNormOps(edit, node, node.phase)
     mean, invstd = stats["mean"], stats["invstd"]
     dx_out, dw_out, db_out = node.outputs
     xc = ops.one("sub.Tensor", x, _broadcast(ops, mean, channels, rank, "mean"), tag="centered")

@@ -10,6 +10,17 @@ Safety (DESIGN invariants 2 and 4, and the MAGIS reference code's bugs, notes §
   in place and does not run before A (an optimizer update of a parameter A reads, say) gets a
   control edge "M after A'", and A' is placed before M; A' inherits A's own control edges (the
   writes it must see). Without this a recompute could read an already-updated parameter.
+
+A tensor saved for the backward is often read there through the forward's detach of it (the
+autograd capture detaches what an op saves): remat of such an identity view (detach, alias:
+the same storage, shape, strides and offset) recomputes the node that made the viewed tensor,
+and the users read the recompute in place of the view.
+
+A training-mode batch norm's result is recomputed from the statistics its forward saved: the
+kernel's normalize (peakcut.transform.batch_norm.normalize: two per-channel ops, two views and
+one addcmul over x, all tagged as the recompute) instead of the whole batch norm, which would
+take the statistics over x again. Its users read only the result; the saved mean and invstd
+are the original's, which its backward reads later anyway.
 """
 
 from __future__ import annotations
@@ -19,10 +30,11 @@ from dataclasses import dataclass, replace
 
 from peakcut.ir.edit import GraphEditor, splice
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import Node
+from peakcut.ir.node import Node, TensorRef
 from peakcut.ir.registry import OpKind, draws_random, lookup
 from peakcut.ir.tags import NodeTags, RematTag
 from peakcut.ir.tensor import Role, TensorMeta
+from peakcut.transform.batch_norm import BatchNormOps, normalize
 from peakcut.transform.rewrite import (
     Rewrite,
     RuleError,
@@ -34,6 +46,8 @@ from peakcut.transform.rewrite import (
     describe_node,
     describe_tensor,
     describe_users,
+    identity_source,
+    identity_views,
     positions,
     program_output_storages,
     reads_any,
@@ -64,8 +78,36 @@ def recompute_call(n: Node) -> Node:
     return replace(n, args=tuple(None if i in state else a for i, a in enumerate(n.args)))
 
 
+_NORMALIZED_DTYPES = ("float32", "float64")   # the kernel keeps bf16/fp16 statistics in fp32
+
+
+def normalizes_from_statistics(g: Graph, node: int) -> bool:
+    """Whether a recompute of `node` is a batch norm's normalize from its saved statistics: a
+    training-mode batch norm of fp32/fp64 input with its result, mean and invstd all present."""
+    n = g.nodes[node]
+    if recompute_call(n) is n or len(n.outputs) < 3 or any(t is None for t in n.outputs[:3]):
+        return False
+    return g.tensors[n.args[0].id].dtype in _NORMALIZED_DTYPES
+
+
+def through_identities(g: Graph, node: int) -> tuple[int, dict[int, int]]:
+    """The node to recompute for a site at `node`: `node`, or, when `node` makes an identity view
+    (peakcut.transform.rewrite.IDENTITY_VIEWS), the node that made the viewed tensor; with every
+    identity view of that node's outputs mapped to the output it stands for (its readers may
+    read the recompute instead)."""
+    outs = g.nodes[node].output_ids()
+    if len(outs) == 1:
+        source = identity_source(g, outs[0])
+        producer = g.producer(source)
+        if source != outs[0] and producer is not None:
+            node = producer
+    return node, {v: t for t in g.nodes[node].output_ids() for v in identity_views(g, t)}
+
+
 @dataclass(frozen=True)
 class _Plan:
+    node: int                      # the node recomputed (`node`, or the one its identity views view)
+    aliases: dict[int, int]        # identity view -> output of `node` it stands for (users rewired)
     users: tuple[int, ...]         # the users, in order
     hazards: tuple[int, ...]       # later in-place writers of A's inputs: must run after A'
     position: int                  # index in `order` to insert A' at
@@ -122,11 +164,12 @@ def _why_not_outputs(g: Graph, node: int) -> str | None:
     return None
 
 
-def _why_not_users(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> str | None:
+def _why_not_users(g: Graph, order: Sequence[int], node: int, users: Sequence[int],
+                   aliases: dict[int, int]) -> str | None:
     what = describe_node(g, node)
     if not users:
         return f"no users given to read a recompute of {what}"
-    outs = g.nodes[node].output_ids()
+    outs = [*g.nodes[node].output_ids(), *aliases]
     for u in users:
         if u not in g.nodes:
             return f"user {u} is not a node of the graph"
@@ -163,11 +206,12 @@ def _plan(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> _P
     stale = check_order_matches(g, order)
     if stale:
         return stale
+    node, aliases = through_identities(g, node)
     reason = why_not_recompute_op(g, node) or _why_not_outputs(g, node)
     if reason:
         return reason
     users = tuple(dict.fromkeys(users))
-    reason = _why_not_users(g, order, node, users)
+    reason = _why_not_users(g, order, node, users, aliases)
     if reason:
         return reason
     for t in g.nodes[node].output_ids():
@@ -188,7 +232,7 @@ def _plan(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> _P
     if isinstance(capture_position, str):
         return capture_position + " (capture order)"
     pos = positions(order)
-    return _Plan(tuple(sorted(users, key=pos.__getitem__)), hazards, position, capture_position)
+    return _Plan(node, aliases, tuple(sorted(users, key=pos.__getitem__)), hazards, position, capture_position)
 
 
 def why_not_remat(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> str | None:
@@ -202,12 +246,16 @@ def remat(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> Re
 
     A' is a new node with A's op and arguments, fresh outputs in fresh storages of the same
     sizes, name '<A>_remat' and the tag RematTag(A). Views that the users make of A's
-    outputs move with them into A''s storages. Raises RuleError (why_not_remat's reason) when
-    the rule does not apply.
+    outputs move with them into A''s storages. When `node` is an identity view (detach) of
+    what A made, A is recomputed and the users read A' in place of the view (module doc).
+    Raises RuleError (why_not_remat's reason) when the rule does not apply.
     """
     plan = _plan(g, order, node, users)
     if isinstance(plan, str):
         raise RuleError(plan)
+    node = plan.node
+    if normalizes_from_statistics(g, node):
+        return _remat_normalize(g, order, node, plan)
     a = recompute_call(g.nodes[node])
     edit = GraphEditor(g)
     storage_map: dict[int, int] = {}
@@ -234,8 +282,9 @@ def remat(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> Re
                                          if v not in out_map))
              for s, s2 in storage_map.items()]
     edit.add_node(a2, metas)
+    rewired = {**out_map, **{v: out_map[t] for v, t in plan.aliases.items()}}
     for u in plan.users:
-        edit.rewire(u, out_map)
+        edit.rewire(u, rewired)
     apply_moves(edit, moves)   # see _plan: nothing that is written in place moves
     if node in g.control:
         edit.set_control(a2.id, g.control[node])
@@ -251,7 +300,56 @@ def remat(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> Re
     )
 
 
+def _remat_normalize(g: Graph, order: Sequence[int], node: int, plan: _Plan) -> Rewrite:
+    """remat of a training-mode batch norm: its users read `normalize(x, w, b, mean, invstd)`
+    (module doc), every new node tagged RematTag(node), the last one the result."""
+    bn = g.nodes[node]
+    x, w, b = bn.args[:3]
+    y, mean, invstd = bn.outputs[:3]
+    if y is None or mean is None or invstd is None:
+        raise RuleError(f"internal: {describe_node(g, node)} lacks an output")
+    edit = GraphEditor(g)
+    ops = BatchNormOps(edit, replace(bn, name=f"{bn.name or bn.id}_remat"), g.nodes[plan.users[0]].phase,
+                       NodeTags(remat=RematTag(node)))
+    y2 = normalize(ops, x, w, b, TensorRef(mean), TensorRef(invstd), g.tensors[x.id].shape).id
+    s, s2 = g.tensors[y].storage, edit.graph.tensors[y2].storage
+    moves = [StorageMove(s, s2, 0, tuple(v for v in alias_closure(g, s, plan.users) if v != y))]
+    rewired = {y: y2, **{v: y2 for v, t in plan.aliases.items() if t == y}}
+    for u in plan.users:
+        edit.rewire(u, rewired)
+    apply_moves(edit, moves)   # see _plan: nothing that is written in place moves
+    if node in g.control:
+        for a in ops.added:
+            edit.set_control(a, g.control[node])
+    for m in plan.hazards:   # the last node reads what every other one made
+        edit.set_control(m, tuple(sorted({*g.control.get(m, ()), ops.added[-1]})))
+    edit.insert_in_order(plan.capture_position, ops.added)
+    guard = (f"; runs before in-place writer(s) {', '.join(g.nodes[m].name for m in plan.hazards)}"
+             if plan.hazards else "")
+    return Rewrite(
+        graph=edit.finish(), order=splice(order, plan.position, ops.added), added=tuple(ops.added),
+        changed=tuple(dict.fromkeys((*plan.users, *plan.hazards))), removed=(),
+        description=f"recompute the result of {describe_node(g, node)} from its saved statistics for "
+                    f"{describe_users(g, plan.users)}{guard}",
+    )
+
+
 # ------------------------------------------------------------------ de-remat
+def _normalize_chain(g: Graph, result: int) -> list[int]:
+    """The nodes of a batch norm's normalize recompute (_remat_normalize) ending at `result`, in
+    graph order: `result` and the ancestors it reaches through nodes with the same remat tag."""
+    tag = g.nodes[result].tags.remat
+    chain, todo = {result}, [result]
+    while todo:
+        for p in g.predecessors(todo.pop()):
+            ptag = g.nodes[p].tags.remat
+            if p not in chain and ptag is not None and tag is not None and ptag.of == tag.of:
+                chain.add(p)
+                todo.append(p)
+    pos = positions(g.order)
+    return sorted(chain, key=pos.__getitem__)
+
+
 def _why_not_deremat(g: Graph, order: Sequence[int], remat_node: int) -> str | None:
     if remat_node not in g.nodes:
         return f"node {remat_node} is not in the graph"
@@ -266,9 +364,14 @@ def _why_not_deremat(g: Graph, order: Sequence[int], remat_node: int) -> str | N
     if orig not in g.nodes:
         return f"the original node {orig} of {what} is no longer in the graph"
     a = g.nodes[orig]
-    same = (a.op == n2.op and a.args == n2.args and a.kwargs == n2.kwargs
-            and [t is None for t in a.outputs] == [t is None for t in n2.outputs])
-    if not same:
+    if normalizes_from_statistics(g, orig):
+        chain = _normalize_chain(g, remat_node)
+        outside = [u for v in chain if v != remat_node for t in g.nodes[v].output_ids()
+                   for u in g.users(t) if u not in chain]
+        if n2.op != "aten.addcmul.default" or outside:
+            return f"{what} is not the result of the normalize that recomputes {describe_node(g, orig)}"
+    elif not (a.op == n2.op and a.args == n2.args and a.kwargs == n2.kwargs
+              and [t is None for t in a.outputs] == [t is None for t in n2.outputs]):
         return f"{what} no longer computes the same as its original {describe_node(g, orig)}"
     pos = positions(order)
     readers = _readers(g, n2)
@@ -311,8 +414,13 @@ def deremat(g: Graph, order: Sequence[int], remat_node: int) -> Rewrite:
         raise RuleError(reason)
     n2 = g.nodes[remat_node]
     a = g.nodes[_original(n2)]
-    out_map = {t2: t for t, t2 in zip(a.outputs, n2.outputs, strict=True)
-               if t2 is not None and t is not None}   # the same outputs are None (checked)
+    if normalizes_from_statistics(g, a.id):   # the normalize's result stands for a's result
+        chain = _normalize_chain(g, remat_node)
+        out_map = {n2.outputs[0]: a.outputs[0]}
+    else:
+        chain = [remat_node]
+        out_map = {t2: t for t, t2 in zip(a.outputs, n2.outputs, strict=True)
+                   if t2 is not None and t is not None}   # the same outputs are None (checked)
     storage_map = {g.tensors[t2].storage: g.tensors[t].storage for t2, t in out_map.items()}
     readers = _readers(g, n2)
     moves = [StorageMove(s2, s, 0, tuple(v for v in alias_closure(g, s2, readers)
@@ -322,14 +430,16 @@ def deremat(g: Graph, order: Sequence[int], remat_node: int) -> Rewrite:
     for u in readers:
         edit.rewire(u, out_map)
     apply_moves(edit, moves)
-    guarded = [m for m, preds in g.control.items() if remat_node in preds and m != remat_node]
+    gone = set(chain)
+    guarded = [m for m, preds in g.control.items() if m not in gone and gone.intersection(preds)]
     for m in guarded:
-        edit.set_control(m, (p for p in g.control[m] if p != remat_node))
-    edit.remove_node(remat_node)
-    edit.remove_storages(storage_map)
+        edit.set_control(m, (p for p in g.control[m] if p not in gone))
+    made = {g.tensors[t].storage for v in chain for t in g.nodes[v].output_ids()}
+    edit.remove_nodes(chain)
+    edit.remove_storages(made)
     return Rewrite(
-        graph=edit.finish(), order=[x for x in order if x != remat_node], added=(),
-        changed=tuple(dict.fromkeys((*readers, *guarded))), removed=(remat_node,),
+        graph=edit.finish(), order=[x for x in order if x not in gone], added=(),
+        changed=tuple(dict.fromkeys((*readers, *guarded))), removed=tuple(chain),
         description=f"drop recompute {describe_node(g, remat_node)}: its users read "
                     f"{describe_node(g, a.id)} again",
     )

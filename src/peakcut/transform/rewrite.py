@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import Node
+from peakcut.ir.node import Node, TensorRef
 from peakcut.ir.tensor import TensorMeta
 
 
@@ -120,6 +120,47 @@ def check_candidate_query(g: Graph, order: Sequence[int], kinds: Sequence[str],
 
 def program_output_storages(g: Graph) -> set[int]:
     return {g.tensors[t].storage for t in g.outputs}
+
+
+# ------------------------------------------------------------------ identity views
+IDENTITY_VIEWS = frozenset({"aten.detach.default", "aten.alias.default"})
+"""Views that are their input: the same storage, shape, strides, offset and dtype. The autograd
+capture reads a tensor saved for the backward through the forward's detach of it."""
+
+
+def _identity_input(g: Graph, tensor: int) -> int | None:
+    """The tensor `tensor` is an identity view of (one step), or None."""
+    producer = g.producer(tensor)
+    if producer is None:
+        return None
+    n = g.nodes[producer]
+    if n.op not in IDENTITY_VIEWS or not n.args or not isinstance(n.args[0], TensorRef):
+        return None
+    view, source = g.tensors[tensor], g.tensors[n.args[0].id]
+    same = (view.storage, view.shape, view.stride, view.storage_offset, view.dtype) == (
+        source.storage, source.shape, source.stride, source.storage_offset, source.dtype)
+    return source.id if same else None
+
+
+def identity_source(g: Graph, tensor: int) -> int:
+    """The tensor `tensor` stands for through identity views (IDENTITY_VIEWS): itself if none."""
+    while (source := _identity_input(g, tensor)) is not None:
+        tensor = source
+    return tensor
+
+
+def identity_views(g: Graph, tensor: int) -> list[int]:
+    """The identity views of `tensor` (and of those, transitively), in graph order of discovery."""
+    found: list[int] = []
+    frontier = [tensor]
+    while frontier:
+        t = frontier.pop()
+        for u in g.users(t):
+            for v in g.nodes[u].output_ids():
+                if v not in found and _identity_input(g, v) == t:
+                    found.append(v)
+                    frontier.append(v)
+    return found
 
 
 # ------------------------------------------------------------------ moving views

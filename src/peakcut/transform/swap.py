@@ -9,7 +9,9 @@ Safety (DESIGN invariants 1-3, notes §4):
 - never a program output, a tensor that swap ops produced, or one that is not
   non-overlapping and dense (the copies keep strides, so the copy must be a plain memcpy);
 - nothing may write the tensor's storage after its producer: the host copy would be stale;
-- views that the users make of the tensor move into the loaded copy's storage.
+- views that the users make of the tensor move into the loaded copy's storage;
+- users may read an identity view of the tensor (the forward's detach of a tensor saved for
+  the backward: peakcut.transform.rewrite.IDENTITY_VIEWS): they read the loaded copy instead.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from peakcut.transform.rewrite import (
     describe_node,
     describe_tensor,
     describe_users,
+    identity_views,
     program_output_storages,
     reads_any,
     why_not_move,
@@ -112,10 +115,11 @@ def _why_not_users(g: Graph, order: Sequence[int], tensor: int, users: Sequence[
     # `order` lists every node once (checked by the caller): index() is its position
     prod = g.producer(tensor)
     prod_at = order.index(prod) if prod is not None else None
+    read = (tensor, *identity_views(g, tensor))
     for u in users:
         if u not in g.nodes:
             return f"user {u} is not a node of the graph"
-        if not reads_any(g.nodes[u], (tensor,)):
+        if not reads_any(g.nodes[u], read):
             return f"{describe_node(g, u)} does not read {what}"
         if is_swap_op(g.nodes[u].op):
             return f"{describe_node(g, u)} is a swap op: it keeps reading the original"
@@ -187,8 +191,9 @@ def swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> R
     views = tuple(v for v in alias_closure(g, meta.storage, users) if v != tensor)
     edit.add_node(store, [host])
     edit.add_node(load, [loaded])
+    rewired = {t: loaded.id for t in (tensor, *identity_views(g, tensor))}
     for u in users:
-        edit.rewire(u, {tensor: loaded.id})
+        edit.rewire(u, rewired)
     # nothing written in place (_why_not_stale) moves
     apply_moves(edit, [StorageMove(meta.storage, device_storage,
                                    meta.storage_offset * meta.itemsize, views)])
