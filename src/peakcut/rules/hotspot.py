@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from peakcut.ir.graph import Graph
 from peakcut.memory import MemoryProfile
-from peakcut.transform.rewrite import identity_source, program_output_storages
+from peakcut.transform.rewrite import program_output_storages
 
 
 @dataclass(frozen=True)
@@ -78,24 +78,21 @@ def idle_storages(g: Graph, order: Sequence[int], profile: MemoryProfile) -> lis
                 readers = reads_after.setdefault(tensors[t].storage, {}).setdefault(t, [])
                 if not readers or readers[-1] != nid:
                     readers.append(nid)
-    position = {nid: i for i, nid in enumerate(order)}
     found: list[HotspotSite] = []
     for s, (alloc, free) in profile.storage_lifetime.items():
         if s in skip or not alloc < peak < free or peak in accesses.get(s, ()):
             continue
         roots = [t for t in reads_after.get(s, {}) if t not in made_after]
-        sources = {identity_source(g, t) for t in roots}
-        if len(sources) != 1:
+        if len(roots) != 1:
             continue  # not read after the peak, or read through several tensors
-        (x,) = sources
+        x = roots[0]
         producer = g.producer(x)
         if producer is None:
             continue
-        readers = sorted({u for t in roots for u in reads_after[s][t]}, key=position.__getitem__)
         before = max(p for p in accesses[s] if p < peak)
         after = min(p for p in accesses[s] if p > peak)
         size = g.storages[s]
-        found.append(HotspotSite(x, producer, tuple(readers), size,
+        found.append(HotspotSite(x, producer, tuple(reads_after[s][x]), size,
                                  size * min(peak - before, after - peak)))
     found.sort(key=lambda c: (-c.score, c.tensor))
     return found
