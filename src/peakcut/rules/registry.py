@@ -19,6 +19,7 @@ from types import MappingProxyType
 
 from peakcut.ir.graph import Graph
 from peakcut.memory import MemoryProfile, simulate
+from peakcut.rules.activations_rule import RecomputeActivationsRule
 from peakcut.rules.batch_norm_rule import SplitBatchNormsRule
 from peakcut.rules.checkpoint_rule import CheckpointBlocksRule, UncheckpointBlocksRule
 from peakcut.rules.fission_rule import FissionRule
@@ -232,6 +233,7 @@ RULES = Registry(
     ),
     rewrites=(
         CheckpointBlocksRule(),
+        RecomputeActivationsRule(),
         UncheckpointBlocksRule(),
         MergeMatmulsRule(),
         SplitMatmulRule(),
