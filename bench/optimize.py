@@ -31,6 +31,7 @@ from peakcut.optimizer import optimize_graph
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
 BLOCK_REWRITES = ("checkpoint ", "un-checkpoint ", "split ")   # checkpoint_blocks, its inverse, split_batch_norms
+ACTIVATION_REWRITES = "saved activations"                         # recompute_activations (its descriptions end so)
 SETTINGS = (("latency", 1.10), ("latency", 1.05), ("memory", 0.8), ("memory", 0.4))
 DEVICES = ("rtx3090", "h200")
 
@@ -53,7 +54,8 @@ def run_workload(name: str, devices: tuple[str, ...], budget: float) -> list[dic
                          "states_per_minute": r["search"]["states_per_minute"],
                          "wall": time.perf_counter() - t0, "applied": len(r["applied"]),
                          "fission": r["fission"], "recipes": len(r["recipes"]),
-                         "rewrites": [d for d in r["applied"] if d.startswith(BLOCK_REWRITES)]})
+                         "rewrites": [d for d in r["applied"]
+                                      if d.startswith(BLOCK_REWRITES) or d.endswith(ACTIVATION_REWRITES)]})
     return rows
 
 
