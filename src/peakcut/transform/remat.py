@@ -414,9 +414,13 @@ def deremat(g: Graph, order: Sequence[int], remat_node: int) -> Rewrite:
         raise RuleError(reason)
     n2 = g.nodes[remat_node]
     a = g.nodes[_original(n2)]
+    out_map: dict[int, int]
     if normalizes_from_statistics(g, a.id):   # the normalize's result stands for a's result
         chain = _normalize_chain(g, remat_node)
-        out_map = {n2.outputs[0]: a.outputs[0]}
+        (result,), y = n2.output_ids(), a.outputs[0]
+        if y is None:
+            raise RuleError(f"internal: {describe_node(g, a.id)} has no result")
+        out_map = {result: y}
     else:
         chain = [remat_node]
         out_map = {t2: t for t, t2 in zip(a.outputs, n2.outputs, strict=True)
