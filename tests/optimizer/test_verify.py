@@ -100,7 +100,7 @@ def test_a_limit_not_met_when_run_carries_the_measured_figures(tmp_path) -> None
     model, batch, opt = _problem()
     cost = FreeRecompute("cpu", cache_dir=tmp_path)
     # op times measured first, as above: on a busy machine (2 pytest workers) profiling inside
-    # the search left it 3.06 s of its 20 (one state searched, no plan run)
+    # the search left it 3.06 s of a 20 s budget (one state searched, no plan run)
     cost.profile(peakcut.capture(model, batch, _loss, opt))
     with pytest.raises(LimitNotMet, match="measured peak limit not met") as err:
         peakcut.optimize(model, batch, _loss, opt, memory_limit=4096, time_budget=20,
