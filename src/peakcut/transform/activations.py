@@ -23,11 +23,11 @@ from peakcut.transform.rewrite import Rewrite, identity_views
 
 
 def _later_readers(g: Graph, node: int) -> list[int]:
-    """The readers outside the forward of node's one output or of its identity views, in order."""
+    """The readers outside the forward of node's one output or of its identity views, by id
+    (remat orders them; a walk of the order here made the rule's sites quadratic)."""
     (out,) = g.nodes[node].output_ids()
     tensors = (out, *identity_views(g, out))
-    readers = {u for t in tensors for u in g.users(t) if g.nodes[u].phase is not Phase.FORWARD}
-    return [v for v in g.order if v in readers]
+    return sorted({u for t in tensors for u in g.users(t) if g.nodes[u].phase is not Phase.FORWARD})
 
 
 def saved_activations(g: Graph) -> list[int]:
