@@ -36,6 +36,11 @@ def peakcut_name(kind: str, value: float) -> str:
     return f"peakcut latency <= {value:.2f}x" if kind == "latency_limit" else f"peakcut memory <= {value:.0%}"
 
 
+class Refused(Exception):
+    """peakcut refused the limit before searching: it is below what the step holds between
+    steps on this CPU (the plan report's "unreachable"); nothing to measure."""
+
+
 @dataclass
 class Built:
     """One configuration ready to run: its step, model and optimizer (for the peak's
@@ -103,6 +108,10 @@ def build_peakcut(inst: WorkloadInstance, kind: str, value: float, budget: float
         plan = peakcut.optimize(model, inst.batch, inst.loss_fn, opt, device="measured",
                                 time_budget=budget, **{kind: value})
     except peakcut.LimitNotMet as e:
+        floor = e.plan.report.get("unreachable")
+        if floor is not None:
+            raise Refused(f"refused in {time.perf_counter() - t0:.0f} s: limit {floor['limit_bytes'] / 2**30:.2f} "
+                          f"< held {floor['held_bytes'] / 2**30:.2f} GiB") from e
         plan, note = e.plan, f"LimitNotMet: {str(e).splitlines()[0][:200]}"
     name = peakcut_name(kind, value)
 

@@ -72,6 +72,8 @@ def markdown(runs: list[dict[str, Any]]) -> str:
             c = row.get(name)
             if c is None:
                 out.append("")
+            elif c["error"].startswith("Refused: "):
+                out.append(c["error"].removeprefix("Refused: "))
             elif c["error"]:
                 out.append(f"failed: {c['error'][:60]}")
             elif name == "eager":
@@ -144,7 +146,11 @@ def checks(cells: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
             for w, _ in lat if w in TRANSFORMERS and cells[w]["eager"].get("held_bytes")]
     beats = [w for w, c in lat if beats_compile(c, cells[w])]
     floors = [(w, c["predicted"]["floor"]) for w, c in lat if c["predicted"].get("floor")]
-    return [f"- peakcut cells meeting their limit when measured: {met} of {len(plans)}.",
+    refused = [f"{w} ({n.removeprefix('peakcut ')})" for w, r in cells.items() for n, c in r.items()
+               if n.startswith("peakcut") and c["error"].startswith("Refused: ")]
+    return [f"- peakcut cells meeting their limit when measured: {met} of {len(plans)} planned; "
+            f"{len(refused)} refused before any search, the limit being below what the step holds between "
+            f"steps on this CPU ({', '.join(refused) or 'none'}).",
             f"- plans giving eager's numbers (2 steps): {same} of {len(plans)}.",
             f"- predicted step time within 10% of measured: {close} of {len(plans)}.",
             f"- latency <= 1.10x plans at most 0.6x eager's peak on the transformers: {len(small)} of "

@@ -43,11 +43,20 @@ def _run(workload: str, held: int) -> dict[str, Any]:
 def test_the_table_checks_limits_predictions_and_the_held_floor() -> None:
     text = report.markdown([_run("bert-base", held=int(1.3 * (1 << 30)))])
     assert "| bert-base | 1.00 s" in text and "(held 1.30)" in text
-    assert "peakcut cells meeting their limit when measured: 1 of 2." in text        # memory cell: 1.2 > 1.0 GiB
+    assert "peakcut cells meeting their limit when measured: 1 of 2 planned; 0 refused" in text   # 1.2 > 1.0 GiB
     assert "plans giving eager's numbers (2 steps): 2 of 2." in text
     assert "predicted step time within 10% of measured: 1 of 2." in text             # 1.6 vs 1.3 s is not
     assert "on the transformers: 0 of 1 (none)" in text and "bert-base x0.65" in text
     assert "below the best torch.compile budget's peak at equal or lower time: 1 of 1 (bert-base)" in text   # 1.4 < 1.45 GiB, faster
+
+
+def test_a_limit_refused_before_searching_is_a_cell_that_says_so() -> None:
+    run = _run("gpt-neo-1.3b", held=int(1.3 * (1 << 30)))
+    run["cells"][-1] = _cell("gpt-neo-1.3b", "peakcut memory <= 50%", 1.0, 0,
+                             error="Refused: refused in 9 s: limit 1.00 < held 1.30 GiB")
+    text = report.markdown([run])
+    assert "| refused in 9 s: limit 1.00 < held 1.30 GiB |" in text
+    assert "1 of 1 planned; 1 refused before any search" in text and "gpt-neo-1.3b (memory <= 50%)" in text
 
 
 def test_a_plan_slower_than_the_best_compile_budget_does_not_beat_it() -> None:

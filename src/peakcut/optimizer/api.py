@@ -35,6 +35,7 @@ from peakcut.optimizer.budget import BudgetedCost
 from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.context import calibrate
 from peakcut.optimizer.derive import DeriveError, Deriver
+from peakcut.optimizer.held_floor import HOST_DEVICES, held_floor_refusal
 from peakcut.optimizer.objective import Objective, parse_latency_limit, parse_memory_limit
 from peakcut.optimizer.parallel import parallel_search
 from peakcut.optimizer.plan import LimitNotMet, Plan, Program
@@ -123,9 +124,8 @@ class Optimized:
         return self.objective.feasible(self.best.peak_bytes, self.best.latency_s)
 
 
-def _cost(device: str | CostModel, deadline: float) -> CostModel:
+def _budgeted(cost: CostModel, deadline: float) -> CostModel:
     """The cost model; a measured one stops measuring at the deadline (BudgetedCost)."""
-    cost = get_cost_model(device) if isinstance(device, str) else device
     return BudgetedCost(cost, deadline) if isinstance(cost, MeasuredCostModel) else cost
 
 
@@ -150,9 +150,6 @@ def _methods(cost: CostModel, workspace: WorkspaceSpec) -> tuple[str, str]:
     else:
         latency = f"simulated: {name} device profile on the peakcut timeline"
     return memory, latency
-
-
-HOST_DEVICES = ("measured:cpu", "analytic:cpu")
 
 
 def _on_host(settings: MoveSettings | None, cost: CostModel) -> MoveSettings | None:
@@ -228,7 +225,11 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     """
     t0 = time.perf_counter()
     _check_arguments(memory_limit, latency_limit, fission_dims, time_budget, jobs, seed, max_states)
-    cost = _cost(device, t0 + MEASURE_SHARE * time_budget)
+    named = get_cost_model(device) if isinstance(device, str) else device
+    unreachable = None if pareto else held_floor_refusal(g, memory_limit, named.name, workspace)
+    if unreachable is not None:                 # no search: nothing it finds can meet the limit
+        time_budget, reorder = 0.0, False
+    cost = _budgeted(named, t0 + MEASURE_SHARE * time_budget)
     if jobs > 1 and isinstance(cost, BudgetedCost):
         raise ValueError(f"jobs={jobs} with device {cost.name!r}: a measured cost model measures op "
                          "latencies during the search, which parallel searches would disturb; use jobs=1")
@@ -294,7 +295,10 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         "front": [{"peak_bytes": s.peak_bytes, "latency_s": s.latency_s, "applied": len(s.applied),
                    "exact": s.exact} for s in result.front],
     }
-    if objective.mode == "memory" and not report["feasible"] and not best.compact:
+    if unreachable is not None:
+        report["unreachable"] = unreachable.as_dict()
+        report["search"]["stopped"] = "not searched: the limit is below the bytes held between steps"
+    elif objective.mode == "memory" and not report["feasible"] and not best.compact:
         at_peak = simulate_timeline(best.program, best.order, cost, deriver.workspace)   # as the search priced it
         report["peak_standing"] = peak_standing(best.program, at_peak, best.tree).as_dict()
     return Optimized(result, objective, report, cost, eager, deriver, eager_ratio)
@@ -371,9 +375,9 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         check = None
         searched = search
         calibration = None
-        if checked and loss_fn is not None:
+        cost = get_cost_model(device) if isinstance(device, str) else device
+        if checked and loss_fn is not None and held_floor_refusal(g, memory_limit, cost.name) is None:
             eager = eager_runner(model, b, loss_fn, opt, max_grad_norm)
-            cost = get_cost_model(device) if isinstance(device, str) else device
             if isinstance(cost, MeasuredCostModel):
                 host_memory = _host_memory(model, keep_host_memory)
                 calibration = calibrate(g, cost, model, b, eager, opt, CALIBRATE_SHARE * budget)
@@ -491,8 +495,12 @@ def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, A
         standing = found.report.get("peak_standing")
         if standing is not None:
             why += f"; {standing['text']}"
+        unreachable = found.report.get("unreachable")
+        if unreachable:
+            why = (f"{what} limit not met, not searched: {unreachable['text']}. The untransformed step is on this "
+                   "error's .plan")
     best, feasible = found.best, found.feasible
-    if check is not None:
+    if check is not None and not found.report.get("unreachable"):
         best, feasible, measured_why = check(found, budget - (time.perf_counter() - t0))
         why = "" if feasible else measured_why or why
     return Program(best.program, list(best.order), found.report, feasible, why)
