@@ -21,7 +21,9 @@ def predicted(report: dict[str, Any]) -> dict[str, Any]:
     v = report.get("verification", {})
     floor = next((c["ratio_to_eager"] for c in v.get("candidates", []) if c["name"] == "untransformed step"), None)
     ctx = report.get("context", {})
-    return {"latency_s": report.get("latency_s"), "peak_bytes": report.get("peak_bytes"),
+    refit = report.get("refit") or {}
+    return {"latency_s": refit.get("latency_s", report.get("latency_s")), "search_latency_s": report.get("latency_s"),
+            "peak_bytes": report.get("peak_bytes"),
             "latency_ratio": report.get("latency_ratio"), "feasible": report.get("feasible"),
             "applied": len(report.get("applied", [])), "swaps": sum("swap" in a for a in report.get("applied", [])),
             "context_factor": ctx.get("factor"), "eager_ratio": ctx.get("eager_ratio"),
@@ -90,9 +92,10 @@ def markdown(runs: list[dict[str, Any]]) -> str:
 
 
 def peakcut_table(cells: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
-    lines = ["peakcut's plans: predicted (the search's calibrated per-op model) against measured, the numbers "
-             "against eager's over 2 steps, and the floor (the untransformed generated program / eager, "
-             "per round, from the verification).", "",
+    lines = ["peakcut's plans: predicted (the calibrated per-op model; its in-context factor fitted again on "
+             "the verification's rounds of the untransformed step, the search's own figure in brackets) against "
+             "measured in this table's rounds, the numbers against eager's over 2 steps, and the floor (the "
+             "untransformed generated program / eager, per round, from the verification).", "",
              "| workload | plan | predicted s | measured s (median) | error | limit met (measured) | numbers "
              "(max rel. diff; tolerance) | floor | context factor | rewrites (swaps) | search s / verify s | note |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -106,7 +109,8 @@ def peakcut_table(cells: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
             err = (p["latency_s"] / measured - 1) if p.get("latency_s") else float("nan")
             worst = max(n[k]["max_rel"] for k in ("loss", "update", "moments"))
             floor = f"x{p['floor']:.3f}" if p.get("floor") else "n/a"
-            lines.append(f"| {w} | {name} | {p['latency_s']:.3f} | {measured:.3f} | {err:+.1%} | "
+            search = f" ({p['search_latency_s']:.3f})" if p.get("search_latency_s", p["latency_s"]) != p["latency_s"] else ""
+            lines.append(f"| {w} | {name} | {p['latency_s']:.3f}{search} | {measured:.3f} | {err:+.1%} | "
                          f"{'yes' if meets(c, eager) else 'NO'} | {'ok' if n['ok'] else 'DIFFER'} "
                          f"({worst:.1e}; {n['tolerance']:.1e}) | {floor} | {p.get('context_factor')} | "
                          f"{p['applied']} ({p['swaps']}) | {p['search_seconds']} / {p['verify_seconds']} | "

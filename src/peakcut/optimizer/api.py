@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import operator
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -42,6 +43,8 @@ from peakcut.optimizer.plan import LimitNotMet, Plan, Program
 from peakcut.optimizer.search import Progress, SearchResult
 from peakcut.optimizer.state import State, computation_hash
 from peakcut.optimizer.verify import (
+    Verdict,
+    candidate_name,
     choose,
     eager_runner,
     model_device,
@@ -64,6 +67,7 @@ MEASURE_SHARE = 0.8               # a measured cost model measures new calls unt
 VERIFY_SHARE = 0.25               # of the time budget kept for running candidate plans (verify=True)
 CALIBRATE_SHARE = 0.35            # of the time budget the calibration may take (verify=True; docs/cost.md)
 VERIFY_CANDIDATES = 3             # transformed candidates run for real (the untransformed step besides)
+VERIFY_MARGIN = 1.15              # verification keeps at least this x what eager and one plan take (verify.needed_seconds)
 
 
 @dataclass
@@ -336,7 +340,8 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
     - jobs: processes to search on (forked; analytic cost models only; see
       peakcut.optimizer.parallel).
     - verify: when the plan runs on the device it is planned for (device="measured" on the
-      model's device), the last VERIFY_SHARE of the time budget runs the best few candidate
+      model's device), the last VERIFY_SHARE of the time budget (at least what running eager
+      and one plan MIN_ROUNDS rounds takes, when the budget has it) runs the best few candidate
       plans for real, interleaved with your eager step, and keeps the best one whose measured
       time and peak meet the limit (peakcut.optimizer.verify; report["verification"]).
       Before the search it runs the untransformed step and your eager step a few times to
@@ -385,8 +390,10 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
 
             def check(found: Optimized, seconds: float) -> tuple[State, bool, str]:
                 return _verified(found, seconds, model, b, eager, opt)
-        main = _search(g, final_share - (time.perf_counter() - t0), model, searched, accumulate, check,
-                       keep=VERIFY_SHARE * final_share)
+        keep = VERIFY_SHARE * final_share
+        if calibration is not None and calibration.eager_times:    # at least what verifying one plan takes
+            keep = max(keep, VERIFY_MARGIN * needed_seconds(statistics.median(calibration.eager_times)))
+        main = _search(g, final_share - (time.perf_counter() - t0), model, searched, accumulate, check, keep=keep)
         if calibration is not None:
             main.report["context"] = dict(calibration.as_dict(), host_allocator=host_memory)
         micro = None
@@ -435,6 +442,9 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
     if state is not found.best:
         report.update(_plan_entries(state, found.eager, found.eager_ratio),
                       search=dict(report["search"], compact_estimate=_estimate(state)))
+    refit = _refit(state, found.result.root, verdict)
+    if refit is not None:
+        report["refit"] = refit
     if verdict.chosen is not None:
         m = verdict.candidates[verdict.chosen]
         report["feasible"] = True
@@ -451,6 +461,20 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
            f"{format_bytes(eager_m.peak_bytes)}; {figures}); the nearest plan is on this error's .plan and "
            "the figures on .measured")
     return state, False, why
+
+
+def _refit(state: State, root: State, verdict: Verdict) -> dict[str, Any] | None:
+    """The kept plan's predicted time with the in-context factor fitted again on the
+    verification's rounds of the untransformed step (more runs, and nearer in time to when
+    the plan runs, than the calibration's RUNS before the search): the model's ratio of plan
+    to untransformed step, at the level the untransformed step measured. None when the
+    untransformed step was not among the candidates run."""
+    untransformed = next((m for m in verdict.candidates if m.name == candidate_name(root, root)), None)
+    if untransformed is None or root.latency_s <= 0:
+        return None
+    scale = untransformed.median_s / root.latency_s
+    return {"latency_s": state.latency_s * scale, "scale": scale, "untransformed_predicted_s": root.latency_s,
+            "untransformed_measured_s": untransformed.median_s, "rounds": len(untransformed.times)}
 
 
 def _plan_entries(state: State, eager: Timeline, eager_ratio: float = 1.0) -> dict[str, Any]:

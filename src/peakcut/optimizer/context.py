@@ -68,7 +68,9 @@ class ContextCalibration:
     def as_dict(self) -> dict[str, Any]:
         if self.skipped:
             return {"factor": 1.0, "eager_ratio": 1.0, "skipped": self.skipped, "seconds": round(self.seconds, 3)}
-        return {"factor": round(self.factor, 4), "predicted_standalone_s": self.predicted_s,
+        measured = statistics.median(self.times) / self.predicted_s if self.predicted_s > 0 else 1.0
+        return {"factor": round(self.factor, 4), "measured_factor": round(measured, 4),
+                "predicted_standalone_s": self.predicted_s,
                 "untransformed_median_s": statistics.median(self.times),
                 "eager_median_s": statistics.median(self.eager_times),
                 "eager_ratio": round(self.eager_ratio, 4), "rounds": len(self.times),
