@@ -36,8 +36,8 @@ WARMUP = 1
 """Steps before a configuration's peak step (the peak step warms it further before the rounds);
 compile's first step, the compilation, is made when it is built, and a peakcut plan has run
 its 2 steps of the number check."""
-BUDGET_PER_EAGER_SECOND = 55.0     # peakcut's time budget, in eager steps: capture, calibration, search, verification
-BUDGET_RANGE = (90.0, 180.0)
+BUDGET_PER_EAGER_SECOND = 50.0     # peakcut's time budget, in eager steps: capture, calibration, search, verification
+BUDGET_RANGE = (85.0, 160.0)
 """With these, all seven workloads take about 40 minutes here (issue 16: under 45)."""
 
 
