@@ -72,7 +72,8 @@ def measure_workload(name: str, rounds: int, budget_factor: float = BUDGET_PER_E
         for label, build in builders[start:start + per_group]:
             try:
                 built = build()
-                cell = Cell(name, built.name, setup_seconds=built.setup_seconds, note=built.note)
+                cell = Cell(name, built.name, setup_seconds=built.setup_seconds, budget_seconds=built.budget_seconds,
+                            note=built.note)
                 if built.plan is not None:
                     ref = build_eager(inst)
                     cell.numbers = compare_steps(inst.model, ref, built)

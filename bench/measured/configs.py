@@ -51,6 +51,7 @@ class Built:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     setup_seconds: float = 0.0
+    budget_seconds: float = 0.0
     note: str = ""
     report: dict[str, Any] = field(default_factory=dict)
     plan: Any = None
@@ -118,5 +119,5 @@ def build_peakcut(inst: WorkloadInstance, kind: str, value: float, budget: float
     def step() -> torch.Tensor:
         return plan.step(inst.batch)
 
-    return Built(name, step, model, opt, setup_seconds=time.perf_counter() - t0, note=note,
+    return Built(name, step, model, opt, setup_seconds=time.perf_counter() - t0, budget_seconds=budget, note=note,
                  report=plan.report, plan=plan)

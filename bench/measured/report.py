@@ -96,9 +96,11 @@ def peakcut_table(cells: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
              "the verification's rounds of the untransformed step, the search's own figure in brackets) against "
              "measured in this table's rounds, the numbers against eager's over 2 steps, and the floor (the "
              "untransformed generated program / eager, per round, from the verification).", "",
-             "| workload | plan | predicted s | measured s (median) | error | limit met (measured) | numbers "
-             "(max rel. diff; tolerance) | floor | context factor | rewrites (swaps) | search s / verify s | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| workload | plan | predicted s | measured s (median) | error | predicted / measured x eager | "
+             "limit met (measured) | numbers "
+             "(max rel. diff; tolerance) | floor | context factor | rewrites (swaps) | search s / verify s / whole call s "
+             "(time budget) | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w, row in cells.items():
         eager = row.get("eager")
         for name, c in row.items():
@@ -111,11 +113,30 @@ def peakcut_table(cells: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
             floor = f"x{p['floor']:.3f}" if p.get("floor") else "n/a"
             search = f" ({p['search_latency_s']:.3f})" if p.get("search_latency_s", p["latency_s"]) != p["latency_s"] else ""
             lines.append(f"| {w} | {name} | {p['latency_s']:.3f}{search} | {measured:.3f} | {err:+.1%} | "
+                         f"{_ratios(c)} | "
                          f"{'yes' if meets(c, eager) else 'NO'} | {'ok' if n['ok'] else 'DIFFER'} "
                          f"({worst:.1e}; {n['tolerance']:.1e}) | {floor} | {p.get('context_factor')} | "
-                         f"{p['applied']} ({p['swaps']}) | {p['search_seconds']} / {p['verify_seconds']} | "
+                         f"{p['applied']} ({p['swaps']}) | {p['search_seconds']} / {p['verify_seconds']} / "
+                         f"{c['setup_seconds']:.0f}{_budget(c)} | "
                          f"{c['note'][:80]} |")
     return lines
+
+
+def _ratio_error(c: dict[str, Any]) -> float | None:
+    """The plan's predicted time / the user's eager step's (the search's latency_ratio) against
+    the median of its measured time / eager's in the same rounds: the model's error where the
+    machine's speed drifts between the calibration and the rounds (both ratios move alike)."""
+    predicted = c["predicted"].get("latency_ratio")
+    return None if not predicted else predicted / _ratio(c) - 1
+
+
+def _ratios(c: dict[str, Any]) -> str:
+    err = _ratio_error(c)
+    return "n/a" if err is None else f"x{c['predicted']['latency_ratio']:.3f} / x{_ratio(c):.3f} ({err:+.1%})"
+
+
+def _budget(c: dict[str, Any]) -> str:
+    return f" ({c['budget_seconds']:.0f})" if c.get("budget_seconds") else ""
 
 
 def meets(c: dict[str, Any], eager: dict[str, Any]) -> bool:
@@ -145,18 +166,24 @@ def checks(cells: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     met = sum(meets(c, cells[w]["eager"]) for w, c in plans)
     same = sum(c["numbers"].get("ok", False) for _, c in plans)
     close = sum(abs(c["predicted"]["latency_s"] / statistics.median(c["times"]) - 1) <= 0.10 for _, c in plans)
+    close_ratio = sum(abs(e) <= 0.10 for e in (_ratio_error(c) for _, c in plans) if e is not None)
     small = [w for w, c in lat if w in TRANSFORMERS and c["peak_bytes"] <= 0.6 * cells[w]["eager"]["peak_bytes"]]
     held = [f"{w} x{cells[w]['eager']['held_bytes'] / cells[w]['eager']['peak_bytes']:.2f}"
             for w, _ in lat if w in TRANSFORMERS and cells[w]["eager"].get("held_bytes")]
     beats = [w for w, c in lat if beats_compile(c, cells[w])]
     floors = [(w, c["predicted"]["floor"]) for w, c in lat if c["predicted"].get("floor")]
+    timed = [c for _, c in plans if c.get("budget_seconds")]
+    over = [c["setup_seconds"] / c["budget_seconds"] - 1 for c in timed if c["setup_seconds"] > c["budget_seconds"]]
     refused = [f"{w} ({n.removeprefix('peakcut ')})" for w, r in cells.items() for n, c in r.items()
                if n.startswith("peakcut") and c["error"].startswith("Refused: ")]
     return [f"- peakcut cells meeting their limit when measured: {met} of {len(plans)} planned; "
             f"{len(refused)} refused before any search, the limit being below what the step holds between "
             f"steps on this CPU ({', '.join(refused) or 'none'}).",
             f"- plans giving eager's numbers (2 steps): {same} of {len(plans)}.",
-            f"- predicted step time within 10% of measured: {close} of {len(plans)}.",
+            f"- peakcut calls (capture, calibration, search, verification) within their time budget: "
+            f"{len(timed) - len(over)} of {len(timed)}" + (f" (the most over: +{max(over):.0%})" if over else "") + ".",
+            f"- predicted step time within 10% of measured: {close} of {len(plans)}; as a ratio to eager's step "
+            f"in the same rounds (drift of the machine's speed cancels): {close_ratio} of {len(plans)}.",
             f"- latency <= 1.10x plans at most 0.6x eager's peak on the transformers: {len(small)} of "
             f"{sum(w in TRANSFORMERS for w, _ in lat)} ({', '.join(small) or 'none'}). What every step holds "
             "between steps (parameters, buffers, AdamW moments, batch; on a CPU no plan can move it "

@@ -30,6 +30,7 @@ class Cell:
     times: list[float] = field(default_factory=list)
     eager_times: list[float] = field(default_factory=list)    # eager's runs in the same rounds
     setup_seconds: float = 0.0
+    budget_seconds: float = 0.0             # peakcut: the time_budget its optimize call was given
     note: str = ""
     error: str = ""
     numbers: dict[str, Any] = field(default_factory=dict)     # peakcut: the check against eager

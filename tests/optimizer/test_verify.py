@@ -92,6 +92,10 @@ def test_verification_keeps_the_plan_that_meets_the_limit_when_run(tmp_path) -> 
     picked = next(c for c in v["candidates"] if c["name"] == chosen)
     assert picked["meets_limit"] and picked["ratio_to_eager"] <= v["limit"]
     assert plan.report["measured"]["median_s"] == picked["median_s"]
+    untransformed = next(c for c in v["candidates"] if c["name"] == "untransformed step")
+    refit = plan.report["refit"]              # the plan's figure at the level its rounds measured
+    assert refit["untransformed_measured_s"] == untransformed["median_s"]
+    assert refit["latency_s"] == pytest.approx(plan.report["latency_s"] * refit["scale"])
     loss = plan.step(batch)                                    # the kept plan runs as usual
     assert torch.isfinite(loss)
 

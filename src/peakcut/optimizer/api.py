@@ -392,7 +392,8 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
                 return _verified(found, seconds, model, b, eager, opt)
         keep = VERIFY_SHARE * final_share
         if calibration is not None and calibration.eager_times:    # at least what verifying one plan takes
-            keep = max(keep, VERIFY_MARGIN * needed_seconds(statistics.median(calibration.eager_times)))
+            programs = 2 if memory_limit is not None else 3      # (a latency limit also runs the untransformed step)
+            keep = max(keep, VERIFY_MARGIN * needed_seconds(statistics.median(calibration.eager_times), programs))
         main = _search(g, final_share - (time.perf_counter() - t0), model, searched, accumulate, check, keep=keep)
         if calibration is not None:
             main.report["context"] = dict(calibration.as_dict(), host_allocator=host_memory)

@@ -282,10 +282,11 @@ def runs_here(cost: Any, model: torch.nn.Module) -> bool:
     return cost.device.type == device.type and (device.type == "cpu" or cost.device.index == device.index)
 
 
-def needed_seconds(predicted_eager_s: float) -> float:
-    """The least time verification takes: eager and one candidate, MIN_ROUNDS rounds each
-    and the runs beside them."""
-    return 2 * (MIN_ROUNDS + RUNS_BESIDE_ROUNDS) * predicted_eager_s
+def needed_seconds(predicted_eager_s: float, programs: int = 2) -> float:
+    """The least time verification takes: eager and one candidate (`programs` = 2; 3 with
+    the untransformed step a latency limit always runs), MIN_ROUNDS rounds each and the runs
+    beside them."""
+    return programs * (MIN_ROUNDS + RUNS_BESIDE_ROUNDS) * predicted_eager_s
 
 
 def candidate_name(state: State, root: State) -> str:
