@@ -24,6 +24,7 @@ from bench.measured.configs import (
     build_compiled,
     build_eager,
     build_peakcut,
+    peakcut_name,
 )
 from bench.measured.run import Cell, compare_steps, interleaved, peak_of
 from bench.peers.results import fail_reason
@@ -60,7 +61,7 @@ def measure_workload(name: str, rounds: int, budget_factor: float = BUDGET_PER_E
     budget = min(BUDGET_RANGE[1], max(BUDGET_RANGE[0], budget_factor * eager_s))
     per_group = configurations_per_group(eager_cell.held_bytes, eager_cell.peak_bytes, available_bytes())
     builders: list[tuple[str, Callable[[], Built]]] = [
-        *((f"peakcut {k}", lambda k=k, v=v: build_peakcut(inst, k, v, budget)) for k, v in PEAKCUT_LIMITS),
+        *((peakcut_name(k, v), lambda k=k, v=v: build_peakcut(inst, k, v, budget)) for k, v in PEAKCUT_LIMITS),
         ("checkpoint per block", lambda: build_eager(inst, "checkpoint per block")),
         *((f"compile {b}", lambda b=b: build_compiled(inst, b)) for b in COMPILE_BUDGETS),
     ]

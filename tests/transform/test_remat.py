@@ -331,28 +331,38 @@ def test_remat_and_deremat_match_eager(cnn, cnn_graph):
         assert report.ok, str(report)
 
 
-def test_training_batch_norm_is_recomputed_from_its_saved_statistics(cnn, cnn_graph):
-    """A training batch norm's recompute is the kernel's normalize from the mean and invstd its
-    forward saved: no statistics taken again, no running statistics written (check_equivalence
-    compares the buffers), and de-remat removes every node it added."""
+def test_training_batch_norm_is_recomputed_by_its_own_kernel(cnn, cnn_graph):
+    """A training batch norm's recompute is the same kernel without its running statistics: the
+    same result bit for bit (a relu's backward reading it sees the forward's mask; a normalize
+    from the saved statistics rounds differently in some shapes), no running statistics written
+    twice (check_equivalence compares the buffers), and de-remat gives back the graph."""
     model, batch = cnn
     g = cnn_graph
     bn = node_with_op(g, "native_batch_norm")
     assert g.mutated_tensors(bn)    # the forward's own call writes the running statistics
     r = remat(g, g.order, bn, later_users(g, bn))
-    added = [r.graph.nodes[a] for a in r.added]
-    assert [n.op.split(".")[1] for n in added] == ["mul", "mul", "sub", "view", "view", "addcmul"]
-    assert all(n.tags.remat == RematTag(bn) and not r.graph.mutated_tensors(n.id) for n in added)
-    _, mean, invstd = g.nodes[bn].outputs
-    assert {mean, invstd} <= {t for n in added for t in n.input_ids()}
-    assert "from its saved statistics" in r.description
+    (added,) = (r.graph.nodes[a] for a in r.added)
+    assert added.op == g.nodes[bn].op and added.tags.remat == RematTag(bn)
+    assert not r.graph.mutated_tensors(added.id)
     report = peakcut.check_equivalence(copy.deepcopy(model), batch, cnn_loss, peakcut.AdamW(),
                                        lambda _m: Step(r.graph, r.order), steps=2)
     assert report.ok, str(report)
-    assert why_not_deremat(r.graph, r.order, r.added[0]) is not None   # not the result
-    back = deremat(r.graph, r.order, r.added[-1])
+    back = deremat(r.graph, r.order, r.added[0])
     assert graph_to_json(back.graph) == graph_to_json(g)
     assert back.order == g.order and set(back.removed) == set(r.added)
+
+
+def test_a_batch_norm_rerun_without_running_statistics_is_bit_identical():
+    """What the recompute relies on, on the machine at hand: the kernel run again on the same
+    input without running statistics gives the same result and statistics bit for bit (shapes
+    where a normalize from the saved statistics does not)."""
+    torch.manual_seed(0)
+    for shape in ((6, 128, 64, 64), (2, 8, 5, 7)):
+        x, w, b = torch.randn(shape), torch.randn(shape[1]), torch.randn(shape[1])
+        first = torch.ops.aten.native_batch_norm(x, w, b, torch.zeros(shape[1]), torch.ones(shape[1]),
+                                                 True, 0.1, 1e-5)
+        again = torch.ops.aten.native_batch_norm(x, w, b, None, None, True, 0.1, 1e-5)
+        assert all(torch.equal(p, q) for p, q in zip(first, again, strict=True))
 
 
 class NormActs(torch.nn.Module):
@@ -373,10 +383,11 @@ class NormActs(torch.nn.Module):
 
 @pytest.mark.parametrize(("dtype", "affine", "channels_last"), [
     (torch.float32, True, False), (torch.float64, False, False), (torch.float32, True, True)])
-def test_normalize_and_activation_recomputed_for_the_backward(dtype, affine, channels_last):
+def test_batch_norm_and_activation_recomputed_for_the_backward(dtype, affine, channels_last):
     """The pair compile's partitioner recomputes: each relu's backward readers read a recompute
-    of the relu, which reads a normalize from the saved statistics; the step gives eager's
-    numbers (loss, gradients, parameters, running statistics, AdamW state) over 3 steps."""
+    of the relu, which reads a recompute of the batch norm (its kernel again, without running
+    statistics); the step gives eager's numbers (loss, gradients, parameters, running
+    statistics, AdamW state) over 3 steps."""
     torch.manual_seed(0)
     model = NormActs(affine).to(dtype)
     x = torch.randn(3, 3, 6, 6, dtype=dtype)
@@ -392,7 +403,7 @@ def test_normalize_and_activation_recomputed_for_the_backward(dtype, affine, cha
         r = remat(g, order, bn, [relu2])
         g, order = r.graph, r.order
         check_graph(g)
-    assert sum(g.nodes[v].op == "aten.native_batch_norm.default" for v in g.order) == 2
+    assert sum(g.nodes[v].op == "aten.native_batch_norm.default" for v in g.order) == 4
     report = peakcut.check_equivalence(copy.deepcopy(model), (x,), square_loss, peakcut.AdamW(),
                                        lambda _m: Step(g, order), steps=3)
     assert report.ok, str(report)
