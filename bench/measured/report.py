@@ -27,6 +27,7 @@ def predicted(report: dict[str, Any]) -> dict[str, Any]:
             "latency_ratio": report.get("latency_ratio"), "feasible": report.get("feasible"),
             "applied": len(report.get("applied", [])), "swaps": sum("swap" in a for a in report.get("applied", [])),
             "context_factor": ctx.get("factor"), "eager_ratio": ctx.get("eager_ratio"),
+            "context_skipped": ctx.get("skipped"),
             "floor": floor, "verification": v.get("skipped") or v.get("chosen"),
             "verify_seconds": v.get("seconds"), "search_seconds": report.get("search", {}).get("total_seconds")}
 
