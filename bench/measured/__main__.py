@@ -39,7 +39,7 @@ compile's first step, the compilation, is made when it is built, and a peakcut p
 its 2 steps of the number check."""
 BUDGET_PER_EAGER_SECOND = 50.0     # peakcut's time budget, in eager steps: capture, calibration, search, verification
 BUDGET_RANGE = (85.0, 160.0)
-"""With these, all seven workloads take about 40 minutes here (issue 16: under 45)."""
+"""With these, the seven workloads took 44.1 minutes here on a noisy night (2026-11-27; issue 16: under 45)."""
 
 
 def available_bytes() -> int:
