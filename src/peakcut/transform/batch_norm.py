@@ -100,12 +100,12 @@ def why_not_split(g: Graph, site: BatchNormSite) -> str | None:
 
 
 class BatchNormOps:
-    """Adds nodes named after a batch norm (`<name>_<tag>`), in its module, in `phase`, with
-    `tags` (default: rewritten from native_batch_norm); `added` lists them in order."""
+    """Adds nodes named after a batch norm (`<name>_<tag>`), in its module, in `phase`, tagged
+    as rewritten from native_batch_norm; `added` lists them in order."""
 
-    def __init__(self, edit: GraphEditor, base: Node, phase: Phase, tags: NodeTags | None = None) -> None:
+    def __init__(self, edit: GraphEditor, base: Node, phase: Phase) -> None:
         self.edit, self.base, self.phase = edit, base, phase
-        self.tags = NodeTags(rewritten_from="native_batch_norm") if tags is None else tags
+        self.tags = NodeTags(rewritten_from="native_batch_norm")
         self.added: list[int] = []
 
     def __call__(self, op: str, *args: object, tag: str, outputs: Sequence[int] | None = None,

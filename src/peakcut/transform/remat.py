@@ -348,7 +348,6 @@ def deremat(g: Graph, order: Sequence[int], remat_node: int) -> Rewrite:
         raise RuleError(reason)
     n2 = g.nodes[remat_node]
     a = g.nodes[_original(n2)]
-    chain = [remat_node]
     out_map = {t2: t for t, t2 in zip(a.outputs, n2.outputs, strict=True)
                if t2 is not None and t is not None}   # the same outputs are None (checked)
     storage_map = {g.tensors[t2].storage: g.tensors[t].storage for t2, t in out_map.items()}
@@ -360,16 +359,16 @@ def deremat(g: Graph, order: Sequence[int], remat_node: int) -> Rewrite:
     for u in readers:
         edit.rewire(u, out_map)
     apply_moves(edit, moves)
-    gone = set(chain)
+    gone = {remat_node}
     guarded = [m for m, preds in g.control.items() if m not in gone and gone.intersection(preds)]
     for m in guarded:
         edit.set_control(m, (p for p in g.control[m] if p not in gone))
-    made = {g.tensors[t].storage for v in chain for t in g.nodes[v].output_ids()}
-    edit.remove_nodes(chain)
+    made = {g.tensors[t].storage for t in n2.output_ids()}
+    edit.remove_nodes([remat_node])
     edit.remove_storages(made)
     return Rewrite(
         graph=edit.finish(), order=[x for x in order if x not in gone], added=(),
-        changed=tuple(dict.fromkeys((*readers, *guarded))), removed=tuple(chain),
+        changed=tuple(dict.fromkeys((*readers, *guarded))), removed=(remat_node,),
         description=f"drop recompute {describe_node(g, remat_node)}: its users read "
                     f"{describe_node(g, a.id)} again",
     )
