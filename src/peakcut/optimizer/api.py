@@ -65,7 +65,7 @@ DEFAULT_LATENCY_LIMIT = 1.10      # MAGIS's default: least memory within 10% of 
 REORDER_SHARE = 0.1               # share of the time budget the initial re-ordering may take
 MEASURE_SHARE = 0.8               # a measured cost model measures new calls until this share
 VERIFY_SHARE = 0.25               # of the time budget kept for running candidate plans (verify=True)
-CALIBRATE_SHARE = 0.35            # of the time budget the calibration may take (verify=True; docs/cost.md)
+CALIBRATE_SHARE = 0.45            # of the time budget the calibration may take, measuring the calls included (verify=True; docs/cost.md)
 VERIFY_CANDIDATES = 3             # transformed candidates run for real (the untransformed step besides)
 VERIFY_MARGIN = 1.15              # verification keeps at least this x what eager and one plan take (verify.needed_seconds)
 

@@ -42,9 +42,10 @@ from peakcut.optimizer.verify import Restore, model_device, sync_device
 
 RUNS = 3
 LOWEST, HIGHEST = 0.8, 1.6
-PROFILE_SHARE = 0.6
-"""Of the calibration's seconds, the most measuring the step's calls may take (the search
-needs them anyway; what is left unmeasured, it measures or estimates itself)."""
+RUNS_MARGIN = 1.2
+"""The timed runs are reserved this x (2 * RUNS + 1) times the first eager step (the warm-up
+of the generated program and RUNS rounds of both); the step's calls are measured in what is
+left of the calibration's seconds (the search needs them measured anyway)."""
 
 
 @dataclass(frozen=True)
@@ -81,39 +82,48 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
               eager: Callable[[], Any], optimizer: torch.optim.Optimizer | None,
               seconds: float = math.inf) -> ContextCalibration:
     """Run `g` untransformed and the user's `eager` step RUNS rounds each (after a warm-up)
-    and set cost.context (module doc), within about `seconds`: when the step's calls cannot
-    all be measured in PROFILE_SHARE of them, or the runs would not fit in the rest, nothing
-    runs (factor 1, the reason in `skipped`)."""
+    and set cost.context (module doc), within about `seconds`. The first eager step (the
+    warm-up) is timed and the rounds are reserved from it (RUNS_MARGIN); the step's calls are
+    measured in the rest. When they cannot all be measured there, or the rounds would not fit
+    in what is left after, nothing more runs (factor 1, the reason in `skipped`)."""
     t0 = time.perf_counter()
     cost.context = 1.0
-    cost.profile(g, deadline=t0 + PROFILE_SHARE * seconds)
-    if not all(cost.known(g, n) for n in g.order):
-        return ContextCalibration(skipped=f"the step's calls were not all measured within "
-                                  f"{PROFILE_SHARE * seconds:.1f} s", seconds=time.perf_counter() - t0)
-    predicted = step_seconds(cost, g, g.order)
-    need = 2 * (RUNS + 2) * predicted
-    left = seconds - (time.perf_counter() - t0)
-    if need > left:
-        return ContextCalibration(skipped=f"running the step {2 * (RUNS + 2)} times takes about {need:.1f} s; "
-                                  f"{max(0.0, left):.1f} s left for it (raise time_budget)",
-                                  seconds=time.perf_counter() - t0)
-    step = Step(g, list(g.order))
     times: list[float] = []
     eager_times: list[float] = []
+    device = model_device(model)
     with Restore(model, optimizer):
+        first = _timed(eager, device)                 # warm-up (and the optimizer's state)
+        reserved = RUNS_MARGIN * (2 * RUNS + 1) * first
+        cost.profile(g, deadline=t0 + seconds - reserved)
+        if not all(cost.known(g, n) for n in g.order):
+            return ContextCalibration(skipped=f"the step's calls were not all measured within "
+                                      f"{max(0.0, seconds - reserved):.1f} s ({reserved:.1f} s of "
+                                      f"{seconds:.1f} s kept for the runs; raise time_budget)",
+                                      seconds=time.perf_counter() - t0)
+        predicted = step_seconds(cost, g, g.order)
+        need = RUNS_MARGIN * (RUNS * first + (RUNS + 1) * predicted)
+        left = seconds - (time.perf_counter() - t0)
+        if need > left:
+            return ContextCalibration(skipped=f"running the step {RUNS + 1} times and eager {RUNS} times takes "
+                                      f"about {need:.1f} s; {max(0.0, left):.1f} s left for it (raise time_budget)",
+                                      seconds=time.perf_counter() - t0)
+        step = Step(g, list(g.order))
         inputs = step.bind(model, batch)
         where = step.device_of(inputs)
-        device = model_device(model)
-        eager()                                      # warm-ups (and the optimizer's state)
         step.run(inputs, where)
         for _ in range(RUNS):
-            for run, into in ((eager, eager_times), (lambda: step.run(inputs, where), times)):
-                sync_device(device)
-                start = time.perf_counter()
-                run()
-                sync_device(device)
-                into.append(time.perf_counter() - start)
+            eager_times.append(_timed(eager, device))
+            times.append(_timed(lambda: step.run(inputs, where), device))
     factor = statistics.median(times) / predicted if predicted > 0 else 1.0
     factor = min(HIGHEST, max(LOWEST, factor))
     cost.context = factor
     return ContextCalibration(factor, predicted, tuple(times), tuple(eager_times), time.perf_counter() - t0)
+
+
+def _timed(run: Callable[[], Any], device: torch.device) -> float:
+    """Seconds `run` takes, the device synchronized before and after."""
+    sync_device(device)
+    start = time.perf_counter()
+    run()
+    sync_device(device)
+    return time.perf_counter() - start
