@@ -43,3 +43,41 @@ def make_mlp() -> tuple[MLP, tuple[torch.Tensor, torch.Tensor]]:
     """A seeded MLP and a batch of 6 rows, 4 classes."""
     torch.manual_seed(0)
     return MLP(), (torch.randn(6, 8), torch.randint(0, 4, (6,)))
+
+
+class _DenseLayer(torch.nn.Module):
+    def __init__(self, channels: int, growth: int) -> None:
+        super().__init__()
+        self.norm1, self.conv1 = torch.nn.BatchNorm2d(channels), torch.nn.Conv2d(channels, 2 * growth, 1, bias=False)
+        self.norm2, self.conv2 = torch.nn.BatchNorm2d(2 * growth), torch.nn.Conv2d(2 * growth, growth, 3, padding=1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.conv1(torch.relu(self.norm1(x)))
+        return torch.cat([x, self.conv2(torch.relu(self.norm2(out)))], 1)
+
+
+class TinyDenseNet(torch.nn.Module):
+    """Two dense blocks of DenseNet-BC layers joined by a transition (BN-ReLU-conv-avgpool)."""
+
+    def __init__(self, growth: int = 4, classes: int = 5) -> None:
+        super().__init__()
+        self.stem, self.stem_norm = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8)
+        self.block1 = torch.nn.Sequential(*(_DenseLayer(8 + i * growth, growth) for i in range(3)))
+        c = 8 + 3 * growth
+        self.transition = torch.nn.Sequential(torch.nn.BatchNorm2d(c), torch.nn.ReLU(), torch.nn.Conv2d(c, c // 2, 1, bias=False),
+                                        torch.nn.AvgPool2d(2))
+        self.block2 = torch.nn.Sequential(*(_DenseLayer(c // 2 + i * growth, growth) for i in range(2)))
+        self.final_norm = torch.nn.BatchNorm2d(c // 2 + 2 * growth)
+        self.head = torch.nn.Linear(c // 2 + 2 * growth, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.block1(torch.relu(self.stem_norm(self.stem(x))))
+        x = self.block2(self.transition(x))
+        return self.head(torch.relu(self.final_norm(x)).mean((2, 3)))
+
+
+def tiny_densenet() -> tuple[TinyDenseNet, tuple[torch.Tensor, torch.Tensor], object]:
+    """A seeded float64 TinyDenseNet, a batch of 4 images of 12x12, and its loss_fn."""
+    torch.manual_seed(0)
+    return (TinyDenseNet().double(), (torch.randn(4, 3, 12, 12, dtype=torch.float64),
+                                      torch.randint(0, 5, (4,))), cross_entropy_loss)

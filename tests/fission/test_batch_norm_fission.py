@@ -44,7 +44,7 @@ from peakcut.rules import RULES
 from peakcut.transform.batch_norm import find_batch_norms, split_batch_norms, why_not_split
 from peakcut.transform.rewrite import ancestors
 from peakcut.workloads import get_workload
-from tests.helpers import cross_entropy_loss, in_float64
+from tests.helpers import cross_entropy_loss, in_float64, tiny_densenet
 
 CNNS = ("resnet50", "unet", "unetpp", "densenet")
 RTOL, ATOL = 1e-7, 1e-9   # float64
@@ -52,42 +52,9 @@ SGD = peakcut.SGD(lr=1e-2, momentum=0.9, weight_decay=1e-2)
 REWRITTEN = "native_batch_norm"
 
 
-class _DenseLayer(nn.Module):
-    def __init__(self, channels: int, growth: int) -> None:
-        super().__init__()
-        self.norm1, self.conv1 = nn.BatchNorm2d(channels), nn.Conv2d(channels, 2 * growth, 1, bias=False)
-        self.norm2, self.conv2 = nn.BatchNorm2d(2 * growth), nn.Conv2d(2 * growth, growth, 3, padding=1, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.conv1(torch.relu(self.norm1(x)))
-        return torch.cat([x, self.conv2(torch.relu(self.norm2(out)))], 1)
-
-
-class _TinyDenseNet(nn.Module):
-    """Two dense blocks of DenseNet-BC layers joined by a transition (BN-ReLU-conv-avgpool)."""
-
-    def __init__(self, growth: int = 4, classes: int = 5) -> None:
-        super().__init__()
-        self.stem, self.stem_norm = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
-        self.block1 = nn.Sequential(*(_DenseLayer(8 + i * growth, growth) for i in range(3)))
-        c = 8 + 3 * growth
-        self.transition = nn.Sequential(nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, c // 2, 1, bias=False),
-                                        nn.AvgPool2d(2))
-        self.block2 = nn.Sequential(*(_DenseLayer(c // 2 + i * growth, growth) for i in range(2)))
-        self.final_norm = nn.BatchNorm2d(c // 2 + 2 * growth)
-        self.head = nn.Linear(c // 2 + 2 * growth, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.block1(torch.relu(self.stem_norm(self.stem(x))))
-        x = self.block2(self.transition(x))
-        return self.head(torch.relu(self.final_norm(x)).mean((2, 3)))
-
-
 def _workload(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...], object]:
     if name == "densenet":
-        torch.manual_seed(0)
-        return (_TinyDenseNet().double(), (torch.randn(4, 3, 12, 12, dtype=torch.float64),
-                                           torch.randint(0, 5, (4,))), cross_entropy_loss)
+        return tiny_densenet()
     inst = in_float64(get_workload(name).build("tiny"))
     return inst.model, inst.batch, inst.loss_fn
 

@@ -37,6 +37,7 @@ from peakcut.rules.protocol import (
     RewriteRule,
 )
 from peakcut.rules.remat_rule import RematRule
+from peakcut.rules.spatial_rule import SplitRowsRule
 from peakcut.rules.swap_rule import SwapRule
 from peakcut.rules.taso_rules import (
     CancelTransposesRule,
@@ -240,6 +241,7 @@ RULES = Registry(
         DropIdentityRule(),
         CancelTransposesRule(),
         FoldViewsRule(),
+        SplitRowsRule(),
         SplitBatchNormsRule(),   # last: it saves transients only and costs latency (docs/fission.md)
     ),
 )

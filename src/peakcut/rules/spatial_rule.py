@@ -1,0 +1,60 @@
+"""split_rows: a convolution or a convolution's backward near the memory peak runs in n parts
+along its images' rows (peakcut.transform.spatial), as one rewrite of the base graph.
+
+Sites: the SITES convolution nodes (forward or backward) with the most bytes live while they
+run (the simulated timeline of the base: their scratch, gradient and inputs are what a split
+shrinks), each at n = 4, 8 and 2 where the rows allow. A split at n = 2 can raise the peak (a
+part's padded input and gradient beside the whole one); the search keeps a site only where
+the simulated step pays for it. There is no inverse rule (the search starts again from the
+unrewritten base instead)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from peakcut.ir.graph import Graph
+from peakcut.memory import simulate
+from peakcut.rules.protocol import RewriteRule
+from peakcut.transform.rewrite import Rewrite, RuleError
+from peakcut.transform.spatial import CONV, CONV_BACKWARD, split_rows, why_not_split_rows
+from peakcut.transform.taso.find import TasoCandidate
+
+SITES = 3
+PARTS = (4, 8, 2)
+
+
+def _parts(site: TasoCandidate) -> int | str:
+    if len(site.parts) != 1:
+        return f"site {site.description!r} does not name one number of parts"
+    return site.parts[0]
+
+
+class SplitRowsRule(RewriteRule):
+    """Convolutions (forward or backward) near the peak, run in parts along the rows."""
+
+    kind = "split_rows"
+
+    def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+        convs = [i for i, v in enumerate(order) if g.nodes[v].op in (CONV, CONV_BACKWARD)]
+        if not convs:
+            return
+        timeline = simulate(g, order).timeline
+        for i in sorted(convs, key=lambda i: -int(timeline[i]))[:SITES]:
+            v = order[i]
+            for n in PARTS:
+                if why_not_split_rows(g, order, [v], n) is None:
+                    name = g.nodes[v].name or str(v)
+                    yield TasoCandidate(self.kind, (v,), f"split {name} in {n} parts along the rows", parts=(n,))
+
+    def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
+        n = _parts(site)
+        return n if isinstance(n, str) else why_not_split_rows(g, order, site.nodes, n)
+
+    def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
+        n = _parts(site)
+        if isinstance(n, str):
+            raise RuleError(n)
+        return split_rows(g, order, site.nodes, n)
+
+    def describe(self, site: TasoCandidate) -> str:
+        return site.description

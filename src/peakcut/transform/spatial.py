@@ -1,0 +1,471 @@
+"""Spatial fission: a region of convolutions and element-wise ops runs in n parts along the
+height of its images (NCHW dim 2), one after another, each part reading the rows its outputs
+need (halos), so only one part's intermediates and kernel scratch are live at a time.
+
+    r = split_rows(g, order, nodes, n)          # a Rewrite; why_not_split_rows says why not
+
+What a region may hold (why_not_split_rows refuses the rest, naming the node):
+- aten.convolution (2-D, not transposed): output rows [a, b) read input rows
+  [a*s - p, (b-1)*s - p + d*(k-1) + 1) (stride s, padding p, dilation d, kernel k along the
+  height). Rows outside the image are the padding: a part at the border pads its slice with
+  zeros itself (aten.constant_pad_nd) and the part's convolution pads the height by 0;
+- element-wise ops (the registry's kind, not random, nothing written in place) on [N, C, H, W]
+  tensors; an input of height 1, or of one element, is broadcast, not split;
+- aten.convolution_backward (2-D, not transposed): a part takes the rows of grad_output it
+  owns and the input rows they read (with halos, padded as above); its grad_input rows add
+  into the whole gradient (rows two parts read get both parts' sums), its grad_weight and
+  grad_bias add up over the parts. Its outputs are not read inside the region.
+
+Each tensor the region hands on (read outside it, or a program output) is preallocated whole
+before the parts (the same tensor id, so its readers are untouched); of an output of a
+convolution or an element-wise op, part k writes the rows it owns, [k*H//n, (k+1)*H//n). A
+tensor made inside the region is computed in part k on the rows that its own rows and the
+halos of its readers in the region need: halo rows are computed again in the next part (the
+cost of a spatial split, priced by the simulator on the rewritten graph). Nodes of the part
+are named `<node>_rows<a>_<b>`, slices with halos `<tensor>_rows<a>_<b>`, so the generated
+program reads as the parts it runs (written out, not as a loop: the parts at the borders
+differ from the inner ones).
+
+Numbers: each output row is computed from the same input rows by the same op; what changes is
+the summation order of the convolution's grad_input rows at part borders and of grad_weight
+and grad_bias (summed over the parts), as in batch fission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from peakcut.ir.edit import GraphEditor, rewired
+from peakcut.ir.graph import Graph
+from peakcut.ir.node import Node, TensorRef
+from peakcut.ir.registry import OpKind, draws_random, lookup
+from peakcut.transform.rewrite import Rewrite, RuleError, describe_node, describe_tensor, positions
+
+ROWS = 2                                   # the height dimension of NCHW
+CONV = "aten.convolution.default"
+CONV_BACKWARD = "aten.convolution_backward.default"
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Rows [start, stop) of an image; start may be negative and stop past the height where a
+    window reaches into the padding."""
+
+    start: int
+    stop: int
+
+    def hull(self, other: Rows | None) -> Rows:
+        return self if other is None else Rows(min(self.start, other.start), max(self.stop, other.stop))
+
+    def clip(self, height: int) -> Rows:
+        return Rows(max(0, self.start), min(height, self.stop))
+
+    def __len__(self) -> int:
+        return max(0, self.stop - self.start)
+
+
+def owned(height: int, k: int, n: int) -> Rows:
+    """The rows part k of n owns of a tensor of `height` rows."""
+    return Rows(k * height // n, (k + 1) * height // n)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A 2-D convolution's geometry along the height."""
+
+    stride: int
+    padding: int
+    dilation: int
+    kernel: int
+
+    def reads(self, rows: Rows) -> Rows:
+        """The input rows (unclipped) that output rows `rows` read."""
+        first = rows.start * self.stride - self.padding
+        return Rows(first, (rows.stop - 1) * self.stride - self.padding + self.dilation * (self.kernel - 1) + 1)
+
+
+def _int_list(value: Any, n: int = 2) -> list[int]:
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)] * n
+
+
+def _conv_window(g: Graph, n: Node, weight_arg: int, first: int) -> Window | str:
+    """The height geometry of a convolution (forward args from `first` = stride), or why none."""
+    weight = n.args[weight_arg]
+    if not isinstance(weight, TensorRef) or len(g.tensors[weight.id].shape) != 4:
+        return f"{describe_node(g, n.id)} is not a 2-D convolution"
+    stride, padding, dilation = (_int_list(n.args[first + i]) for i in range(3))
+    if n.args[first + 3]:
+        return f"{describe_node(g, n.id)} is a transposed convolution: its rows are not split"
+    return Window(stride[0], padding[0], dilation[0], g.tensors[weight.id].shape[2])
+
+
+def _with_height_padding(value: Any) -> list[int]:
+    padding = _int_list(value)
+    return [0, *padding[1:]]
+
+
+def _split_inputs(g: Graph, n: Node) -> list[int] | str:
+    """The tensor inputs of an element-wise node split along its rows (the others broadcast),
+    or why it cannot be split."""
+    (out,) = n.output_ids()
+    shape = g.tensors[out].shape
+    if len(shape) != 4:
+        return f"{describe_node(g, n.id)} makes a rank-{len(shape)} tensor: only [N, C, H, W] images are split"
+    split = []
+    for t in n.input_ids():
+        s = g.tensors[t].shape
+        if len(s) == 4 and s[ROWS] == shape[ROWS]:
+            split.append(t)
+        elif not (len(s) == 4 and s[ROWS] == 1) and g.tensors[t].numel > 1:
+            return (f"{describe_node(g, n.id)} reads {describe_tensor(g, t)} of shape {list(s)}, "
+                    "which broadcasts along the rows in a way the split does not follow")
+    return split
+
+
+def why_not_node(g: Graph, v: int) -> str | None:
+    """Why node `v` cannot be in a spatial region (None: it can)."""
+    n = g.nodes[v]
+    what = describe_node(g, v)
+    if n.op == CONV:
+        x = n.args[0]
+        if not isinstance(x, TensorRef) or len(g.tensors[x.id].shape) != 4:
+            return f"{what} does not read a 4-D image"
+        w = _conv_window(g, n, 1, 3)
+        return w if isinstance(w, str) else None
+    if n.op == CONV_BACKWARD:
+        w = _conv_window(g, n, 2, 4)
+        return w if isinstance(w, str) else None
+    info = lookup(n.op)
+    if info is None or info.kind is not OpKind.ELEMENTWISE:
+        return (f"{what} is neither a convolution, its backward nor an element-wise op: "
+                "spatial fission does not split it")
+    if draws_random(n.op, n.args, n.kwargs):
+        return f"{what} draws random numbers: its parts would draw other numbers"
+    if n.mutated_ids():
+        return f"{what} writes a tensor in place"
+    if len(n.output_ids()) != 1:
+        return f"{what} has {len(n.output_ids())} outputs"
+    reason = _split_inputs(g, n)
+    return reason if isinstance(reason, str) else None
+
+
+@dataclass(frozen=True)
+class _Region:
+    nodes: tuple[int, ...]            # in `order`
+    rows: tuple[int, ...]             # outputs handed on whose rows the parts write (copy_)
+    added: tuple[int, ...]            # outputs handed on that the parts add into (grad_input, weight, bias)
+
+
+def _region(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> _Region | str:
+    if not nodes:
+        return "no nodes given"
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        return f"n={n!r}: expected a number of parts >= 2"
+    missing = [v for v in nodes if v not in g.nodes]
+    if missing:
+        return f"node {missing[0]} is not in the graph"
+    for v in nodes:
+        reason = why_not_node(g, v)
+        if reason:
+            return reason
+    pos = positions(order)
+    members = tuple(sorted(set(nodes), key=pos.__getitem__))
+    inside = set(members)
+    program = set(g.outputs)
+    rows: list[int] = []
+    added: list[int] = []
+    for v in members:
+        node = g.nodes[v]
+        for j, t in enumerate(node.outputs):
+            if t is None:
+                continue
+            outside = [u for u in g.users(t) if u not in inside]
+            if node.op == CONV_BACKWARD:
+                inner = [u for u in g.users(t) if u in inside]
+                if inner:
+                    return (f"{describe_node(g, inner[0])} reads {describe_tensor(g, t)}, which the parts of "
+                            f"{describe_node(g, v)} only add up to: it must be read outside the region")
+                added.append(t)
+            elif outside or t in program:
+                rows.append(t)
+            else:
+                continue
+            meta = g.tensors[t]
+            if meta.storage_offset != 0 or g.storage_owner_of(meta.storage) != v:
+                return f"{describe_tensor(g, t)} of {describe_node(g, v)} does not own its storage"
+            if j and node.op != CONV_BACKWARD:
+                return f"{describe_node(g, v)} hands on its output {j}"
+    for t in rows:
+        if g.tensors[t].shape[ROWS] < n:
+            return f"{describe_tensor(g, t)} has {g.tensors[t].shape[ROWS]} rows: fewer than n={n} parts"
+    for v in members:
+        if g.nodes[v].op == CONV_BACKWARD:
+            go = g.nodes[v].args[0]
+            if isinstance(go, TensorRef) and g.tensors[go.id].shape[ROWS] < n:
+                return f"the grad_output of {describe_node(g, v)} has fewer rows than n={n} parts"
+    for seq in (order, g.order):
+        reason = _why_not_convex(g, seq, inside)
+        if reason:
+            return reason
+    return _Region(members, tuple(rows), tuple(added))
+
+
+def _downstream(g: Graph, seq: Sequence[int], inside: set[int]) -> list[int]:
+    """The nodes between the region's first and last node in `seq` that depend on it: they
+    run after the parts."""
+    at = [i for i, v in enumerate(seq) if v in inside]
+    after: set[int] = set()
+    for u in seq[at[0]:at[-1]]:
+        if u not in inside and any(p in inside or p in after for p in g.predecessors(u)):
+            after.add(u)
+    return [u for u in seq[at[0]:at[-1]] if u in after]
+
+
+def _why_not_convex(g: Graph, seq: Sequence[int], inside: set[int]) -> str | None:
+    """Why the region cannot run as one block at its last node in `seq` (None: it can)."""
+    after = set(_downstream(g, seq, inside))
+    read = {g.tensors[t].storage for v in inside for t in g.nodes[v].input_ids()}
+    at = [i for i, v in enumerate(seq) if v in inside]
+    for u in seq[at[0]:at[-1]]:
+        if u in inside:
+            if after.intersection(g.predecessors(u)):
+                p = next(iter(after.intersection(g.predecessors(u))))
+                return (f"{describe_node(g, u)} depends on {describe_node(g, p)}, which depends on the region: "
+                        "the region is not convex")
+        elif u not in after and {g.tensors[t].storage for t in g.mutated_tensors(u)} & read:
+            return f"{describe_node(g, u)} writes in place what the region reads, between its nodes"
+    return None
+
+
+def _placed(g: Graph, seq: Sequence[int], inside: set[int], new: Sequence[int]) -> list[int]:
+    """`seq` with the region replaced by `new` at its last node, the nodes between that depend
+    on it right after."""
+    after = _downstream(g, seq, inside)
+    moved = set(after)
+    last = max(i for i, v in enumerate(seq) if v in inside)
+    out: list[int] = []
+    for i, v in enumerate(seq):
+        if i == last:
+            out += [*new, *after]
+        elif v not in inside and v not in moved:
+            out.append(v)
+    return out
+
+
+def why_not_split_rows(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> str | None:
+    """Why `nodes` cannot run in `n` parts along their rows (None: split_rows applies)."""
+    region = _region(g, order, nodes, n)
+    return region if isinstance(region, str) else None
+
+
+class _Parts:
+    """Builds the parts of one region on a GraphEditor."""
+
+    def __init__(self, g: Graph, region: _Region, n: int) -> None:
+        self.g, self.region, self.n = g, region, n
+        self.edit = GraphEditor(g)
+        self.made: list[int] = []
+        self.inside = set(region.nodes)
+
+    def add(self, op: str, args: tuple[Any, ...], like: Node, name: str, multi_output: bool = False) -> Node:
+        node = self.edit.add_op(op, args, {}, name=name, phase=like.phase, module=like.module,
+                                multi_output=multi_output)
+        self.made.append(node.id)
+        return node
+
+    def rows_of(self, t: int, rows: Rows, part: dict[int, tuple[int, Rows]], like: Node) -> int:
+        """Tensor `t` cut to `rows` (within its height): its part tensor or a slice of it."""
+        if t in part:
+            tensor, have = part[t]
+        else:
+            tensor, have = t, Rows(0, self.g.tensors[t].shape[ROWS])
+        if rows == have:
+            return tensor
+        name = f"{self.g.tensors[t].name or t}_rows{rows.start}_{rows.stop}"
+        view = self.add("aten.slice.Tensor", (TensorRef(tensor), ROWS, rows.start - have.start,
+                                              rows.stop - have.start), like, name)
+        return view.output_ids()[0]
+
+    def padded(self, t: int, rows: Rows, height: int, part: dict[int, tuple[int, Rows]], like: Node) -> tuple[int, int]:
+        """Tensor `t`'s rows `rows` (unclipped), zero-padded where they leave the image: the
+        tensor and the rows of padding on top."""
+        inner = rows.clip(height)
+        x = self.rows_of(t, inner, part, like)
+        top, bottom = inner.start - rows.start, rows.stop - inner.stop
+        if top or bottom:
+            name = f"{self.g.tensors[t].name or t}_rows{rows.start}_{rows.stop}_padded"
+            x = self.add("aten.constant_pad_nd.default", (TensorRef(x), [0, 0, top, bottom], 0.0),
+                         like, name).output_ids()[0]
+        return x, top
+
+
+def _needs(g: Graph, region: _Region, k: int, n: int) -> dict[int, Rows]:
+    """Per tensor made in the region, the rows part k computes of it (module doc)."""
+    need: dict[int, Rows] = {}
+    inside = set(region.nodes)
+    made = {t for v in region.nodes for t in g.nodes[v].output_ids()}
+    for t in region.rows:
+        need[t] = owned(g.tensors[t].shape[ROWS], k, n)
+
+    def want(t: int, rows: Rows) -> None:
+        if t in made:
+            rows = rows.clip(g.tensors[t].shape[ROWS])
+            need[t] = rows.hull(need.get(t))
+
+    for v in reversed(region.nodes):
+        node = g.nodes[v]
+        if node.op == CONV_BACKWARD:
+            go, x = node.args[0], node.args[1]
+            w = _conv_window(g, node, 2, 4)
+            if isinstance(go, TensorRef) and isinstance(x, TensorRef) and isinstance(w, Window):
+                mine = owned(g.tensors[go.id].shape[ROWS], k, n)
+                want(go.id, mine)
+                want(x.id, w.reads(mine))
+            continue
+        (out,) = node.output_ids()
+        rows = need.get(out)
+        if rows is None:
+            continue
+        if node.op == CONV:
+            w = _conv_window(g, node, 1, 3)
+            if isinstance(node.args[0], TensorRef) and isinstance(w, Window):
+                want(node.args[0].id, w.reads(rows))
+            continue
+        split = _split_inputs(g, node)
+        for t in split if isinstance(split, list) else ():
+            want(t, rows)
+    return {t: r for t, r in need.items() if any(g.producer(t) == v for v in inside)}
+
+
+def split_rows(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> Rewrite:
+    """Run the region `nodes` in `n` parts along its images' rows (module doc). Raises
+    RuleError (why_not_split_rows's reason) when it does not apply."""
+    region = _region(g, order, nodes, n)
+    if isinstance(region, str):
+        raise RuleError(region)
+    b = _Parts(g, region, n)
+    first = g.nodes[region.nodes[0]]
+    for t in region.rows:
+        meta = g.tensors[t]
+        b.edit.add_op("aten.empty_strided.default", (list(meta.shape), list(meta.stride)),
+                      {"dtype": meta.torch_dtype, "device": torch.device(g.device)},
+                      name=f"{meta.name or t}_alloc", phase=g.nodes[g.producer(t)].phase,
+                      module=g.nodes[g.producer(t)].module, outputs=[t])
+    for t in region.added:
+        meta = g.tensors[t]
+        b.edit.add_op("aten.zeros.default", (list(meta.shape),),
+                      {"dtype": meta.torch_dtype, "device": torch.device(g.device)},
+                      name=f"{meta.name or t}_alloc", phase=g.nodes[g.producer(t)].phase,
+                      module=g.nodes[g.producer(t)].module, outputs=[t])
+    allocs = [b.edit.graph.producer(t) for t in (*region.rows, *region.added)]
+    writes: list[int] = []
+    for k in range(n):
+        need = _needs(g, region, k, n)
+        part: dict[int, tuple[int, Rows]] = {}
+        for v in region.nodes:
+            node = g.nodes[v]
+            if node.op == CONV_BACKWARD:
+                writes += _conv_backward_part(b, node, k, n, part)
+                continue
+            (out,) = node.output_ids()
+            rows = need[out]
+            tag = f"_rows{rows.start}_{rows.stop}"
+            if node.op == CONV:
+                w = _conv_window(g, node, 1, 3)
+                x = node.args[0]
+                if not isinstance(w, Window) or not isinstance(x, TensorRef):
+                    raise RuleError(f"internal: {describe_node(g, v)} changed")
+                xp, _ = b.padded(x.id, w.reads(rows), g.tensors[x.id].shape[ROWS], part, node)
+                args = (TensorRef(xp), *node.args[1:4], _with_height_padding(node.args[4]), *node.args[5:])
+            else:
+                split = _split_inputs(g, node)
+                if isinstance(split, str):
+                    raise RuleError(split)
+                mapping = {t: b.rows_of(t, rows, part, node) for t in split}
+                args = rewired(node, mapping).args
+            if node.kwargs:
+                raise RuleError(f"{describe_node(g, v)} takes keyword arguments: not split")
+            made = b.add(node.op, args, node, f"{node.name or v}{tag}")
+            part[out] = (made.output_ids()[0], rows)
+            if out in region.rows:
+                mine = owned(g.tensors[out].shape[ROWS], k, n)
+                into = b.rows_of(out, mine, {}, node)
+                value = b.rows_of(out, mine, part, node)
+                writes.append(b.add("aten.copy_.default", (TensorRef(into), TensorRef(value)), node,
+                                    f"{g.tensors[out].name or out}_write{tag}").id)
+    return _finish(g, order, region, b, allocs, writes, first)
+
+
+def _conv_backward_part(b: _Parts, node: Node, k: int, n: int, part: dict[int, tuple[int, Rows]]) -> list[int]:
+    """Part k of a convolution's backward: its own grad_output rows, the input rows they read;
+    grad_input rows added into the whole gradient, grad_weight and grad_bias added up."""
+    g = b.g
+    go, x = node.args[0], node.args[1]
+    w = _conv_window(g, node, 2, 4)
+    if not isinstance(go, TensorRef) or not isinstance(x, TensorRef) or not isinstance(w, Window):
+        raise RuleError(f"internal: {describe_node(g, node.id)} changed")
+    height = g.tensors[x.id].shape[ROWS]
+    mine = owned(g.tensors[go.id].shape[ROWS], k, n)
+    reads = w.reads(mine)
+    go_k = b.rows_of(go.id, mine, part, node)
+    x_k, top = b.padded(x.id, reads, height, part, node)
+    args = (TensorRef(go_k), TensorRef(x_k), *node.args[2:5], _with_height_padding(node.args[5]), *node.args[6:])
+    tag = f"_rows{mine.start}_{mine.stop}"
+    made = b.add(node.op, args, node, f"{node.name or node.id}{tag}", multi_output=node.multi_output)
+    writes = []
+    inner = reads.clip(height)
+    for j, (t, t_k) in enumerate(zip(node.outputs, made.outputs, strict=True)):
+        if t is None or t_k is None:
+            continue
+        if j == 0:
+            value = t_k
+            if len(inner) != b.edit.graph.tensors[t_k].shape[ROWS]:
+                value = b.add("aten.slice.Tensor", (TensorRef(t_k), ROWS, top, top + len(inner)), node,
+                              f"{g.tensors[t].name or t}_rows{inner.start}_{inner.stop}").output_ids()[0]
+            into = b.rows_of(t, inner, {}, node)
+        else:
+            value, into = t_k, t
+        writes.append(b.add("aten.add_.Tensor", (TensorRef(into), TensorRef(value)), node,
+                            f"{g.tensors[t].name or t}_add{tag}").id)
+    return writes
+
+
+def _finish(g: Graph, order: Sequence[int], region: _Region, b: _Parts, allocs: list[int],
+            writes: list[int], first: Node) -> Rewrite:
+    """Remove the originals, order and guard the new nodes: allocations, then the parts in
+    the order made; every reader of a handed-on tensor after the last write of it."""
+    edit = b.edit
+    handed = set(region.rows) | set(region.added)
+    preds = sorted({p for v in region.nodes for p in g.control.get(v, ()) if p not in b.inside})
+    new = [*allocs, *b.made]
+    if preds:
+        for v in new:
+            edit.add_control(v, preds)
+    chained: dict[int, int] = {}      # storage -> its last write, so writes of one tensor stay in order
+    for w in writes:
+        target = edit.graph.nodes[w].args[0]
+        s = edit.graph.tensors[target.id].storage if isinstance(target, TensorRef) else -1
+        if s in chained:
+            edit.add_control(w, [chained[s]])
+        chained[s] = w
+    last = {g.tensors[t].storage: chained[g.tensors[t].storage] for t in handed if g.tensors[t].storage in chained}
+    for t in handed:
+        for u in g.users(t):
+            if u not in b.inside:
+                edit.add_control(u, [last[g.tensors[t].storage]])
+    for m, after in g.control.items():                 # waiters on a region node wait for the parts
+        if m not in b.inside and b.inside.intersection(after):
+            edit.set_control(m, [*(p for p in after if p not in b.inside), new[-1]])
+    capture = _placed(g, g.order, b.inside, new)
+    new_order = _placed(g, order, b.inside, new)
+    edit.remove_nodes(region.nodes, keep_tensors=handed)
+    edit.remove_unused_storages()
+    edit.set_order(capture)
+    what = (f"run {len(region.nodes)} node(s) from {describe_node(g, first.id)} in {b.n} parts along the rows "
+            "(spatial fission, halos recomputed)")
+    return Rewrite(graph=edit.finish(), order=new_order, added=tuple(new), changed=(),
+                   removed=tuple(region.nodes), description=what)
