@@ -14,6 +14,10 @@ The loss's gradient seed and target count are first computed without the loss
 A workload with training-mode batch norms gets a second row, "batch norms split": the same
 on the step with every batch norm rewritten as batch-splittable ops
 (peakcut.transform.batch_norm; its eager peak is that step's in capture order).
+A second table: spatial fission (peakcut.transform.spatial, the split_rows rule) of the
+convolutions nearest the peak (the rule's sites: the convolutions, forward or backward, with
+the most bytes live while they run), each alone at n = 2, 4 and 8: the simulated peak of the
+captured step with that one node split, against eager's.
 All peaks are simulated (capture order, CPU workspace model); nothing runs.
 """
 
@@ -29,6 +33,7 @@ from peakcut.fission import batch_fission_bound, best_root_at_two, find_ftree
 from peakcut.fission.loss import detach_loss
 from peakcut.ir.graph import Graph
 from peakcut.memory import simulate
+from peakcut.rules import RULES
 from peakcut.transform.batch_norm import split_batch_norms_everywhere
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
@@ -63,6 +68,26 @@ def _row(description: str, g: Graph, eager: int) -> str:
             f"{peak / eager - 1:+.1%} | {expand_s:.1f} | {bound_cell} |")
 
 
+def _spatial_rows(description: str, g: Graph) -> list[str]:
+    """Rows of the spatial table: each split_rows site of g (capture order) and its peak."""
+    eager = simulate(g)
+    rule = RULES.rewrite_rule("split_rows")
+    at = g.nodes[eager.peak_node]
+    peak_at = f"{at.op.removeprefix('aten.').removesuffix('.default')} {at.module}"
+    by_node: dict[int, dict[int, int]] = {}
+    for site in rule.sites(g, g.order):
+        r = rule.apply(g, g.order, site)
+        by_node.setdefault(site.nodes[0], {})[site.parts[0]] = simulate(r.graph, r.order).peak_bytes
+    rows = []
+    for v, peaks in by_node.items():
+        node = g.nodes[v]
+        cells = " | ".join(f"{_gib(peaks[n])} ({peaks[n] / eager.peak_bytes - 1:+.1%})" if n in peaks else "-"
+                           for n in (2, 4, 8))
+        rows.append(f"| {description} | {_gib(eager.peak_bytes)} ({peak_at}) | {node.name} "
+                    f"{node.op.removeprefix('aten.').removesuffix('.default')} {node.module} | {cells} |")
+    return rows or [f"| {description} | {_gib(eager.peak_bytes)} ({peak_at}) | no 2-D convolution | - | - | - |"]
+
+
 def main() -> None:
     print(f"Environment: torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} threads, peakcut {peakcut.__version__}. Peaks simulated.\n")
@@ -77,6 +102,14 @@ def main() -> None:
         if split is not None:
             rows.append(_row(f"{inst.description}, batch norms split", split.graph, simulate(g).peak_bytes))
     print("\n".join(rows))
+    print("\nSpatial fission (split_rows) of one convolution near the peak, simulated peak (vs eager):\n")
+    spatial = ["| workload | eager peak GiB (at) | node split | n=2 | n=4 | n=8 |", "|---|---|---|---|---|---|"]
+    for name in WORKLOAD_NAMES:
+        inst = get_workload(name).build("paper")
+        g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw")
+        if any(n.op == "aten.convolution.default" for n in g.nodes.values()):
+            spatial += _spatial_rows(inst.description, g)
+    print("\n".join(spatial))
 
 
 if __name__ == "__main__":
