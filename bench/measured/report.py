@@ -116,11 +116,17 @@ def peakcut_table(cells: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
             lines.append(f"| {w} | {name} | {p['latency_s']:.3f}{search} | {measured:.3f} | {err:+.1%} | "
                          f"{_ratios(c)} | "
                          f"{'yes' if meets(c, eager) else 'NO'} | {'ok' if n['ok'] else 'DIFFER'} "
-                         f"({worst:.1e}; {n['tolerance']:.1e}) | {floor} | {p.get('context_factor')} | "
+                         f"({worst:.1e}; {n['tolerance']:.1e}) | {floor} | {_context(p)} | "
                          f"{p['applied']} ({p['swaps']}) | {p['search_seconds']} / {p['verify_seconds']} / "
                          f"{c['setup_seconds']:.0f}{_budget(c)} | "
                          f"{c['note'][:80]} |")
     return lines
+
+
+def _context(p: dict[str, Any]) -> str:
+    """The calibration's factor, or why there was none (context_skipped)."""
+    skipped = p.get("context_skipped")
+    return f"skipped: {skipped[:60]}" if skipped else str(p.get("context_factor"))
 
 
 def _ratio_error(c: dict[str, Any]) -> float | None:

@@ -61,6 +61,14 @@ def test_a_limit_refused_before_searching_is_a_cell_that_says_so() -> None:
     assert "1 of 1 planned; 1 refused before any search" in text and "gpt-neo-1.3b (memory <= 50%)" in text
 
 
+def test_a_skipped_calibration_says_why_in_the_table() -> None:
+    run = _run("unet", held=1)
+    run["cells"][-2]["predicted"] = dict(run["cells"][-2]["predicted"], context_factor=1.0,
+                                         context_skipped="the step's calls were not all measured")
+    text = report.markdown([run])
+    assert "| skipped: the step's calls were not all measured |" in text and "| 1.02 |" in text
+
+
 def test_a_plan_slower_than_the_best_compile_budget_does_not_beat_it() -> None:
     row = {c["name"]: c for c in _run("vit-base", held=1)["cells"]}
     plan = dict(row["peakcut latency <= 1.10x"], times=[1.3] * 7)
