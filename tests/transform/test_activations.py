@@ -74,7 +74,9 @@ def test_activations_read_through_a_forward_view(name):
     w = in_float64(get_workload(name).build("tiny"))
     g = peakcut.capture(w.model, w.batch, w.loss_fn, "adamw", keep_grads=True)
     gelus = [v for v in saved_activations(g) if g.nodes[v].op == "aten.gelu.default"]
-    assert gelus
+    assert gelus and all(why_not_recompute_activation(g, g.order, v) is None for v in gelus)
+    (everything, *_) = RULES.rewrite_rule("recompute_activations").sites(g, g.order)
+    assert set(gelus) <= set(everything.nodes)        # the search is offered them
     r, reasons = recompute_activations(g, g.order, gelus)
     assert r is not None and reasons == [None] * len(gelus)
     check_graph(r.graph)

@@ -134,6 +134,8 @@ def why_not_recompute_activation(g: Graph, order: Sequence[int], node: int) -> s
     """Why the readers after the forward of `node`'s output cannot read a recompute (None: they can)."""
     if node not in g.nodes:
         return f"node {node} is not in the graph"
+    if _through_views(g, node):           # judged where the views are made again from the output
+        g, order, _ = views_for_readers(g, order, node)
     readers = _later_readers(g, node)
     if not readers:
         return f"nothing outside the forward reads the output of {g.nodes[node].name or node}"
@@ -151,7 +153,7 @@ def recompute_activations(g: Graph, order: Sequence[int], nodes: Sequence[int]
     changed: list[int] = []
     for v in sorted(nodes, key=lambda v: -pos.get(v, -1)):
         viewed, viewed_order, copies = views_for_readers(current, current_order, v)
-        reason = why_not_recompute_activation(viewed, viewed_order, v)
+        reason = why_not_recompute_activation(viewed, viewed_order, v)     # no views left to make
         reasons[v] = reason
         if reason is None:
             r = remat_chain(viewed, viewed_order, v, _later_readers(viewed, v))
