@@ -266,7 +266,7 @@ class _Parts:
     """Builds the parts of one region on a GraphEditor."""
 
     def __init__(self, g: Graph, region: _Region, n: int) -> None:
-        self.g, self.region, self.n = g, region, n
+        self.g, self.n = g, n
         self.edit = GraphEditor(g)
         self.made: list[int] = []
         self.inside = set(region.nodes)
@@ -306,7 +306,6 @@ class _Parts:
 def _needs(g: Graph, region: _Region, k: int, n: int) -> dict[int, Rows]:
     """Per tensor made in the region, the rows part k computes of it (module doc)."""
     need: dict[int, Rows] = {}
-    inside = set(region.nodes)
     made = {t for v in region.nodes for t in g.nodes[v].output_ids()}
     for t in region.rows:
         need[t] = owned(g.tensors[t].shape[ROWS], k, n)
@@ -338,7 +337,7 @@ def _needs(g: Graph, region: _Region, k: int, n: int) -> dict[int, Rows]:
         split = _split_inputs(g, node)
         for t in split if isinstance(split, list) else ():
             want(t, rows)
-    return {t: r for t, r in need.items() if any(g.producer(t) == v for v in inside)}
+    return {t: r for t, r in need.items() if t in made}
 
 
 def split_rows(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> Rewrite:
