@@ -97,14 +97,15 @@ def _view_chain(g: Graph, out: int, view: int) -> list[int]:
     return chain[::-1]
 
 
-def views_for_readers(g: Graph, order: Sequence[int], node: int) -> tuple[Graph, list[int], list[int]]:
+def views_for_readers(g: Graph, order: Sequence[int], node: int) -> tuple[Graph, list[int], list[int], list[int]]:
     """Each forward view of node's output that the backward reads (`_through_views`) made again
     from the output right before its first reader outside the forward, and those readers
-    rewired to the copy: the graph, order and the nodes added. The copies then read the output
-    directly, so a recompute of `node` serves them, and the views move into its storage."""
+    rewired to the copy: the graph, order, the nodes added and the readers rewired. The copies
+    then read the output directly, so a recompute of `node` serves them, and the views move
+    into its storage."""
     views = _through_views(g, node)
     if not views:
-        return g, list(order), []
+        return g, list(order), [], []
     (out,) = g.nodes[node].output_ids()
     edit = GraphEditor(g)
     pos = positions(order)
@@ -127,7 +128,8 @@ def views_for_readers(g: Graph, order: Sequence[int], node: int) -> tuple[Graph,
     before = {c: [first] for first, copies in placed for c in copies}
     edit.set_order(spliced(g.order, before=before))
     added = [c for _, copies in placed for c in copies]
-    return edit.finish(), spliced(order, before=before), added
+    rewired_readers = sorted({u for _, readers in views for u in readers})
+    return edit.finish(), spliced(order, before=before), added, rewired_readers
 
 
 def why_not_recompute_activation(g: Graph, order: Sequence[int], node: int) -> str | None:
@@ -135,7 +137,7 @@ def why_not_recompute_activation(g: Graph, order: Sequence[int], node: int) -> s
     if node not in g.nodes:
         return f"node {node} is not in the graph"
     if _through_views(g, node):           # judged where the views are made again from the output
-        g, order, _ = views_for_readers(g, order, node)
+        g, order, _, _ = views_for_readers(g, order, node)
     readers = _later_readers(g, node)
     if not readers:
         return f"nothing outside the forward reads the output of {g.nodes[node].name or node}"
@@ -152,14 +154,14 @@ def recompute_activations(g: Graph, order: Sequence[int], nodes: Sequence[int]
     added: list[int] = []
     changed: list[int] = []
     for v in sorted(nodes, key=lambda v: -pos.get(v, -1)):
-        viewed, viewed_order, copies = views_for_readers(current, current_order, v)
+        viewed, viewed_order, copies, readers = views_for_readers(current, current_order, v)
         reason = why_not_recompute_activation(viewed, viewed_order, v)     # no views left to make
         reasons[v] = reason
         if reason is None:
             r = remat_chain(viewed, viewed_order, v, _later_readers(viewed, v))
             current, current_order = r.graph, r.order
             added += [*copies, *r.added]
-            changed += r.changed
+            changed += [*readers, *r.changed]
     done = [v for v in nodes if reasons[v] is None]
     if not done:
         return None, [reasons[v] for v in nodes]
