@@ -137,3 +137,22 @@ def test_rule_sites_apply() -> None:
     r = rule.apply(g, g.order, sites[0])
     check_graph(r.graph)
     assert "parts along the rows" in r.description
+
+
+def test_channels_last_images_split() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(6, 6, 3, padding=2,
+                                dilation=2), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(6, 4))
+    model = model.double().to(memory_format=torch.channels_last)
+    batch = (torch.randn(2, 3, 9, 9, dtype=torch.float64).to(memory_format=torch.channels_last),
+             torch.randint(0, 4, (2,)))
+    loss_fn = _problem("densenet")[2]
+    g = peakcut.capture(model, batch, loss_fn, peakcut.AdamW(), keep_grads=True)
+    for nodes in _regions(g).values():
+        for n in (2, 9):
+            r = split_rows(g, g.order, nodes, n)
+            check_graph(r.graph)
+            report = peakcut.check_equivalence(copy.deepcopy(model), batch, loss_fn, peakcut.AdamW(),
+                                               lambda _m, r=r: Step(r.graph, r.order), steps=2, rtol=RTOL,
+                                               atol=ATOL)
+            assert report.ok, f"{nodes} at n={n}: {report}"

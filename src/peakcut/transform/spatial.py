@@ -43,6 +43,7 @@ from peakcut.ir.edit import GraphEditor, rewired
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
 from peakcut.ir.registry import OpKind, draws_random, lookup
+from peakcut.ir.tensor import contiguous_strides
 from peakcut.transform.rewrite import Rewrite, RuleError, describe_node, describe_tensor, positions
 
 ROWS = 2                                   # the height dimension of NCHW
@@ -348,19 +349,19 @@ def split_rows(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> 
         raise RuleError(region)
     b = _Parts(g, region, n)
     first = g.nodes[region.nodes[0]]
-    for t in region.rows:
-        meta = g.tensors[t]
-        b.edit.add_op("aten.empty_strided.default", (list(meta.shape), list(meta.stride)),
-                      {"dtype": meta.torch_dtype, "device": torch.device(g.device)},
-                      name=f"{meta.name or t}_alloc", phase=g.nodes[g.producer(t)].phase,
-                      module=g.nodes[g.producer(t)].module, outputs=[t])
-    for t in region.added:
-        meta = g.tensors[t]
-        b.edit.add_op("aten.zeros.default", (list(meta.shape),),
-                      {"dtype": meta.torch_dtype, "device": torch.device(g.device)},
-                      name=f"{meta.name or t}_alloc", phase=g.nodes[g.producer(t)].phase,
-                      module=g.nodes[g.producer(t)].module, outputs=[t])
-    allocs = [b.edit.graph.producer(t) for t in (*region.rows, *region.added)]
+    made_by = {t: g.nodes[v] for v in region.nodes for t in g.nodes[v].output_ids()}
+    allocs = []
+    for t in (*region.rows, *region.added):       # whole tensors (the same ids), before the parts
+        meta, producer = g.tensors[t], made_by[t]
+        opts = {"dtype": meta.torch_dtype, "device": torch.device(g.device)}
+        dense = meta.stride == contiguous_strides(meta.shape)
+        op, args = (("aten.zeros.default", (list(meta.shape),)) if t in region.added and dense
+                    else ("aten.empty_strided.default", (list(meta.shape), list(meta.stride))))
+        allocs.append(b.edit.add_op(op, args, opts, name=f"{meta.name or t}_alloc", phase=producer.phase,
+                                    module=producer.module, outputs=[t]).id)
+        if t in region.added and not dense:      # a channels-last gradient: zeroed in its own layout
+            allocs.append(b.edit.add_op("aten.zero_.default", (TensorRef(t),), {}, name=f"{meta.name or t}_zero",
+                                        phase=producer.phase, module=producer.module).id)
     writes: list[int] = []
     for k in range(n):
         need = _needs(g, region, k, n)
