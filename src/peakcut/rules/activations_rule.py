@@ -25,7 +25,7 @@ class RecomputeActivationsRule(RewriteRule):
     kind = "recompute_activations"
 
     def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
-        ready = [v for v in saved_activations(g) if why_not_recompute_activation(g, order, v) is None]
+        ready = [v for v in saved_activations(g) if why_not_recompute_activation(g, order, v, exact=False) is None]
         if ready:
             yield TasoCandidate(self.kind, tuple(ready), f"recompute {len(ready)} saved activations")
         if len(ready) >= 4:
@@ -33,7 +33,7 @@ class RecomputeActivationsRule(RewriteRule):
             yield TasoCandidate(self.kind, tuple(half), f"recompute the first {len(half)} saved activations")
 
     def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
-        reasons = [why_not_recompute_activation(g, order, v) for v in site.nodes]
+        reasons = [why_not_recompute_activation(g, order, v, exact=False) for v in site.nodes]
         return None if None in reasons else reasons[0]
 
     def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:

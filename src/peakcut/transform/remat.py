@@ -225,6 +225,13 @@ def _plan(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> _P
     return _Plan(node, aliases, tuple(sorted(users, key=pos.__getitem__)), hazards, position, capture_position)
 
 
+def why_not_recompute_node(g: Graph, node: int) -> str | None:
+    """Why `node` itself cannot be recomputed, whoever reads it (its op and its outputs); None
+    when it may. remat's checks of the users and the order come on top (why_not_remat)."""
+    node, _ = through_identities(g, node)
+    return why_not_recompute_op(g, node) or _why_not_outputs(g, node)
+
+
 def why_not_remat(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> str | None:
     """Why `users` cannot read a recompute of `node` (None when remat applies)."""
     plan = _plan(g, order, node, users)
