@@ -3,7 +3,8 @@ along its images' rows (peakcut.transform.spatial), as one rewrite of the base g
 
 Sites: the SITES convolution nodes (forward or backward) with the most bytes live while they
 run (the simulated timeline of the base: their scratch, gradient and inputs are what a split
-shrinks), each at n = 4, 8 and 2 where the rows allow. A split at n = 2 can raise the peak (a
+shrinks; a base with SITES or fewer takes them all, in order, without simulating it: ViT's
+patch embedding), each at n = 4, 8 and 2 where the rows allow. A split at n = 2 can raise the peak (a
 part's padded input and gradient beside the whole one); the search keeps a site only where
 the simulated step pays for it. There is no inverse rule (the search starts again from the
 unrewritten base instead)."""
@@ -36,10 +37,10 @@ class SplitRowsRule(RewriteRule):
 
     def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
         convs = [i for i, v in enumerate(order) if g.nodes[v].op in (CONV, CONV_BACKWARD)]
-        if not convs:
-            return
-        timeline = simulate(g, order).timeline
-        for i in sorted(convs, key=lambda i: -int(timeline[i]))[:SITES]:
+        if len(convs) > SITES:            # ranked by the base's memory only where there is a choice
+            timeline = simulate(g, order).timeline
+            convs = sorted(convs, key=lambda i: -int(timeline[i]))[:SITES]
+        for i in convs:
             v = order[i]
             for n in PARTS:
                 if why_not_split_rows(g, order, [v], n) is None:
