@@ -94,21 +94,19 @@ def main() -> None:
     rows = ["| workload | ops | F-Tree s | levels | nodes per level | root region ops | eager peak GiB | "
             "root n=2 peak GiB | change | expand s (all roots) | batch-fission bound GiB (vs eager, at) |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    spatial = ["| workload | eager peak GiB (at) | node split | n=2 | n=4 | n=8 |", "|---|---|---|---|---|---|"]
     for name in WORKLOAD_NAMES:
         inst = get_workload(name).build("paper")
-        g = detach_loss(peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw"))
+        captured = peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw")
+        g = detach_loss(captured)                       # a copy: `captured` stays as captured
         rows.append(_row(inst.description, g, simulate(g).peak_bytes))
         split = split_batch_norms_everywhere(g)
         if split is not None:
             rows.append(_row(f"{inst.description}, batch norms split", split.graph, simulate(g).peak_bytes))
+        if any(n.op == "aten.convolution.default" for n in captured.nodes.values()):
+            spatial += _spatial_rows(inst.description, captured)
     print("\n".join(rows))
     print("\nSpatial fission (split_rows) of one convolution near the peak, simulated peak (vs eager):\n")
-    spatial = ["| workload | eager peak GiB (at) | node split | n=2 | n=4 | n=8 |", "|---|---|---|---|---|---|"]
-    for name in WORKLOAD_NAMES:
-        inst = get_workload(name).build("paper")
-        g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw")
-        if any(n.op == "aten.convolution.default" for n in g.nodes.values()):
-            spatial += _spatial_rows(inst.description, g)
     print("\n".join(spatial))
 
 
