@@ -194,9 +194,11 @@ def computation_hash(g: Graph, order: list[int] | None = None) -> str:
 
 
 # ------------------------------------------------------------------ workspace
-def node_workspace(g: Graph, nid: int, model: str) -> int:
+def node_workspace(g: Graph, nid: int, model: str, calibrated: Any = None) -> int:
     """"cpu-rules": the rules called on the node's metas; "cpu": the calibrated model asked
-    about this one node (no graph or node caches), the rules where it cannot measure."""
+    about this one node (no graph or node caches), the rules where it cannot measure.
+    `calibrated`: the model "cpu" resolves to, when the caller resolved it once for a whole
+    order (resolving it hashes the machine's fingerprint: 0.1 ms a node)."""
     from peakcut.ir.node import map_refs
     from peakcut.memory.workspace import cpu_workspace_bytes, workspace_model, workspace_ops
 
@@ -214,8 +216,15 @@ def node_workspace(g: Graph, nid: int, model: str) -> int:
 
     if model == "cpu-rules":
         return rules()
-    calibrated = workspace_model("cpu")
+    calibrated = workspace_model("cpu") if calibrated is None else calibrated
     return calibrated.nodes_bytes(g, [node], rules)[0] if calibrated.applies(node.op) else 0
+
+
+def _calibrated(model: str) -> Any:
+    """The model "cpu" resolves to, once per simulated order (None for the rules)."""
+    from peakcut.memory.workspace import workspace_model
+
+    return workspace_model("cpu") if model == "cpu" else None
 
 
 # ------------------------------------------------------------------ step memory simulation
@@ -251,8 +260,9 @@ def simulate(g: Graph, order: list[int] | None = None, workspace: str | None = "
     baseline = sum(g.storages[s] for s in held)
     ws = np.zeros(n, dtype=np.int64)
     if workspace is not None:
+        calibrated = _calibrated(workspace)
         for i, nid in enumerate(order_t):
-            ws[i] = node_workspace(g, nid, workspace)
+            ws[i] = node_workspace(g, nid, workspace, calibrated)
     timeline = np.cumsum(delta[:n]) + baseline + ws
     peak_index = int(np.argmax(timeline)) if n else 0
     peak = int(timeline[peak_index]) if n else baseline
@@ -407,8 +417,9 @@ def memory_curve(g: Graph, schedule: tuple, timing: StreamTiming, workspace: str
     lives = storage_lives(g, schedule, timing)
     ws = np.zeros(n, dtype=np.int64)
     if workspace is not None:
+        calibrated = _calibrated(workspace)
         for i, nid in enumerate(order):
-            ws[i] = node_workspace(g, nid, workspace)
+            ws[i] = node_workspace(g, nid, workspace, calibrated)
     on_start = ws.copy()
     on_end = -ws
     for s, a in lives.alloc.items():
