@@ -65,30 +65,49 @@ def _regions(g: Graph) -> dict[str, list[int]]:
     return found
 
 
+def _disjoint(regions: dict[str, list[int]]) -> list[dict[str, list[int]]]:
+    """The regions in groups of disjoint ones (each group is split in one graph)."""
+    groups: list[dict[str, list[int]]] = []
+    for what, nodes in regions.items():
+        group = next((gr for gr in groups if not set(nodes) & {v for ns in gr.values() for v in ns}), None)
+        if group is None:
+            groups.append(group := {})
+        group[what] = nodes
+    return groups
+
+
 @pytest.mark.parametrize("name", CNNS)
 def test_split_rows_keeps_eager_numbers_and_memory_agreement(name: str) -> None:
+    """Each group of disjoint regions is split in one graph, every region at n = 2, then
+    every region at its largest n (one equivalence run per group and n, not per region)."""
     model, batch, loss_fn = _problem(name)
     g = peakcut.capture(model, batch, loss_fn, peakcut.AdamW(), keep_grads=True)
     regions = _regions(g)
     assert {"conv", "conv_backward", "relu, conv"} <= set(regions), regions
-    for what, nodes in regions.items():
-        largest = min(_rows(g, v) for v in nodes if g.nodes[v].op != "aten.relu.default")
-        for n in sorted({2, largest}):
-            assert why_not_split_rows(g, g.order, nodes, n) is None, (what, n)
-            r = split_rows(g, g.order, nodes, n)
-            check_graph(r.graph)
-            assert not set(nodes) & set(r.graph.nodes)
+    for group in _disjoint(regions):
+        largest = {what: min(_rows(g, v) for v in nodes if g.nodes[v].op != "aten.relu.default")
+                   for what, nodes in group.items()}
+        for at_two in (True, False):
+            h, order = g, g.order
+            for what, nodes in group.items():
+                n = 2 if at_two else largest[what]
+                assert why_not_split_rows(h, order, nodes, n) is None, (what, n)
+                r = split_rows(h, order, nodes, n)
+                check_graph(r.graph)
+                assert not set(nodes) & set(r.graph.nodes)
+                h, order = r.graph, r.order
             report = peakcut.check_equivalence(copy.deepcopy(model), batch, loss_fn, peakcut.AdamW(),
-                                               lambda _m, r=r: Step(r.graph, r.order), steps=3, rtol=RTOL,
-                                               atol=ATOL)
-            assert report.ok, f"{name} {what} at n={n}: {report}"
+                                               lambda _m, h=h, order=order: Step(h, order), steps=3,
+                                               rtol=RTOL, atol=ATOL)
+            assert report.ok, f"{name} {list(group)} at n={'2' if at_two else largest}: {report}"
             assert {"loss", "grad", "param", "state"} <= report.kinds()
-            if n == 2:
-                simulated = simulate(r.graph, r.order).peak_bytes
-                measured = peakcut.measure(Step(r.graph, r.order), copy.deepcopy(model), batch,
+            if at_two:
+                simulated = simulate(h, order).peak_bytes
+                measured = peakcut.measure(Step(h, order), copy.deepcopy(model), batch,
                                            method="cpu-profiler", repeats=1).peak_bytes
-                assert abs(simulated - measured) <= 0.05 * measured, (name, what, simulated, measured)
-        assert why_not_split_rows(g, g.order, nodes, largest + 1) is not None
+                assert abs(simulated - measured) <= 0.05 * measured, (name, list(group), simulated, measured)
+        for what, nodes in group.items():
+            assert why_not_split_rows(g, g.order, nodes, largest[what] + 1) is not None
 
 
 def test_parts_own_every_row_once() -> None:
