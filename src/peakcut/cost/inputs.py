@@ -3,6 +3,9 @@
 Every tensor argument is built with torch.empty_strided and the recorded shape, stride and
 dtype, then its whole storage is filled: floating tensors with |randn| from a private
 generator, integer and bool tensors with zeros (always-valid indices, all-false masks).
+A floating tensor draws RANDOM_BLOCK values and repeats them: what a call allocates does not
+depend on the values, nor (away from NaNs) how long it runs, and drawing every value cost
+14 s of the 17 s that calibrating paper-size GPT-Neo's workspace took (3.5 ns an element).
 The data is made non-negative because sqrt / log / rsqrt / pow of negative numbers produce
 NaNs, and NaNs take slow paths in the vectorized math library (sqrt on NaNs is ~25x slower
 on an AVX-512 CPU), which real training data never hits. A tensor referenced twice by the
@@ -22,6 +25,8 @@ from peakcut.ir.node import TensorRef
 from peakcut.ir.tensor import TensorMeta
 
 INPUT_SEED = 0
+RANDOM_BLOCK = 1 << 16
+"""Values drawn per floating tensor; a larger tensor repeats them (module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -42,9 +47,15 @@ def real_tensor(meta: TensorMeta, device: torch.device, generator: torch.Generat
     elements = t.untyped_storage().nbytes() // t.element_size()
     flat = t.as_strided((elements,), (1,), 0)
     if t.is_floating_point() or t.is_complex():
-        flat.normal_(generator=generator)
+        block = flat[:min(elements, RANDOM_BLOCK)]
+        block.normal_(generator=generator)
         if t.is_floating_point():
-            flat.abs_()
+            block.abs_()
+        done = block.numel()
+        while done < elements:               # the block repeated, doubling what is filled
+            k = min(done, elements - done)
+            flat[done:done + k].copy_(flat[:k])
+            done += k
     else:
         flat.zero_()
     return t
