@@ -2,8 +2,9 @@
 
 At the simulated peak step t* (MemoryProfile.peak_index) a storage is idle across the peak
 when it is live at t* but untouched by the node at t*, allocated before t*, read again after
-t*, and all its reads after t* go through one tensor x produced before t* (or through views
-the readers make of x, which follow x into the copy). The readers of x after t* are the
+t*, and all its reads after t* go through one tensor x produced before t* (directly, through
+identity views of x made before t*, such as the forward's detach of a saved activation, or
+through views the readers make of x, which follow x into the copy). The readers of x after t* are the
 rule's users: once they read a swapped-in or recomputed copy, the storage is free from its
 last access before t* to its next access after t*.
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from peakcut.ir.graph import Graph
 from peakcut.memory import MemoryProfile
-from peakcut.transform.rewrite import program_output_storages
+from peakcut.transform.rewrite import identity_views, positions, program_output_storages
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class HotspotSite:
     users: tuple[int, ...]
     bytes: int
     score: int
+    through_views: bool = False    # some users read identity views of `tensor` (a detach)
 
 
 class Hotspot:
@@ -79,20 +81,40 @@ def idle_storages(g: Graph, order: Sequence[int], profile: MemoryProfile) -> lis
                 if not readers or readers[-1] != nid:
                     readers.append(nid)
     found: list[HotspotSite] = []
+    pos: dict[int, int] | None = None
     for s, (alloc, free) in profile.storage_lifetime.items():
         if s in skip or not alloc < peak < free or peak in accesses.get(s, ()):
             continue
         roots = [t for t in reads_after.get(s, {}) if t not in made_after]
-        if len(roots) != 1:
+        x = _one_root(g, roots)
+        if x is None:
             continue  # not read after the peak, or read through several tensors
-        x = roots[0]
         producer = g.producer(x)
         if producer is None:
             continue
         before = max(p for p in accesses[s] if p < peak)
         after = min(p for p in accesses[s] if p > peak)
         size = g.storages[s]
-        found.append(HotspotSite(x, producer, tuple(reads_after[s][x]), size,
-                                 size * min(peak - before, after - peak)))
+        if len(roots) > 1:
+            pos = positions(order) if pos is None else pos
+            users = tuple(sorted({u for t in roots for u in reads_after[s][t]}, key=pos.__getitem__))
+        else:
+            users = tuple(reads_after[s][x])
+        found.append(HotspotSite(x, producer, users, size, size * min(peak - before, after - peak),
+                                 len(roots) > 1))
     found.sort(key=lambda c: (-c.score, c.tensor))
     return found
+
+
+def _one_root(g: Graph, roots: Sequence[int]) -> int | None:
+    """The tensor a storage's reads after the peak go through: its one root, or the root the
+    others are identity views of (the forward's detach of an activation saved for the
+    backward: ResNet's ReLU outputs are read by the next convolution's backward and, through
+    a detach, by their own threshold_backward); None when there is none."""
+    if len(roots) == 1:
+        return roots[0]
+    for x in roots:
+        views = set(identity_views(g, x))
+        if all(t == x or t in views for t in roots):
+            return x
+    return None

@@ -21,7 +21,11 @@ class RematRule(ProgramRule):
     kind = "remat"
 
     def sites(self, spot: Hotspot) -> Iterable[HotspotSite]:
-        return spot.idle()
+        """The idle storages, less those read through an identity view (a detach): on the
+        CNNs those are ReLU outputs, whose recompute keeps the batch norm's output (as large)
+        alive instead. Offered to remat, they took the search's moves from the swaps that
+        free them: ResNet-50 at <= 10% on RTX 3090, 56.2% of eager against 39.9% (simulated)."""
+        return [s for s in spot.idle() if not s.through_views]
 
     def why_not(self, g: Graph, order: Sequence[int], site: Site) -> str | None:
         return why_not_remat(g, order, site.node, site.users)
