@@ -29,8 +29,9 @@ from peakcut.transform.rewrite import identity_views, positions, program_output_
 @dataclass(frozen=True)
 class HotspotSite:
     """Where a program rule may apply at the hot-spot: `tensor` (for an idle storage, its one
-    root read after the peak), `node` (the tensor's producer), `users` (its readers after the
-    peak, in order), `bytes` of its storage and a `score` (higher: tried first; see the module
+    root read after the peak, or the root its other roots are identity views of), `node` (the
+    tensor's producer), `users` (its readers after the peak, in order, those of its identity
+    views included), `bytes` of its storage and a `score` (higher: tried first; see the module
     docstring)."""
 
     tensor: int
@@ -52,14 +53,16 @@ class Hotspot:
         self._idle: list[HotspotSite] | None = None
 
     def idle(self) -> list[HotspotSite]:
-        """Storages idle across the peak whose later reads all go through one tensor, best first."""
+        """Storages idle across the peak whose later reads all go through one tensor (or its
+        identity views), best first."""
         if self._idle is None:
             self._idle = idle_storages(self.g, self.order, self.profile)
         return self._idle
 
 
 def idle_storages(g: Graph, order: Sequence[int], profile: MemoryProfile) -> list[HotspotSite]:
-    """Storages idle across the peak whose later reads all go through one tensor, best first."""
+    """Storages idle across the peak whose later reads all go through one tensor (or its
+    identity views), best first."""
     peak = profile.peak_index
     skip = g.caller_held_storages() | g.host_storages() | program_output_storages(g)
     accesses: dict[int, list[int]] = {}
