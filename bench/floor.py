@@ -27,6 +27,7 @@ import time
 import torch
 
 import peakcut
+from bench.measured.run import interleaved
 from peakcut.optimizer.verify import Restore, eager_runner
 from peakcut.runtime.host_allocator import keep_freed_host_memory
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
@@ -38,20 +39,12 @@ def floor_row(name: str, rounds: int, size: str = "medium") -> str:
     opt = torch.optim.AdamW(inst.model.parameters(), lr=1e-4)
     step = peakcut.build(peakcut.capture(inst.model, inst.batch, inst.loss_fn, opt))
     eager = eager_runner(inst.model, inst.batch, inst.loss_fn, opt, None)
-    eager_s: list[float] = []
-    program_s: list[float] = []
     with Restore(inst.model, opt):
         eager()
         inputs = step.bind(inst.model, inst.batch)
         device = step.device_of(inputs)
         step.run(inputs, device)
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            eager()
-            eager_s.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            step.run(inputs, device)
-            program_s.append(time.perf_counter() - t0)
+        eager_s, (program_s,) = interleaved(eager, [lambda: step.run(inputs, device)], rounds)
     ratios = [p / e for p, e in zip(program_s, eager_s, strict=True)]
     return (f"| {inst.description} | {statistics.median(eager_s):.3f} | {statistics.median(program_s):.3f} | "
             f"x{statistics.median(ratios):.3f} ({min(ratios):.2f}-{max(ratios):.2f}) | "
