@@ -26,7 +26,8 @@ from bench.measured.configs import (
     build_peakcut,
     peakcut_name,
 )
-from bench.measured.run import Cell, compare_steps, interleaved, peak_of
+from bench.measured.numbers import build_float64_eager, compare_steps
+from bench.measured.run import Cell, interleaved, peak_of
 from bench.peers.results import fail_reason
 from peakcut.runtime import keep_freed_host_memory
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
@@ -77,7 +78,8 @@ def measure_workload(name: str, rounds: int, budget_factor: float = BUDGET_PER_E
                             note=built.note)
                 if built.plan is not None:
                     ref = build_eager(inst)
-                    cell.numbers = compare_steps(inst.model, ref, built)
+                    cell.numbers = compare_steps(inst.model, ref, built,
+                                                  referee=lambda: build_float64_eager(inst))
                     del ref
                     cell.predicted = report.predicted(built.report)
                 else:                               # (a plan is warm from the number check)

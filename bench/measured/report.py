@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -115,12 +116,24 @@ def peakcut_table(cells: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
             search = f" ({p['search_latency_s']:.3f})" if p.get("search_latency_s", p["latency_s"]) != p["latency_s"] else ""
             lines.append(f"| {w} | {name} | {p['latency_s']:.3f}{search} | {measured:.3f} | {err:+.1%} | "
                          f"{_ratios(c)} | "
-                         f"{'yes' if meets(c, eager) else 'NO'} | {'ok' if n['ok'] else 'DIFFER'} "
-                         f"({worst:.1e}; {n['tolerance']:.1e}) | {floor} | {_context(p)} | "
+                         f"{'yes' if meets(c, eager) else 'NO'} | {_numbers(n, worst)} | {floor} | {_context(p)} | "
                          f"{p['applied']} ({p['swaps']}) | {p['search_seconds']} / {p['verify_seconds']} / "
                          f"{c['setup_seconds']:.0f}{_budget(c)} | "
                          f"{c['note'][:80]} |")
     return lines
+
+
+def _numbers(n: dict[str, Any], worst: float) -> str:
+    """ok / DIFFER, the largest relative difference and the tolerance; where tensors were over
+    it and the float64 referee judged them, how many and the worst plan / eager error ratio."""
+    text = f"{'ok' if n['ok'] else 'DIFFER'} ({worst:.1e}; {n['tolerance']:.1e})"
+    judged = [j for j in n.get("over_tolerance", []) if "plan_error" in j]
+    if judged:
+        ratio = max(j["plan_error"] / j["eager_error"] if j["eager_error"] > 0 else math.inf for j in judged)
+        text += (f"; {len(judged)} over it, each within {ratio:.1f}x eager's own error against float64 eager"
+                 if n["ok"] else f"; {len(judged)} over it, {sum(not j['ok'] for j in judged)} farther from "
+                 "float64 eager than eager")
+    return text
 
 
 def _context(p: dict[str, Any]) -> str:
