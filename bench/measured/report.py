@@ -25,7 +25,8 @@ def predicted(report: dict[str, Any]) -> dict[str, Any]:
     refit = report.get("refit") or {}
     return {"latency_s": refit.get("latency_s", report.get("latency_s")), "search_latency_s": report.get("latency_s"),
             "peak_bytes": report.get("peak_bytes"),
-            "latency_ratio": report.get("latency_ratio"), "feasible": report.get("feasible"),
+            "latency_ratio": refit.get("latency_ratio", report.get("latency_ratio")),
+            "search_latency_ratio": report.get("latency_ratio"), "feasible": report.get("feasible"),
             "applied": len(report.get("applied", [])), "swaps": sum("swap" in a for a in report.get("applied", [])),
             "context_factor": ctx.get("factor"), "eager_ratio": ctx.get("eager_ratio"),
             "context_skipped": ctx.get("skipped"),

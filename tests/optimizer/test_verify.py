@@ -96,6 +96,8 @@ def test_verification_keeps_the_plan_that_meets_the_limit_when_run(tmp_path) -> 
     refit = plan.report["refit"]              # the plan's figure at the level its rounds measured
     assert refit["untransformed_measured_s"] == untransformed["median_s"]
     assert refit["latency_s"] == pytest.approx(plan.report["latency_s"] * refit["scale"])
+    assert refit["latency_ratio"] == pytest.approx(refit["latency_s"] / untransformed["median_s"]
+                                                   * untransformed["ratio_to_eager"])
     loss = plan.step(batch)                                    # the kept plan runs as usual
     assert torch.isfinite(loss)
 

@@ -468,14 +468,17 @@ def _refit(state: State, root: State, verdict: Verdict) -> dict[str, Any] | None
     """The kept plan's predicted time with the in-context factor fitted again on the
     verification's rounds of the untransformed step (more runs, and nearer in time to when
     the plan runs, than the calibration's RUNS before the search): the model's ratio of plan
-    to untransformed step, at the level the untransformed step measured. None when the
-    untransformed step was not among the candidates run."""
+    to untransformed step, at the level the untransformed step measured; latency_ratio is
+    that model ratio times the untransformed step's measured ratio to eager (median per
+    round, as every candidate's). None when the untransformed step was not among the
+    candidates run."""
     untransformed = next((m for m in verdict.candidates if m.name == candidate_name(root, root)), None)
     if untransformed is None or root.latency_s <= 0:
         return None
     scale = untransformed.median_s / root.latency_s
     return {"latency_s": state.latency_s * scale, "scale": scale, "untransformed_predicted_s": root.latency_s,
-            "untransformed_measured_s": untransformed.median_s, "rounds": len(untransformed.times)}
+            "untransformed_measured_s": untransformed.median_s, "rounds": len(untransformed.times),
+            "latency_ratio": state.latency_s / root.latency_s * untransformed.ratio}
 
 
 def _plan_entries(state: State, eager: Timeline, eager_ratio: float = 1.0) -> dict[str, Any]:

@@ -43,9 +43,9 @@ from peakcut.optimizer.verify import Restore, model_device, sync_device
 RUNS = 3
 LOWEST, HIGHEST = 0.8, 1.6
 RUNS_MARGIN = 1.2
-"""The timed runs are reserved this x (2 * RUNS + 1) times the first eager step (the warm-up
-of the generated program and RUNS rounds of both); the step's calls are measured in what is
-left of the calibration's seconds (the search needs them measured anyway)."""
+"""The timed runs are reserved this x (2 * RUNS + 2) times the first eager step (a warm-up
+of both and RUNS rounds of both); the step's calls are measured in what is left of the
+calibration's seconds (the search needs them measured anyway)."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
     device = model_device(model)
     with Restore(model, optimizer):
         first = _timed(eager, device)                 # warm-up (and the optimizer's state)
-        reserved = RUNS_MARGIN * (2 * RUNS + 1) * first
+        reserved = RUNS_MARGIN * (2 * RUNS + 2) * first
         cost.profile(g, deadline=t0 + seconds - reserved)
         if not all(cost.known(g, n) for n in g.order):
             return ContextCalibration(skipped=f"the step's calls were not all measured within "
@@ -101,16 +101,17 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
                                       f"{seconds:.1f} s kept for the runs; raise time_budget)",
                                       seconds=time.perf_counter() - t0)
         predicted = step_seconds(cost, g, g.order)
-        need = RUNS_MARGIN * (RUNS * first + (RUNS + 1) * predicted)
+        need = RUNS_MARGIN * ((RUNS + 1) * first + (RUNS + 1) * predicted)
         left = seconds - (time.perf_counter() - t0)
         if need > left:
-            return ContextCalibration(skipped=f"running the step {RUNS + 1} times and eager {RUNS} times takes "
+            return ContextCalibration(skipped=f"running the step and eager {RUNS + 1} times each takes "
                                       f"about {need:.1f} s; {max(0.0, left):.1f} s left for it (raise time_budget)",
                                       seconds=time.perf_counter() - t0)
         step = Step(g, list(g.order))
         inputs = step.bind(model, batch)
         where = step.device_of(inputs)
         step.run(inputs, where)
+        eager()                                       # warm again after the calls' own timing
         for _ in range(RUNS):
             eager_times.append(_timed(eager, device))
             times.append(_timed(lambda: step.run(inputs, where), device))
