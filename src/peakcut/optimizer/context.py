@@ -43,9 +43,12 @@ from peakcut.optimizer.verify import Restore, model_device, sync_device
 RUNS = 3
 LOWEST, HIGHEST = 0.8, 1.6
 RUNS_MARGIN = 1.2
-"""The timed runs are reserved this x (2 * RUNS + 2) times the first eager step (a warm-up
-of both and RUNS rounds of both); the step's calls are measured in what is left of the
-calibration's seconds (the search needs them measured anyway)."""
+"""The runs after the calls' timing are reserved this x (2 * RUNS + 2) times the first eager
+step (a warm-up of both and RUNS rounds of both); the step's calls are measured in what is
+left of the calibration's seconds (the search needs them measured anyway). Whether the
+rounds still fit is decided on eager's second step, timed after the calls: the first,
+which makes the optimizer's state and faults its memory in, took 5 s where a step takes
+1.8 (medium GPT-Neo), and priced on it the rounds did not fit in 89 s of budget."""
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,9 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
     """Run `g` untransformed and the user's `eager` step RUNS rounds each (after a warm-up)
     and set cost.context (module doc), within about `seconds`. The first eager step (the
     warm-up) is timed and the rounds are reserved from it (RUNS_MARGIN); the step's calls are
-    measured in the rest. When they cannot all be measured there, or the rounds would not fit
-    in what is left after, nothing more runs (factor 1, the reason in `skipped`)."""
+    measured in the rest. A second eager step, after them, warms eager up again and prices
+    the rounds. When the calls cannot all be measured, or the rounds would not fit in what is
+    left, nothing more runs (factor 1, the reason in `skipped`)."""
     t0 = time.perf_counter()
     cost.context = 1.0
     times: list[float] = []
@@ -101,17 +105,17 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
                                       f"{seconds:.1f} s kept for the runs; raise time_budget)",
                                       seconds=time.perf_counter() - t0)
         predicted = step_seconds(cost, g, g.order)
-        need = RUNS_MARGIN * ((RUNS + 1) * first + (RUNS + 1) * predicted)
+        warm = _timed(eager, device)                  # warm again after the calls' own timing
+        need = RUNS_MARGIN * (RUNS * warm + (RUNS + 1) * predicted)
         left = seconds - (time.perf_counter() - t0)
         if need > left:
-            return ContextCalibration(skipped=f"running the step and eager {RUNS + 1} times each takes "
+            return ContextCalibration(skipped=f"running the step {RUNS + 1} times and eager {RUNS} times takes "
                                       f"about {need:.1f} s; {max(0.0, left):.1f} s left for it (raise time_budget)",
                                       seconds=time.perf_counter() - t0)
         step = Step(g, list(g.order))
         inputs = step.bind(model, batch)
         where = step.device_of(inputs)
         step.run(inputs, where)
-        eager()                                       # warm again after the calls' own timing
         for _ in range(RUNS):
             eager_times.append(_timed(eager, device))
             times.append(_timed(lambda: step.run(inputs, where), device))
