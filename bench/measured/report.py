@@ -97,13 +97,15 @@ def markdown(runs: list[dict[str, Any]]) -> str:
 def peakcut_table(cells: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     lines = ["peakcut's plans: predicted (the calibrated per-op model; its in-context factor fitted again on "
              "the verification's rounds of the untransformed step, the search's own figure in brackets) against "
-             "measured in this table's rounds, the numbers against eager's over 2 steps, and the floor (the "
+             "measured in this table's rounds, eager's median in the plan's rounds and in all of the workload's "
+             "(how far the machine's speed moved), the numbers against eager's over 2 steps, and the floor (the "
              "untransformed generated program / eager, per round, from the verification).", "",
-             "| workload | plan | predicted s | measured s (median) | error | predicted / measured x eager | "
+             "| workload | plan | predicted s | measured s (median) | error | eager s: these rounds / all | "
+             "predicted / measured x eager | "
              "limit met (measured) | numbers "
              "(max rel. diff; tolerance) | floor | context factor | rewrites (swaps) | search s / verify s / whole call s "
              "(time budget) | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w, row in cells.items():
         eager = row.get("eager")
         for name, c in row.items():
@@ -115,7 +117,8 @@ def peakcut_table(cells: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
             worst = max(n[k]["max_rel"] for k in ("loss", "update", "moments"))
             floor = f"x{p['floor']:.3f}" if p.get("floor") else "n/a"
             search = f" ({p['search_latency_s']:.3f})" if p.get("search_latency_s", p["latency_s"]) != p["latency_s"] else ""
-            lines.append(f"| {w} | {name} | {p['latency_s']:.3f}{search} | {measured:.3f} | {err:+.1%} | "
+            drift = f"{statistics.median(c['eager_times']):.3f} / {statistics.median(eager['times']):.3f}"
+            lines.append(f"| {w} | {name} | {p['latency_s']:.3f}{search} | {measured:.3f} | {err:+.1%} | {drift} | "
                          f"{_ratios(c)} | "
                          f"{'yes' if meets(c, eager) else 'NO'} | {_numbers(n, worst)} | {floor} | {_context(p)} | "
                          f"{p['applied']} ({p['swaps']}) | {p['search_seconds']} / {p['verify_seconds']} / "
