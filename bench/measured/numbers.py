@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,16 +48,31 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @dataclass
 class Quantity:
-    """One compared tensor: eager's and the plan's values (and the float64 referee's, if run)."""
+    """One compared tensor: eager's and the plan's values, and what it is (a loss of one step,
+    a parameter's update, or one of its AdamW moments)."""
 
     kind: str                               # "loss", "update" or "moments"
-    where: str
+    name: str                               # the parameter ("loss" for a loss)
     eager: torch.Tensor
     plan: torch.Tensor
     keep: torch.Tensor | None = None        # update: the elements compared (moments_agree)
+    step: int = 0                           # loss: which step
+    moment: str = ""                        # moments: "exp_avg" or "exp_avg_sq"
+    rel: float = field(init=False)          # relative difference over the compared elements
 
-    def rel(self) -> float:
-        return relative(self.plan, self.eager)
+    def __post_init__(self) -> None:
+        self.rel = relative(self.plan, self.eager) if self.compared else 0.0
+
+    @property
+    def compared(self) -> bool:
+        """Whether any element is compared (an update whose moments all disagree has none)."""
+        return self.keep is None or bool(self.keep.any())
+
+    @property
+    def where(self) -> str:
+        if self.kind == "loss":
+            return f"loss, step {self.step + 1}"
+        return f"{self.name} {self.moment}" if self.moment else self.name
 
     def judged(self, exact: torch.Tensor, tol: float) -> dict[str, Any]:
         """The plan's and eager's distance from the float64 values, and whether the plan's is
@@ -68,7 +83,7 @@ class Quantity:
             x, e, p = x[self.keep], e[self.keep], p[self.keep]
         plan_err, eager_err = (p - x).norm().item(), (e - x).norm().item()
         ok = plan_err <= REFEREE_FACTOR * eager_err + tol * x.norm().item()
-        return {"what": self.kind, "where": self.where, "max_rel": self.rel(), "plan_error": plan_err,
+        return {"what": self.kind, "where": self.where, "max_rel": self.rel, "plan_error": plan_err,
                 "eager_error": eager_err, "exact_norm": x.norm().item(), "ok": ok}
 
 
@@ -118,7 +133,7 @@ def _state(built: Built) -> dict[str, tuple[torch.Tensor, Mapping[str, Any]]]:
 def quantities(initial: torch.nn.Module, ref: Built, plan: Built, losses: tuple[list[torch.Tensor], ...],
                tol: float) -> tuple[list[Quantity], int]:
     """Every compared tensor, and how many update elements were left out (moments_agree)."""
-    out = [Quantity("loss", f"loss, step {i + 1}", a, b) for i, (a, b) in enumerate(zip(*losses, strict=True))]
+    out = [Quantity("loss", "loss", a, b, step=i) for i, (a, b) in enumerate(zip(*losses, strict=True))]
     sa, sb = _state(ref), _state(plan)
     left_out = 0
     for n, p0 in initial.named_parameters():
@@ -128,9 +143,9 @@ def quantities(initial: torch.nn.Module, ref: Built, plan: Built, losses: tuple[
         out.append(Quantity("update", n, pa.detach() - p0.detach(), pb.detach() - p0.detach(), keep))
         for k in MOMENTS:
             if k in ma and k in mb:
-                out.append(Quantity("moments", f"{n} {k}", ma[k], mb[k]))
-            elif (k in ma) != (k in mb):
-                out.append(Quantity("moments", f"{n} {k} missing", torch.zeros(1), torch.full((1,), math.inf)))
+                out.append(Quantity("moments", n, ma[k], mb[k], moment=k))
+            elif (k in ma) != (k in mb):      # one run has the moment, the other not: never equal
+                out.append(Quantity("moments", n, torch.zeros(1), torch.full((1,), math.inf), moment=f"{k} missing"))
     return out, left_out
 
 
@@ -144,31 +159,35 @@ def compare_steps(initial: torch.nn.Module, ref: Built, plan: Built, steps: int 
     compared, left_out = quantities(initial, ref, plan, losses, tol)
     worst: dict[str, tuple[float, str]] = {"loss": (0.0, ""), "update": (0.0, ""), "moments": (0.0, "")}
     for q in compared:
-        worst[q.kind] = max(worst[q.kind], (q.rel() if q.keep is None or q.keep.any() else 0.0, q.where))
-    over = [q for q in compared if (q.keep is None or q.keep.any()) and not q.rel() <= tol]
+        worst[q.kind] = max(worst[q.kind], (q.rel, q.where))
+    over = [q for q in compared if q.compared and not q.rel <= tol]
     judged: list[dict[str, Any]] = []
     if over and referee is not None:
         exact = referee()
-        exact_losses = _run(exact, steps)
-        sx = _state(exact)
-        for q in over:
-            judged.append(q.judged(_exact_of(q, exact_losses, sx, initial), tol))
+        exact_of = _Exact(_run(exact, steps), _state(exact), dict(initial.named_parameters()))
+        judged = [q.judged(exact_of(q), tol) for q in over]
         del exact
-    listed = judged or [{"what": q.kind, "where": q.where, "max_rel": q.rel()} for q in over]
+    listed = judged or [{"what": q.kind, "where": q.where, "max_rel": q.rel} for q in over]
     return {"steps": steps, "tolerance": tol, "adam_rounding_elements": left_out,
             "ok": not over or (bool(judged) and all(j["ok"] for j in judged)),
             "over_tolerance": listed, "referee": "float64 eager" if judged else None,
             **{k: {"max_rel": v, "where": w} for k, (v, w) in worst.items()}}
 
 
-def _exact_of(q: Quantity, losses: list[torch.Tensor], state: dict[str, tuple[torch.Tensor, Mapping[str, Any]]],
-              initial: torch.nn.Module) -> torch.Tensor:
-    """The float64 referee's value of quantity `q`."""
-    if q.kind == "loss":
-        return losses[int(q.where.rsplit(" ", 1)[1]) - 1]
-    name, _, moment = q.where.partition(" ")
-    p, moments = state[name]
-    if q.kind == "update":
-        return p.detach() - dict(initial.named_parameters())[name].detach().double()
-    got = moments.get(moment)
-    return got if isinstance(got, torch.Tensor) else torch.full((1,), math.nan)
+@dataclass
+class _Exact:
+    """The float64 referee's values: its losses, its parameters and AdamW state after the
+    steps, and the initial parameters (for the updates)."""
+
+    losses: list[torch.Tensor]
+    state: dict[str, tuple[torch.Tensor, Mapping[str, Any]]]
+    initial: dict[str, torch.nn.Parameter]
+
+    def __call__(self, q: Quantity) -> torch.Tensor:
+        if q.kind == "loss":
+            return self.losses[q.step]
+        p, moments = self.state[q.name]
+        if q.kind == "update":
+            return p.detach() - self.initial[q.name].detach().double()
+        got = moments.get(q.moment)
+        return got if isinstance(got, torch.Tensor) else torch.full((1,), math.nan)

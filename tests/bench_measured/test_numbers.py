@@ -96,7 +96,7 @@ def test_the_referee_accepts_noise_of_eager_s_size_and_rejects_more() -> None:
     exact = torch.zeros(8, dtype=torch.float64)
     eager = torch.full((8,), 1e-9)
     tol = number_tolerance(2)
-    noise = Quantity("moments", "b exp_avg", eager, -1.5 * eager).judged(exact, tol)
+    noise = Quantity("moments", "b", eager, -1.5 * eager, moment="exp_avg").judged(exact, tol)
     assert noise["ok"] and noise["max_rel"] > tol
-    wrong = Quantity("moments", "b exp_avg", eager, eager + 1e-6).judged(exact, tol)
+    wrong = Quantity("moments", "b", eager, eager + 1e-6, moment="exp_avg").judged(exact, tol)
     assert not wrong["ok"]
