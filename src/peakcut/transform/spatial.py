@@ -270,8 +270,9 @@ class _Parts:
         self.made: list[int] = []
         self.inside = set(region.nodes)
 
-    def add(self, op: str, args: tuple[Any, ...], like: Node, name: str, multi_output: bool = False) -> Node:
-        node = self.edit.add_op(op, args, {}, name=name, phase=like.phase, module=like.module,
+    def add(self, op: str, args: tuple[Any, ...], like: Node, name: str, multi_output: bool = False,
+            kwargs: dict[str, Any] | None = None) -> Node:
+        node = self.edit.add_op(op, args, kwargs or {}, name=name, phase=like.phase, module=like.module,
                                 multi_output=multi_output)
         self.made.append(node.id)
         return node
@@ -379,15 +380,15 @@ def split_rows(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> 
                     raise RuleError(f"internal: {describe_node(g, v)} changed")
                 xp, _ = b.padded(x.id, w.reads(rows), g.tensors[x.id].shape[ROWS], part, node)
                 args = (TensorRef(xp), *node.args[1:4], _with_height_padding(node.args[4]), *node.args[5:])
+                kwargs = dict(node.kwargs)
             else:
                 split = _split_inputs(g, node)
                 if isinstance(split, str):
                     raise RuleError(split)
                 mapping = {t: b.rows_of(t, rows, part, node) for t in split}
-                args = rewired(node, mapping).args
-            if node.kwargs:
-                raise RuleError(f"{describe_node(g, v)} takes keyword arguments: not split")
-            made = b.add(node.op, args, node, f"{node.name or v}{tag}")
+                rewritten = rewired(node, mapping)
+                args, kwargs = rewritten.args, dict(rewritten.kwargs)
+            made = b.add(node.op, args, node, f"{node.name or v}{tag}", kwargs=kwargs)
             part[out] = (made.output_ids()[0], rows)
             if out in region.rows:
                 mine = owned(g.tensors[out].shape[ROWS], k, n)
