@@ -26,7 +26,7 @@ from bench.measured.configs import (
     build_peakcut,
     peakcut_name,
 )
-from bench.measured.numbers import build_float64_eager, compare_steps
+from bench.measured.numbers import compare_steps, guarded_float64_eager
 from bench.measured.run import Cell, interleaved, peak_of
 from bench.peers.results import fail_reason
 from peakcut.runtime import keep_freed_host_memory
@@ -79,7 +79,8 @@ def measure_workload(name: str, rounds: int, budget_factor: float = BUDGET_PER_E
                 if built.plan is not None:
                     ref = build_eager(inst)
                     cell.numbers = compare_steps(inst.model, ref, built,
-                                                  referee=lambda: build_float64_eager(inst))
+                                                  referee=lambda: guarded_float64_eager(
+                                                      inst, eager_cell.peak_bytes, available_bytes))
                     del ref
                     cell.predicted = report.predicted(built.report)
                 else:                               # (a plan is warm from the number check)

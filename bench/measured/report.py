@@ -137,6 +137,8 @@ def _numbers(n: dict[str, Any], worst: float) -> str:
         text += (f"; {len(judged)} over it, each within {ratio:.1f}x eager's own error against float64 eager"
                  if n["ok"] else f"; {len(judged)} over it, {sum(not j['ok'] for j in judged)} farther from "
                  "float64 eager than eager")
+    elif (n.get("referee") or "").startswith("float64 eager not run"):
+        text += f"; {len(n.get('over_tolerance', []))} over it, unjudged ({n['referee']})"
     return text
 
 

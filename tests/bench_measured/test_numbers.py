@@ -13,6 +13,8 @@ from bench.measured.numbers import (
     Quantity,
     build_float64_eager,
     compare_steps,
+    float64_bytes,
+    guarded_float64_eager,
     moments_agree,
     number_tolerance,
 )
@@ -100,3 +102,18 @@ def test_the_referee_accepts_noise_of_eager_s_size_and_rejects_more() -> None:
     assert noise["ok"] and noise["max_rel"] > tol
     wrong = Quantity("moments", "b", eager, eager + 1e-6, moment="exp_avg").judged(exact, tol)
     assert not wrong["ok"]
+
+
+def test_a_referee_that_would_not_fit_leaves_the_tensors_unjudged() -> None:
+    """guarded_float64_eager refuses when the float64 step's estimated peak exceeds what is
+    free: the tensors over the tolerance stay listed and the check fails, saying why."""
+    inst = _instance()
+    peak = 1 << 20
+    assert float64_bytes(inst, peak) == 2 * peak               # float32 widened to float64
+    got = compare_steps(inst.model, _built(inst, 1), _built(inst, 4, lr_scale=1.5),
+                        referee=lambda: guarded_float64_eager(inst, peak, lambda: peak))
+    assert not got["ok"] and got["over_tolerance"]
+    assert got["referee"].startswith("float64 eager not run: needs about")
+    roomy = compare_steps(inst.model, _built(inst, 1), _built(inst, 4, lr_scale=1.5),
+                          referee=lambda: guarded_float64_eager(inst, peak, lambda: 4 * peak))
+    assert roomy["referee"] == "float64 eager"
