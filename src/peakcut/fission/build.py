@@ -26,6 +26,7 @@ from peakcut.fission.trans import convex_core, trim_views, why_not_valid
 from peakcut.ir.graph import Graph
 from peakcut.ir.tensor import Role
 from peakcut.memory import MemoryProfile, simulate
+from peakcut.memory.workspace import WorkspaceSpec
 
 MIN_COMPONENT_NODES = 8  # smaller components are not worth a fission candidate
 
@@ -166,8 +167,9 @@ def batch_component(g: Graph, dgraph: DGraph) -> tuple[Component, set[int]] | No
 
 
 def find_ftree(g: Graph, order: Sequence[int] | None = None, levels: int = DEFAULT_LEVELS,
-               batch_only: bool = False) -> tuple[FTree, DGraph]:
-    """Algorithm 1 over the graph's D-Graph components (or only the batch one)."""
+               batch_only: bool = False, workspace: WorkspaceSpec = "cpu") -> tuple[FTree, DGraph]:
+    """Algorithm 1 over the graph's D-Graph components (or only the batch one); the memory
+    hot-spots are those of the simulated step under `workspace` (the search's model)."""
     dgraph = build_dgraph(g)
     if batch_only:
         comps = batch_components(g, dgraph)
@@ -185,7 +187,7 @@ def find_ftree(g: Graph, order: Sequence[int] | None = None, levels: int = DEFAU
         trimmed = trim_views(g, convex_core(g, region))
         return trimmed if why_not_valid(g, dgraph, trimmed, by_view[id(view)]) is None else None
 
-    profile = simulate(g, list(g.order if order is None else order))
+    profile = simulate(g, list(g.order if order is None else order), workspace)
     mem = memory_view(g, order, profile)
     extra = _peak_candidates(g, order, views, profile)
     return ftree_from_components(views, mem, levels, valid=valid, extra=extra), dgraph
@@ -229,17 +231,18 @@ def _dominated_by(idom: dict[int, int | None], node: int, v: int) -> bool:
     return False
 
 
-def best_root_at_two(g: Graph, tree: FTree, dgraph: DGraph,
-                     order: Sequence[int] | None = None) -> tuple[int, int] | None:
-    """(root, simulated peak) of the F-Tree root that, enabled alone at n = 2, gives the
-    lowest simulated peak (a forest has one root per component or more); None if empty."""
+def best_root_at_two(g: Graph, tree: FTree, dgraph: DGraph, order: Sequence[int] | None = None,
+                     workspace: WorkspaceSpec = "cpu") -> tuple[int, int] | None:
+    """(root, simulated peak under `workspace`) of the F-Tree root that, enabled alone at
+    n = 2, gives the lowest simulated peak (a forest has one root per component or more);
+    None if empty."""
     order = list(g.order if order is None else order)
     best: tuple[int, int] | None = None
     for root in tree.roots():
         if tree.nodes[root].length % 2:
             continue
         split = expand(g, order, tree.with_n(root, 2), dgraph)
-        peak = simulate(split.graph, split.order).peak_bytes
+        peak = simulate(split.graph, split.order, workspace).peak_bytes
         if best is None or peak < best[1]:
             best = (root, peak)
     return best

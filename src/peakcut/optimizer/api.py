@@ -255,7 +255,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         found = schedule(base, time_limit=max(0.05, REORDER_SHARE * time_budget), workspace=workspace)
         order = list(found.order)
     if naive_fission_seed is None:
-        tree, dgraph = find_ftree(base, order, levels, batch_only=fission_dims == "batch")
+        tree, dgraph = find_ftree(base, order, levels, batch_only=fission_dims == "batch", workspace=workspace)
     else:
         tree, dgraph = random_ftree(base, order, naive_fission_seed, batch_only=fission_dims == "batch")
     deriver = Deriver(cost, workspace, levels=levels, batch_only=fission_dims == "batch")

@@ -405,7 +405,8 @@ class Deriver:
         order = list(rw.order)
         kept = _kept_tree(base, rw, tree)
         if kept is None:
-            kept, dgraph = find_ftree(rw.graph, order, self.levels, batch_only=self.batch_only)
+            kept, dgraph = find_ftree(rw.graph, order, self.levels, batch_only=self.batch_only,
+                                      workspace=self.workspace)
         found = Rebased(rw.graph, tuple(order), kept, dgraph, computation_hash(rw.graph, order))
         if digest:
             if len(self.rewritten) >= REBASED_KEPT:
