@@ -1,12 +1,26 @@
-"""Shared fixtures: generated programs go to a temporary cache; small models."""
+"""Shared fixtures: generated programs go to a temporary cache; small models. Parallel test
+workers share the cores (pytest_configure)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 from torch import nn
 
 from tests.helpers import cross_entropy_loss
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker takes its share of torch's intra-op threads. Two
+    workers on CI's 2 cores at 2 threads each oversubscribe them: every OpenMP region then
+    waits a scheduler slice for a thread the other worker holds, and the tests that time
+    calls (the measured cost model, the calibration, the verification) retried until they
+    took 50 s where they take 1 s alone (the suite: 564 s -> 370 s at one thread each)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
 
 
 @pytest.fixture(autouse=True)
