@@ -458,6 +458,14 @@ def hand_samples() -> Iterator[tuple[str, tuple, dict]]:
     yield "aten.norm.ScalarOpt_dim", (r, 2, [2]), {}
     yield "aten.sum.dim_IntList", (_n(4, 6, 8, dtype=torch.bfloat16), [1]), {}
     yield "aten._softmax.default", (_n(4, 6, 8, dtype=torch.bfloat16), -1, False), {}
+    masked = _n(4, 6, 8).masked_fill(_b(4, 6, 8), float("-inf"))   # rows all masked give zeros
+    yield "aten._safe_softmax.default", (masked, -1), {}
+    q, kv, mask = _n(4, 6, 10, 8), _n(4, 6, 12, 8), _n(1, 6, 10, 12)
+    yield "aten._scaled_dot_product_flash_attention_for_cpu.default", (q, kv, kv), {"attn_mask": mask}
+    yield "aten._scaled_dot_product_flash_attention_for_cpu.default", (q, kv, kv, 0.0, True), {}
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, kv, kv, attn_mask=mask)
+    yield ("aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
+           (_n(4, 6, 10, 8), q, kv, kv, out, lse, 0.0, False), {"attn_mask": mask})
     # matmul
     yield "aten.mm.default", (_n(4, 8, dtype=torch.bfloat16), _n(8, 6, dtype=torch.bfloat16)), {}
     yield "aten.addmm.default", (_n(6), _n(4, 8), _n(8, 6)), {}

@@ -236,3 +236,34 @@ def test_undoing_the_checkpoint(name: str, blocks: list[str]) -> None:
     assert peaks["all"] == peaks["plain"]
     assert peaks["checkpointed"] <= peaks["half"] <= peaks["plain"], peaks
     assert list(RULES.rewrite_candidates(done.graph, done.order, kinds=["uncheckpoint_blocks"]))
+
+
+def test_layers_with_pytorch_s_fused_attention_are_checkpointed() -> None:
+    """transformers' default attention ("sdpa") runs aten._scaled_dot_product_flash_attention_for_cpu
+    on a CPU (and aten._safe_softmax where a row may be all masked): both are in the registry,
+    so a layer that calls them can be recomputed, and the layers train like eager."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                         attn_implementation="sdpa")
+    model = LlamaForCausalLM(config)
+    ref = copy.deepcopy(model)
+    ids = torch.randint(0, 64, (2, 16))
+
+    def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return m(input_ids=batch[0], labels=batch[0]).loss
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    plain = peakcut.capture(model, (ids,), loss_fn, opt)
+    assert any(n.op == "aten._scaled_dot_product_flash_attention_for_cpu.default" for n in plain.nodes.values())
+    rw = _checkpointed(plain)
+    step = peakcut.build(rw.graph, rw.order, optimizer=opt)
+    assert "# recompute of" in step.source
+    tol = tolerance(torch.float32, 32 * 16, STEPS)
+    for k in range(STEPS):
+        assert_close(step(model, (ids,)), eager_step(ref, ref_opt, (ids,), loss_fn), f"loss {k}", tol)
+    for (pname, p), q in zip(model.state_dict().items(), ref.state_dict().values(), strict=True):
+        assert_close(p, q, pname, tol)

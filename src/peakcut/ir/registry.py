@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 aten = torch.ops.aten
 
@@ -74,9 +74,12 @@ _VIEW = ["alias", "as_strided", "detach", "expand", "permute", "select.int", "sl
 
 _ELEMENTWISE = ["abs", "acos", "acosh", "add.Tensor", "add.Scalar", "add_.Tensor", "add_.Scalar", "addcdiv", "addcmul", "addcdiv_", "addcmul_", "asin", "atan", "atan2", "bitwise_and.Tensor", "bitwise_not", "bitwise_or.Tensor", "ceil", "clamp", "clamp_min", "clamp_max", "cos", "cosh", "div.Tensor", "div.Scalar", "div.Tensor_mode", "div_.Tensor", "div_.Scalar", "eq.Scalar", "eq.Tensor", "erf", "erfinv", "exp", "exp2", "expm1", "floor", "fmod.Scalar", "fmod.Tensor", "ge.Scalar", "ge.Tensor", "gelu", "gelu_backward", "gt.Scalar", "gt.Tensor", "hardtanh", "hardtanh_backward", "isinf", "isnan", "le.Scalar", "le.Tensor", "leaky_relu", "leaky_relu_backward", "lerp.Scalar", "lerp.Tensor", "lerp_.Scalar", "lerp_.Tensor", "log", "log1p", "log2", "logical_and", "logical_not", "logical_or", "lt.Scalar", "lt.Tensor", "maximum", "minimum", "mul.Tensor", "mul.Scalar", "mul_.Tensor", "mul_.Scalar", "ne.Scalar", "ne.Tensor", "neg", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "reciprocal", "relu", "relu_", "remainder.Scalar", "remainder.Tensor", "round", "rsqrt", "rsub.Scalar", "rsub.Tensor", "sigmoid", "sigmoid_backward", "sign", "silu", "silu_backward", "sin", "sinh", "sqrt", "sub.Tensor", "sub.Scalar", "sub_.Tensor", "tan", "tanh", "tanh_backward", "threshold_backward", "trunc", "where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar", "masked_fill.Scalar", "masked_fill.Tensor", "fill.Scalar", "fill_.Scalar", "fill.Tensor", "sgn", "square", "logit_backward", "_to_copy", "clone", "copy", "copy_", "zero_", "triu", "tril"]
 
-_REDUCTION = ["sum.dim_IntList", "sum.default", "mean.dim", "mean.default", "amax", "amin", "max.dim", "min.dim", "argmax", "argmin", "var.correction", "var_mean.correction", "prod.dim_int", "prod.default", "cumsum", "any.dim", "any.dims", "all.dim", "logsumexp", "norm.ScalarOpt_dim", "_log_softmax", "_softmax", "_log_softmax_backward_data", "_softmax_backward_data"]
+_REDUCTION = ["sum.dim_IntList", "sum.default", "mean.dim", "mean.default", "amax", "amin", "max.dim", "min.dim", "argmax", "argmin", "var.correction", "var_mean.correction", "prod.dim_int", "prod.default", "cumsum", "any.dim", "any.dims", "all.dim", "logsumexp", "norm.ScalarOpt_dim", "_log_softmax", "_softmax", "_safe_softmax", "_log_softmax_backward_data", "_softmax_backward_data"]
 
-_MATMUL = ["mm", "addmm", "bmm", "baddbmm", "dot", "mv", "_scaled_dot_product_efficient_attention"]
+# The CPU's fused attention (what F.scaled_dot_product_attention, transformers' default "sdpa",
+# dispatches to on a CPU) and its backward; with dropout_p > 0 draws_random keeps them whole.
+_CPU_ATTENTION = ["_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"]
+_MATMUL = ["mm", "addmm", "bmm", "baddbmm", "dot", "mv", "_scaled_dot_product_efficient_attention", *_CPU_ATTENTION]
 _CONV = ["convolution", "convolution_backward"]
 _NORM = ["native_layer_norm", "native_layer_norm_backward", "native_batch_norm", "native_batch_norm_backward", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional", "native_group_norm", "native_group_norm_backward"]
 
@@ -176,9 +179,23 @@ def argument_names(op: str) -> tuple[str, ...]:
     return tuple(a.name for a in resolve_op(op)._schema.arguments)
 
 
+def _cpu_attention_flops(op: str, args: tuple[Any, ...]) -> int | None:
+    """FLOPs of the CPU's fused attention, which torch.utils.flop_counter does not list: those
+    of the same shapes' flash attention (sdpa_flop_count, sdpa_backward_flop_count)."""
+    shapes = [tuple(a.shape) for a in args[:4] if isinstance(a, torch.Tensor)]
+    if op == "aten._scaled_dot_product_flash_attention_for_cpu.default" and len(shapes) >= 3:
+        return int(sdpa_flop_count(*shapes[:3]))
+    if op == "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" and len(shapes) == 4:
+        return int(sdpa_backward_flop_count(*shapes))
+    return None
+
+
 def flops(op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any],
           outputs: Sequence[torch.Tensor]) -> int:
     """FLOPs of one call; tensors in args/outputs are meta tensors."""
+    attention = _cpu_attention_flops(op, args)
+    if attention is not None:
+        return attention
     overload = _overload(op)
     rule = flop_registry.get(overload.overloadpacket) if overload is not None else None
     if rule is not None:

@@ -63,6 +63,30 @@ def efficient_attention(call: Call) -> Labeling | None:
     return Labeling(tensors, [qkv, ("b", "h", None), (), ()])
 
 
+def cpu_flash_attention(call: Call) -> Labeling | None:
+    """_scaled_dot_product_flash_attention_for_cpu -> (output, logsumexp): batch and heads are
+    spatial, the lengths whole (as efficient_attention); with dropout no rule."""
+    if call.args.get("dropout_p", 0.0):
+        return None
+    qkv = ("b", "h", None, None)
+    full_mask = (*call.out[:3], call.shape("key")[2])
+    tensors = {"query": qkv, "key": qkv, "value": qkv,
+               "attn_mask": broadcast(call.optional_shape("attn_mask"), full_mask, qkv)}
+    return Labeling(tensors, [qkv, ("b", "h", None)])
+
+
+def cpu_flash_attention_backward(call: Call) -> Labeling | None:
+    """Its backward -> (grad_query, grad_key, grad_value): batch and heads, as the forward."""
+    if call.args.get("dropout_p", 0.0):
+        return None
+    qkv = ("b", "h", None, None)
+    full_mask = (*call.shape("query")[:3], call.shape("key")[2])
+    tensors = {"grad_out": qkv, "query": qkv, "key": qkv, "value": qkv, "out": qkv,
+               "logsumexp": ("b", "h", None),
+               "attn_mask": broadcast(call.optional_shape("attn_mask"), full_mask, qkv)}
+    return Labeling(tensors, [qkv, qkv, qkv])
+
+
 def convolution(call: Call) -> Labeling | None:
     """convolution (NCHW, any number of spatial dims, plain or transposed, grouped).
 
@@ -128,6 +152,8 @@ BUILDERS: dict[str, Builder] = {
     aten("dot"): dot,
     aten("mv"): mv,
     aten("_scaled_dot_product_efficient_attention"): efficient_attention,
+    aten("_scaled_dot_product_flash_attention_for_cpu"): cpu_flash_attention,
+    aten("_scaled_dot_product_flash_attention_for_cpu_backward"): cpu_flash_attention_backward,
     aten("convolution"): convolution,
     aten("convolution_backward"): convolution_backward,
 }

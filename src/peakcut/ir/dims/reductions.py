@@ -78,6 +78,7 @@ BUILDERS: dict[str, Builder] = {
     aten("norm.ScalarOpt_dim"): reduction("dim", None),
     aten("cumsum"): along("self"),
     aten("_softmax"): along("self"),
+    aten("_safe_softmax"): along("self"),
     aten("_log_softmax"): along("self"),
     aten("_softmax_backward_data"): along("grad_output", "output"),
     aten("_log_softmax_backward_data"): along("grad_output", "output"),
