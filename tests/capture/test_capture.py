@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import peakcut
@@ -134,6 +135,26 @@ def test_untraceable_model_names_module_and_cause():
     message = str(info.value)
     assert "module 'gate' (Gate)" in message
     assert "data-dependent" in message
+
+
+def test_an_op_without_a_shape_rule_is_named_as_such() -> None:
+    """ctc_loss has no FakeTensor shape rule: the message says so instead of blaming .item()."""
+    model = nn.Linear(8, 6)
+    batch = (torch.randn(2, 10, 8), torch.randint(1, 6, (2, 4)))
+
+    def loss_fn(m: nn.Module, b: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        log_probs = m(b[0]).log_softmax(-1).transpose(0, 1)
+        return F.ctc_loss(log_probs, b[1], torch.full((2,), 10), torch.full((2,), 4))
+
+    with pytest.raises(peakcut.CaptureError, match=r"_ctc_loss.*shape PyTorch's FakeTensor cannot tell"):
+        peakcut.capture(model, batch, loss_fn, "sgd")
+
+
+def test_a_cumulative_batch_norm_gets_a_hint() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, momentum=None), nn.Flatten(), nn.Linear(144, 3))
+    batch = (torch.randn(2, 3, 8, 8), torch.randint(0, 3, (2,)))
+    with pytest.raises(peakcut.CaptureError, match=r"module '1' \(BatchNorm2d\).*momentum=None"):
+        peakcut.capture(model, batch, lambda m, b: F.cross_entropy(m(b[0]), b[1]), "sgd")
 
 
 def test_bad_arguments():

@@ -84,8 +84,12 @@ def _install_module_hooks(model: torch.nn.Module, log: TraceLog, stack: ExitStac
 
 
 def _explain(e: BaseException) -> str:
-    if isinstance(e, (DataDependentOutputException, DynamicOutputShapeException)):
-        return (f"data-dependent operation {getattr(e, 'func', '')} (e.g. .item(), .tolist(), nonzero or "
+    if isinstance(e, DynamicOutputShapeException):
+        return (f"operation {getattr(e, 'func', '')} has an output whose shape PyTorch's FakeTensor "
+                "cannot tell without the tensor values (nonzero, unique and masked_select do; so does "
+                "ctc_loss, which has no shape rule), so it cannot be captured as a static graph")
+    if isinstance(e, DataDependentOutputException):
+        return (f"data-dependent operation {getattr(e, 'func', '')} (e.g. .item(), .tolist() or "
                 "Python control flow on tensor values) cannot be captured as a static graph")
     if isinstance(e, UnsupportedOperatorException):
         return f"operator {e.func} has no FakeTensor/meta implementation"
@@ -120,8 +124,23 @@ def trace_step(
             mod = _module_type(model, where)
             raise CaptureError(
                 f"cannot capture {type(model).__name__}: in module '{where}'{mod} during {log.phase.value}: "
-                f"{_explain(e)}{kv_cache_hint(e, log)}"
+                f"{_explain(e)}{kv_cache_hint(e, log)}{_cumulative_batch_norm_hint(model, where, e)}"
             ) from e
+
+
+def _cumulative_batch_norm_hint(model: torch.nn.Module, path: str, e: BaseException) -> str:
+    """Why a batch norm with momentum=None reads a tensor's value: its forward turns
+    num_batches_tracked into a Python number (the cumulative average's factor)."""
+    try:
+        module = model.get_submodule(path)
+    except AttributeError:
+        return ""
+    if (isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.momentum is None
+            and isinstance(e, DataDependentOutputException)):
+        return ("; a batch norm with momentum=None (a cumulative moving average) reads "
+                "num_batches_tracked as a Python number in its forward: give it a momentum (0.1 is "
+                "PyTorch's default) to capture it")
+    return ""
 
 
 def _is_kv_cache(obj: Any) -> bool:
