@@ -37,7 +37,7 @@ from typing import TypeVar
 from peakcut.ir.edit import GraphEditor, splice
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, TensorRef, map_refs
-from peakcut.ir.registry import draws_random
+from peakcut.ir.registry import OpKind, draws_random, lookup
 from peakcut.ir.tags import NodeTags, RematTag
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.transform.remat import recompute_call, why_not_recompute_op
@@ -119,6 +119,39 @@ class _Plan:
     position: int                    # where the copies go in `order`
     capture_position: int            # and in g.order
     hazards: dict[int, tuple[int, ...]]   # in-place writer -> the copies it must follow
+    order: tuple[int, ...]           # `order` with early backward views moved (_sink_views)
+
+
+def _sink_views(g: Graph, order: Sequence[int], readers: dict[int, None], last: int) -> list[int]:
+    """`order` with each backward reader that is a view and runs at or before position `last`
+    moved to just before its first user. A view of a saved tensor (a transpose a backward
+    matmul reads) costs nothing, so a memory-aware order may run it anywhere after its input:
+    optimize's re-order put Swin's attention transposes inside the forward, and no block
+    could be checkpointed. Moving a view later keeps the order topological (its users come
+    after it) and frees nothing later (its storage is its input's)."""
+    pos = positions(order)
+    waits = {p for preds in g.control.values() for p in preds}
+    early = [u for u in readers if pos[u] <= last and (info := lookup(g.nodes[u].op)) is not None
+             and info.kind is OpKind.VIEW and not g.mutated_tensors(u) and u not in g.control and u not in waits]
+    if not early:
+        return list(order)
+    moved = set(early)
+    first_user: dict[int, int | None] = {}
+    for u in early:
+        users = [w for t in g.nodes[u].output_ids() for w in g.users(t)]
+        first_user[u] = min(users, key=pos.__getitem__) if users else None
+    before: dict[int | None, list[int]] = {}
+    for u in sorted(early, key=pos.__getitem__):
+        target = first_user[u]
+        while target in moved:               # a view of a moved view goes where that one goes
+            target = first_user[target]
+        before.setdefault(target, []).append(u)
+    out: list[int] = []
+    for v in order:
+        if v not in moved:
+            out += before.get(v, [])
+            out.append(v)
+    return out + before.get(None, [])
 
 
 def _plan(g: Graph, order: Sequence[int], block: Block) -> _Plan | str:
@@ -131,8 +164,10 @@ def _plan(g: Graph, order: Sequence[int], block: Block) -> _Plan | str:
     reason = _why_not_copy(g, block, inside, ordered, made, readers)
     if reason:
         return reason
+    order = _sink_views(g, order, readers, max(positions(order)[v] for v in ordered))
+    order, sunk = _sink_writers(g, order, ordered, min(positions(order)[u] for u in readers), made)
     pos = positions(order)
-    position = min(pos[u] for u in readers)
+    position = min(pos[u] for u in (*readers, *sunk))
     capture = positions(g.order)
     capture_position = min(capture[u] for u in readers)
     if max(pos[v] for v in ordered) >= position:
@@ -140,21 +175,25 @@ def _plan(g: Graph, order: Sequence[int], block: Block) -> _Plan | str:
     hazards = _hazards(g, block, inside, ordered, made, pos, capture, (position, capture_position))
     if isinstance(hazards, str):
         return hazards
-    return _Plan(ordered, tuple(sorted(readers, key=pos.__getitem__)), position, capture_position, hazards)
+    return _Plan(ordered, tuple(sorted(readers, key=pos.__getitem__)), position, capture_position, hazards,
+                 tuple(order))
 
 
 def _backward_readers(g: Graph, block: Block, inside: set[int], made: dict[int, int]
                       ) -> tuple[dict[int, None], list[int]]:
     """The backward nodes reading a tensor the block's forward makes (those to rewire), and the
     block nodes that make those tensors. Tensors in a storage the block hands to later forward
-    (or loss) nodes are the block's output: kept, not recomputed."""
+    (or loss) nodes are the block's output: kept, not recomputed. Views of a storage the block
+    does not allocate (a weight's transpose, which a backward matmul transposes back) free
+    nothing: their readers keep them. (A memory-aware order may run such a backward view
+    before the block's forward ends: Swin's fc2 weight, after optimize's re-order.)"""
     tensors = g.tensors
     handed = {tensors[t].storage for t in made
               for u in g.users(t) if u not in inside and g.nodes[u].phase is not Phase.BACKWARD}
     readers: dict[int, None] = {}
     wanted: list[int] = []
     for t in made:
-        if tensors[t].storage in handed:
+        if tensors[t].storage in handed or g.storage_owner_of(tensors[t].storage) not in inside:
             continue
         late = [u for u in g.users(t) if g.nodes[u].phase is Phase.BACKWARD]
         if late:
@@ -209,6 +248,51 @@ def _why_not_copy(g: Graph, block: Block, inside: set[int], ordered: tuple[int, 
             return (f"a storage made by {block.module} is written in place by "
                     f"{describe_node(g, writers[0])}: a recompute would miss that write")
     return None
+
+
+def _external_storages(g: Graph, ordered: tuple[int, ...], made: dict[int, int]) -> dict[int, int]:
+    """Storages the copies read from outside the block (a parameter), each with a tensor in it."""
+    external: dict[int, int] = {}
+    for v in ordered:
+        for t in recompute_call(g.nodes[v]).input_tuple:
+            if t not in made:
+                external[g.tensors[t].storage] = t
+    return external
+
+
+def _sink_writers(g: Graph, order: Sequence[int], ordered: tuple[int, ...], first_reader: int,
+                  made: dict[int, int]) -> tuple[list[int], list[int]]:
+    """`order` with the in-place writers of a storage the copies read (a parameter's weight
+    decay, which reads no gradient, so a memory-aware order may run it right after the
+    forward's last read) that run between the block's forward and its first backward reader
+    moved to just before that reader, where the copies go before them: the copies then read
+    the value the forward read. Only where no other node between touches the storage (the
+    writers' relative order, and every read of the new value, stay as they were). Returns the
+    order and the writers moved (the copies go before them)."""
+    pos = positions(order)
+    first = min(pos[v] for v in ordered)
+    moved: list[int] = []
+    for s in _external_storages(g, ordered, made):
+        writers = [m for m in g.storage_writers(s) if first <= pos[m] < first_reader]
+        if not writers:
+            continue
+        span = order[min(pos[m] for m in writers) + 1:first_reader]
+        others = [u for u in span if u not in writers and (
+            any(g.tensors[t].storage == s for t in g.nodes[u].input_tuple)
+            or any(g.tensors[t].storage == s for t in g.nodes[u].output_ids()))]
+        if not others:
+            moved += writers
+    if not moved:
+        return list(order), []
+    moving = sorted(set(moved), key=pos.__getitem__)
+    reader = order[first_reader]
+    out: list[int] = []
+    for v in order:
+        if v == reader:
+            out += moving
+        if v not in moved:
+            out.append(v)
+    return out, moving
 
 
 def _hazards(g: Graph, block: Block, inside: set[int], ordered: tuple[int, ...], made: dict[int, int],
@@ -303,7 +387,7 @@ def checkpoint_block(g: Graph, order: Sequence[int], block: Block) -> Rewrite:
     removed = _remove_dead(edit, plan.copied)
     gone = set(removed)
     return Rewrite(
-        graph=edit.finish(), order=[v for v in splice(order, plan.position, copies) if v not in gone],
+        graph=edit.finish(), order=[v for v in splice(plan.order, plan.position, copies) if v not in gone],
         added=tuple(copies), changed=tuple(dict.fromkeys((*plan.readers, *plan.hazards))), removed=removed,
         description=f"checkpoint {block.module}: {len(copies)} forward ops recomputed for "
                     f"{len(plan.readers)} backward reader(s)",
