@@ -266,8 +266,9 @@ def _sink_writers(g: Graph, order: Sequence[int], ordered: tuple[int, ...], firs
     decay, which reads no gradient, so a memory-aware order may run it right after the
     forward's last read) that run between the block's forward and its first backward reader
     moved to just before that reader, where the copies go before them: the copies then read
-    the value the forward read. Only where no other node between touches the storage (the
-    writers' relative order, and every read of the new value, stay as they were). Returns the
+    the value the forward read. Only where no other node between touches the storage or waits
+    for a writer (the writers' relative order, and every read of the new value, stay as they
+    were). Returns the
     order and the writers moved (the copies go before them)."""
     pos = positions(order)
     first = min(pos[v] for v in ordered)
@@ -279,7 +280,8 @@ def _sink_writers(g: Graph, order: Sequence[int], ordered: tuple[int, ...], firs
         span = order[min(pos[m] for m in writers) + 1:first_reader]
         others = [u for u in span if u not in writers and (
             any(g.tensors[t].storage == s for t in g.nodes[u].input_tuple)
-            or any(g.tensors[t].storage == s for t in g.nodes[u].output_ids()))]
+            or any(g.tensors[t].storage == s for t in g.nodes[u].output_ids())
+            or any(m in g.control.get(u, ()) for m in writers))]
         if not others:
             moved += writers
     if not moved:
