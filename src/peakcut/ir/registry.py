@@ -184,9 +184,9 @@ def _cpu_attention_flops(op: str, args: tuple[Any, ...]) -> int | None:
     of the same shapes' flash attention (sdpa_flop_count, sdpa_backward_flop_count)."""
     shapes = [tuple(a.shape) for a in args[:4] if isinstance(a, torch.Tensor)]
     if op == "aten._scaled_dot_product_flash_attention_for_cpu.default" and len(shapes) >= 3:
-        return int(sdpa_flop_count(*shapes[:3]))
+        return int(sdpa_flop_count(*shapes[:3]))  # type: ignore[no-untyped-call]
     if op == "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" and len(shapes) == 4:
-        return int(sdpa_backward_flop_count(*shapes))
+        return int(sdpa_backward_flop_count(*shapes))  # type: ignore[no-untyped-call]
     return None
 
 
