@@ -80,4 +80,8 @@ def test_a_search_on_a_registry_with_the_new_rule_builds_its_children() -> None:
     result = search(root, deriver, Objective("memory", 0), time_budget=60, max_states=30,
                     settings=MoveSettings.only("marked-remat"))
     assert result.states > 1 and result.failed == 0
-    assert set(deriver.seconds) == {"moves", "marked-remat", "undo"}   # what it built, by kind
+    # what it built, by kind: the new rule's children, and undos where a state held two recipes
+    # (undoing a lone recipe gives the root again, a duplicate never built). How deep 30 states
+    # go depends on the machine's convolution scratch: under AVX2 at one thread the hot-spot
+    # offers two sites, the queue empties after 3 states, and no undo is built.
+    assert {"moves", "marked-remat"} <= set(deriver.seconds) <= {"moves", "marked-remat", "undo"}
