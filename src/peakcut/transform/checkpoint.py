@@ -119,23 +119,32 @@ class _Plan:
     position: int                    # where the copies go in `order`
     capture_position: int            # and in g.order
     hazards: dict[int, tuple[int, ...]]   # in-place writer -> the copies it must follow
-    order: tuple[int, ...]           # `order` with early backward views moved (_sink_views)
+    order: tuple[int, ...]           # `order` with early views and writers moved (_sink_views, _sink_writers)
 
 
-def _sink_views(g: Graph, order: Sequence[int], readers: dict[int, None], last: int) -> list[int]:
-    """`order` with each backward reader that is a view and runs at or before position `last`
-    moved to just before its first user. A view of a saved tensor (a transpose a backward
-    matmul reads) costs nothing, so a memory-aware order may run it anywhere after its input:
-    optimize's re-order put Swin's attention transposes inside the forward, and no block
+def _moved(order: Sequence[int], before: dict[int | None, list[int]]) -> list[int]:
+    """`order` with each node of before[anchor] taken out and put back just before `anchor`
+    (None: at the end), in the lists' order."""
+    moving = {v for vs in before.values() for v in vs}
+    out: list[int] = []
+    for v in order:
+        if v not in moving:
+            out += before.get(v, [])
+            out.append(v)
+    return out + before.get(None, [])
+
+
+def _sink_views(g: Graph, order: Sequence[int], pos: dict[int, int], readers: dict[int, None],
+                last: int) -> dict[int | None, list[int]]:
+    """The backward readers that are views and run at or before position `last`, each under the
+    node it should run just before: its first user. A view of a saved tensor (a transpose a
+    backward matmul reads) costs nothing, so a memory-aware order may run it anywhere after its
+    input: optimize's re-order put Swin's attention transposes inside the forward, and no block
     could be checkpointed. Moving a view later keeps the order topological (its users come
     after it) and frees nothing later (its storage is its input's)."""
-    pos = positions(order)
     waits = {p for preds in g.control.values() for p in preds}
     early = [u for u in readers if pos[u] <= last and (info := lookup(g.nodes[u].op)) is not None
              and info.kind is OpKind.VIEW and not g.mutated_tensors(u) and u not in g.control and u not in waits]
-    if not early:
-        return list(order)
-    moved = set(early)
     first_user: dict[int, int | None] = {}
     for u in early:
         users = [w for t in g.nodes[u].output_ids() for w in g.users(t)]
@@ -143,15 +152,10 @@ def _sink_views(g: Graph, order: Sequence[int], readers: dict[int, None], last: 
     before: dict[int | None, list[int]] = {}
     for u in sorted(early, key=pos.__getitem__):
         target = first_user[u]
-        while target in moved:               # a view of a moved view goes where that one goes
+        while target in first_user:          # a view of a moved view goes where that one goes
             target = first_user[target]
         before.setdefault(target, []).append(u)
-    out: list[int] = []
-    for v in order:
-        if v not in moved:
-            out += before.get(v, [])
-            out.append(v)
-    return out + before.get(None, [])
+    return before
 
 
 def _plan(g: Graph, order: Sequence[int], block: Block) -> _Plan | str:
@@ -164,9 +168,15 @@ def _plan(g: Graph, order: Sequence[int], block: Block) -> _Plan | str:
     reason = _why_not_copy(g, block, inside, ordered, made, readers)
     if reason:
         return reason
-    order = _sink_views(g, order, readers, max(positions(order)[v] for v in ordered))
-    order, sunk = _sink_writers(g, order, ordered, min(positions(order)[u] for u in readers), made)
     pos = positions(order)
+    views = _sink_views(g, order, pos, readers, max(pos[v] for v in ordered))
+    if views:
+        order = _moved(order, views)
+        pos = positions(order)
+    sunk = _sink_writers(g, order, pos, ordered, min(pos[u] for u in readers), made)
+    if sunk:
+        order = _moved(order, {order[min(pos[u] for u in readers)]: sunk})
+        pos = positions(order)
     position = min(pos[u] for u in (*readers, *sunk))
     capture = positions(g.order)
     capture_position = min(capture[u] for u in readers)
@@ -260,17 +270,15 @@ def _external_storages(g: Graph, ordered: tuple[int, ...], made: dict[int, int])
     return external
 
 
-def _sink_writers(g: Graph, order: Sequence[int], ordered: tuple[int, ...], first_reader: int,
-                  made: dict[int, int]) -> tuple[list[int], list[int]]:
-    """`order` with the in-place writers of a storage the copies read (a parameter's weight
-    decay, which reads no gradient, so a memory-aware order may run it right after the
-    forward's last read) that run between the block's forward and its first backward reader
-    moved to just before that reader, where the copies go before them: the copies then read
-    the value the forward read. Only where no other node between touches the storage or waits
-    for a writer (the writers' relative order, and every read of the new value, stay as they
-    were). Returns the
-    order and the writers moved (the copies go before them)."""
-    pos = positions(order)
+def _sink_writers(g: Graph, order: Sequence[int], pos: dict[int, int], ordered: tuple[int, ...],
+                  first_reader: int, made: dict[int, int]) -> list[int]:
+    """The in-place writers of a storage the copies read (a parameter's weight decay, which
+    reads no gradient, so a memory-aware order may run it right after the forward's last read)
+    that run between the block's forward and its first backward reader (position
+    `first_reader`), in order: to move to just before that reader, the copies before them, so
+    that the copies read the value the forward read. Only where no other node between touches
+    the storage or waits for a writer (the writers' relative order, and every read of the new
+    value, stay as they were)."""
     first = min(pos[v] for v in ordered)
     moved: list[int] = []
     for s in _external_storages(g, ordered, made):
@@ -284,17 +292,7 @@ def _sink_writers(g: Graph, order: Sequence[int], ordered: tuple[int, ...], firs
             or any(m in g.control.get(u, ()) for m in writers))]
         if not others:
             moved += writers
-    if not moved:
-        return list(order), []
-    moving = sorted(set(moved), key=pos.__getitem__)
-    reader = order[first_reader]
-    out: list[int] = []
-    for v in order:
-        if v == reader:
-            out += moving
-        if v not in moved:
-            out.append(v)
-    return out, moving
+    return sorted(set(moved), key=pos.__getitem__)
 
 
 def _hazards(g: Graph, block: Block, inside: set[int], ordered: tuple[int, ...], made: dict[int, int],
@@ -304,14 +302,11 @@ def _hazards(g: Graph, block: Block, inside: set[int], ordered: tuple[int, ...],
     update), each with the copies that must run before it; a reason where such a write falls
     between the block's forward and the copies' place `at` (in the order, in capture order)."""
     tensors = g.tensors
-    external: dict[int, int] = {}              # storage read from outside the block -> a tensor in it
+    external = _external_storages(g, ordered, made)
     readers: dict[int, list[int]] = {}         # storage -> the copied nodes reading it (views included)
     for v in ordered:
         for t in recompute_call(g.nodes[v]).input_tuple:
-            s = tensors[t].storage
-            readers.setdefault(s, []).append(v)
-            if t not in made:
-                external[s] = t
+            readers.setdefault(tensors[t].storage, []).append(v)
     first = min(pos[v] for v in ordered)
     hazards: dict[int, list[int]] = {}
     for s, t in external.items():
