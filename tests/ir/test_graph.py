@@ -136,3 +136,8 @@ def test_registry_flops_and_bytes():
     assert flops("aten.relu.default", (a,), {}, [a]) == 8 * 16
     assert flops("aten.view.default", (a, [128]), {}, [a]) == 0
     assert bytes_moved([a, b], [out]) == (8 * 16 + 16 * 4 + 8 * 4) * 4
+    q, lse = torch.empty(2, 4, 16, 8, device="meta"), torch.empty(2, 4, 16, device="meta")
+    cpu_attention = "aten._scaled_dot_product_flash_attention_for_cpu.default"   # not in torch's counter
+    assert flops(cpu_attention, (q, q, q), {}, [q, lse]) == 2 * (2 * 2 * 4 * 16 * 16 * 8)   # QK^T and PV
+    assert flops(cpu_attention.replace(".default", "_backward.default"), (q, q, q, q, q, lse, 0.0, False),
+                 {}, [q, q, q]) == 5 * (2 * 2 * 4 * 16 * 16 * 8)                      # five matmuls

@@ -16,7 +16,7 @@ Facts kept here:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import cache
@@ -179,23 +179,26 @@ def argument_names(op: str) -> tuple[str, ...]:
     return tuple(a.name for a in resolve_op(op)._schema.arguments)
 
 
-def _cpu_attention_flops(op: str, args: tuple[Any, ...]) -> int | None:
-    """FLOPs of the CPU's fused attention, which torch.utils.flop_counter does not list: those
-    of the same shapes' flash attention (sdpa_flop_count, sdpa_backward_flop_count)."""
-    shapes = [tuple(a.shape) for a in args[:4] if isinstance(a, torch.Tensor)]
-    if op == "aten._scaled_dot_product_flash_attention_for_cpu.default" and len(shapes) >= 3:
-        return int(sdpa_flop_count(*shapes[:3]))  # type: ignore[no-untyped-call]
-    if op == "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" and len(shapes) == 4:
-        return int(sdpa_backward_flop_count(*shapes))  # type: ignore[no-untyped-call]
-    return None
+def _shapes(args: tuple[Any, ...]) -> list[tuple[int, ...]]:
+    return [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+
+
+# FLOP rules of ops torch.utils.flop_counter does not list, from the shapes of their tensor
+# arguments: the CPU's fused attention counts as the same shapes' flash attention.
+_MORE_FLOP_RULES: Mapping[str, Callable[[list[tuple[int, ...]]], int]] = MappingProxyType({
+    "aten._scaled_dot_product_flash_attention_for_cpu.default":
+        lambda shapes: sdpa_flop_count(*shapes[:3]),  # type: ignore[no-untyped-call]
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward.default":
+        lambda shapes: sdpa_backward_flop_count(*shapes[:4]),  # type: ignore[no-untyped-call]
+})
 
 
 def flops(op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any],
           outputs: Sequence[torch.Tensor]) -> int:
     """FLOPs of one call; tensors in args/outputs are meta tensors."""
-    attention = _cpu_attention_flops(op, args)
-    if attention is not None:
-        return attention
+    more = _MORE_FLOP_RULES.get(op)
+    if more is not None:
+        return int(more(_shapes(args)))
     overload = _overload(op)
     rule = flop_registry.get(overload.overloadpacket) if overload is not None else None
     if rule is not None:
