@@ -59,3 +59,15 @@ def test_relaxation_keeps_states_within_delta_of_the_best() -> None:
     assert obj.within_relaxation(obj.key(109, 0.5), best)
     assert not obj.within_relaxation(obj.key(111, 0.5), best)
     assert not obj.within_relaxation(obj.key(50, 1.5), best)   # infeasible while the best is not
+
+
+def test_a_state_over_the_limit_approaches_when_it_beats_the_best_on_the_objective() -> None:
+    memory = Objective("memory", 100)
+    best = memory.key(90, 2.0)                                # under the limit, slow
+    assert memory.approaches(memory.key(120, 1.5), best)      # over, but faster than the best
+    assert not memory.approaches(memory.key(120, 2.5), best)  # over and slower: nothing to gain
+    assert not memory.approaches(memory.key(95, 1.5), best)   # under the limit: the queue's business
+    assert not memory.approaches(memory.key(120, 1.5), memory.key(130, 1.0))   # no best under the limit yet
+    latency = Objective("latency", 1.0)
+    assert latency.approaches(latency.key(40, 1.2), latency.key(50, 0.9))      # slower than allowed, smaller
+    assert not latency.approaches(latency.key(60, 1.2), latency.key(50, 0.9))

@@ -110,6 +110,12 @@ class Objective:
     def better(self, a: tuple[int, float, float], b: tuple[int, float, float]) -> bool:
         return a < b
 
+    def approaches(self, a: tuple[int, float, float], best: tuple[int, float, float]) -> bool:
+        """a misses the limit that the best meets, but beats the best on the objective's measure
+        (memory mode: a lower latency; latency mode: a lower peak): moves that bring it under
+        the limit may cost less than the best's."""
+        return a[0] == 1 and best[0] == 0 and a[2] < best[1]
+
     def within_relaxation(self, a: tuple[int, float, float], best: tuple[int, float, float]) -> bool:
         """a is worth expanding: as feasible as the best and within δ of it, or more feasible."""
         if a[0] != best[0]:

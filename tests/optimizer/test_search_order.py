@@ -1,0 +1,90 @@
+"""Which states the best-first search expands: a toy space of states, no model.
+
+The moves (optimizer.children) are replaced by a table of made-up (peak, latency) states;
+the search itself, its queues and its key are the real ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+
+import peakcut.optimizer.search as search_module
+from peakcut.optimizer.children import Move
+from peakcut.optimizer.objective import Objective
+from peakcut.optimizer.search import search
+
+
+@dataclass
+class ToyState:
+    name: str
+    peak_bytes: int
+    latency_s: float
+    pending: None = None
+    compact: bool = False
+    applied: tuple[str, ...] = ()
+    program: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(nodes=[]))
+
+    @property
+    def digest(self) -> str:
+        return self.name
+
+
+class ToyDeriver:
+    rules = SimpleNamespace(move_kinds=("toy",))
+
+    def expected_seconds(self, kind: str) -> float:
+        return 0.0
+
+    def expected_exact_seconds(self, state: ToyState) -> float:
+        return 0.0
+
+    def record(self, kind: str, t0: float) -> None:
+        pass
+
+
+def _space() -> dict[str, list[ToyState]]:
+    """Two traps, one per mode. Under a memory limit of 50 the root's children include a small
+    but slow plan ("checkpoint everything") and a fast one over the limit; only the fast one
+    leads to a fast plan under the limit. Under a latency limit of 31 they include a plan in
+    time that can only be trimmed a little and a smaller one too slow; only the slow one leads
+    to a small plan in time. The two dead ends go on for ever, each child a little better."""
+    space: dict[str, list[ToyState]] = {
+        "root": [ToyState("slow0", 40, 40.0), ToyState("fast_over", 60, 11.0),
+                 ToyState("trim0", 50, 20.0), ToyState("small_late", 30, 35.0)],
+        "fast_over": [ToyState("fast_under", 45, 12.0)],
+        "small_late": [ToyState("small_in_time", 25, 30.5)],
+    }
+    for i in range(200):
+        space[f"slow{i}"] = [ToyState(f"slow{i + 1}", 40 - (i + 1) // 20, 40.0)]
+        space[f"trim{i}"] = [ToyState(f"trim{i + 1}", 50 - i // 20, 20.0 - 0.01 * (i + 1))]
+    return space
+
+
+@pytest.fixture
+def toy_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    space = _space()
+
+    def children(state: ToyState, deriver: ToyDeriver, settings: object, rng: object) -> list[Move]:
+        return [Move("toy", (c.name,), c.name, lambda c=c: c) for c in space.get(state.name, [])]
+
+    monkeypatch.setattr(search_module, "children", children)
+    monkeypatch.setattr(search_module, "make_key", lambda state: (state.name,))
+
+
+def test_memory_mode_finds_the_cheaper_plan_through_a_state_over_the_limit(toy_moves: None) -> None:
+    """Once a slow plan meets the limit, a faster state over the limit is still expanded: the
+    search returns the fast plan under the limit, not the slow one's ever smaller descendants."""
+    root = ToyState("root", 100, 10.0)
+    result = search(root, ToyDeriver(), Objective("memory", 50), time_budget=30, max_states=60)
+    assert result.best.name == "fast_under"
+
+
+def test_latency_mode_finds_the_smaller_plan_through_a_state_over_the_limit(toy_moves: None) -> None:
+    """The same in latency mode: a state slower than allowed but smaller than the best in time
+    is expanded, and its child in time is the smallest plan."""
+    root = ToyState("root", 100, 10.0)
+    result = search(root, ToyDeriver(), Objective("latency", 31.0), time_budget=30, max_states=60)
+    assert result.best.name == "small_in_time"
