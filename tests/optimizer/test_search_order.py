@@ -44,6 +44,10 @@ class ToyDeriver:
     def record(self, kind: str, t0: float) -> None:
         pass
 
+    def exact(self, state: ToyState) -> ToyState:
+        """The full expansion of a compact state: 1% slower than estimated."""
+        return ToyState(state.name + "_exact", state.peak_bytes, state.latency_s * 1.01)
+
 
 def _space() -> dict[str, list[ToyState]]:
     """Two traps, one per mode. Under a memory limit of 50 the root's children include a small
@@ -63,15 +67,17 @@ def _space() -> dict[str, list[ToyState]]:
     return space
 
 
-@pytest.fixture
-def toy_moves(monkeypatch: pytest.MonkeyPatch) -> None:
-    space = _space()
-
+def _use_space(monkeypatch: pytest.MonkeyPatch, space: dict[str, list[ToyState]]) -> None:
     def children(state: ToyState, deriver: ToyDeriver, settings: object, rng: object) -> list[Move]:
         return [Move("toy", (c.name,), c.name, lambda c=c: c) for c in space.get(state.name, [])]
 
     monkeypatch.setattr(search_module, "children", children)
     monkeypatch.setattr(search_module, "make_key", lambda state: (state.name,))
+
+
+@pytest.fixture
+def toy_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    _use_space(monkeypatch, _space())
 
 
 def test_memory_mode_finds_the_cheaper_plan_through_a_state_over_the_limit(toy_moves: None) -> None:
@@ -88,3 +94,20 @@ def test_latency_mode_finds_the_smaller_plan_through_a_state_over_the_limit(toy_
     root = ToyState("root", 100, 10.0)
     result = search(root, ToyDeriver(), Objective("latency", 31.0), time_budget=30, max_states=60)
     assert result.best.name == "small_in_time"
+
+
+def test_an_older_best_is_returned_when_the_latest_miss_the_limit_on_the_full_expansion(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compact estimates 1% optimistic: the three latest bests, estimated just under the latency
+    limit, all miss it on the full expansion. The one before them, with room to spare, is
+    derived and returned, not the untransformed root."""
+    def compact(name: str, peak: int, latency: float) -> ToyState:
+        return ToyState(name, peak, latency, compact=True)
+    _use_space(monkeypatch, {
+        "root": [compact("roomy", 50, 25.0)],
+        "roomy": [compact("edge1", 45, 30.95)],
+        "edge1": [compact("edge2", 44, 30.96)],
+        "edge2": [compact("edge3", 43, 30.97)],
+    })
+    result = search(ToyState("root", 100, 10.0), ToyDeriver(), Objective("latency", 31.0), time_budget=30)
+    assert result.best.name == "roomy_exact"

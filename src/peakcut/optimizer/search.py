@@ -44,8 +44,10 @@
 - every built state's (peak, latency) enters the Pareto front;
 - states are evaluated on compact fission expansions (Deriver); the result is validated
   on the full expansion (Deriver.exact): the latest best first, then older bests while
-  the exact figures differ from the estimate, and the best exact one is returned (with a
-  time reserve for that kept out of the search), resolved if pending. With `exact_front`,
+  the exact figures differ from the estimate (once every exact one misses the limit, only
+  those whose estimate, worsened alike, still meets it), and the best exact one is
+  returned (with two derivations' worth of time kept out of the search for that),
+  resolved if pending. With `exact_front`,
   the front's compact states are re-derived too.
 """
 
@@ -70,6 +72,7 @@ QUEUE_LIMIT = 48    # states kept in the queue (each holds a program graph)
 STALL_STATES = 200  # the search stops when its best has not improved over this many states, ...
 STALL_PER_NODE = 2  # ... this many per node of the root program, and the states it took to find it
 VALIDATE = 3        # latest bests re-derived on the full expansion at the end, at most
+VALIDATE_RESERVE = 2   # full-expansion derivations' worth of the budget kept for that
 FRONT_SHARE = 0.25  # of the budget kept for re-deriving the Pareto front (exact_front)
 
 
@@ -193,11 +196,12 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
                               time.perf_counter() - t0))
 
     def reserve_s() -> float:
-        """Time kept for validating the best on the full expansion (Deriver.expected_exact_seconds:
-        a GPT-2-XL search at n = 16 ran 11 s past a 120 s budget when this was 4 compact
-        fission derivations' worth)."""
+        """Time kept for validating the best on the full expansion: two derivations
+        (Deriver.expected_exact_seconds), the latest best's and, where it misses the limit,
+        an older one's (_validated). A GPT-2-XL search at n = 16 ran 11 s past a 120 s
+        budget when this was 4 compact fission derivations' worth."""
         front_share = FRONT_SHARE * time_budget if exact_front else 0.0
-        return front_share + deriver.expected_exact_seconds(best)
+        return front_share + VALIDATE_RESERVE * deriver.expected_exact_seconds(best)
 
     def judge(child: State) -> None:
         """A new state: the best when BetterThan, queued within the relaxation, else reserved."""
@@ -335,14 +339,24 @@ def _exact_front(front: list[State], deriver: Deriver, deadline: float) -> list[
 
 
 def _validated(bests: list[State], deriver: Deriver, objective: Objective, deadline: float) -> State:
-    """The best of the latest bests on the full expansion (see module doc); once one is
-    re-derived, older ones only while the next would end before `deadline`."""
+    """The best of the latest bests on the full expansion (see module doc): the latest is
+    re-derived, then older ones while the estimates were off, at most VALIDATE in all and
+    only while the next would end before `deadline`. Once the exact figures have all missed
+    the limit, an older best is derived only if its estimate, worsened by the worst ratio of
+    exact to estimated figures seen, still meets it: a search presses its estimates up to
+    the limit, and an estimate off by 0.2% put every latest best of a ViT-base search over
+    it (the root was returned)."""
     key = lambda s: objective.key(s.peak_bytes, s.latency_s)  # noqa: E731
     found: list[State] = [s for s in bests if not s.compact]    # exact already (the root is)
     derived = 0
-    for s in reversed(bests[-VALIDATE:]):
-        if not s.compact:
+    exact: list[State] = []              # re-derived here
+    worse_peak = worse_latency = 1.0     # the worst exact / estimate ratios seen
+    for s in reversed(bests):
+        if not s.compact or derived >= VALIDATE:
             break
+        if exact and not any(objective.feasible(e.peak_bytes, e.latency_s) for e in exact) \
+                and not objective.feasible(s.peak_bytes * worse_peak, s.latency_s * worse_latency):
+            continue    # would miss the limit as the later ones did
         if derived and time.perf_counter() + deriver.expected_exact_seconds(s) > deadline:
             break
         derived += 1
@@ -351,8 +365,11 @@ def _validated(bests: list[State], deriver: Deriver, objective: Objective, deadl
         except DeriveError:
             continue
         found.append(e)
+        exact.append(e)
         if e.peak_bytes == s.peak_bytes and math.isclose(e.latency_s, s.latency_s, rel_tol=1e-9):
             break       # as estimated: the older bests are worse
+        worse_peak = max(worse_peak, e.peak_bytes / max(1, s.peak_bytes))
+        worse_latency = max(worse_latency, e.latency_s / s.latency_s if s.latency_s else 1.0)
     while True:     # ends: the root is never pending
         winner = found[0]
         for s in found[1:]:
