@@ -2,6 +2,7 @@
 
     python -m bench.optimize > bench/optimize.md            # 60 s per search, 2 processes
     python -m bench.optimize --budget 10 --workloads bert-base --devices h200   # a quick look
+    python -m bench.optimize --workloads unet --devices rtx3090 --workspace none   # tensors only
 
 For every workload (AdamW step, captured over FakeTensors; nothing runs) and every analytic
 device profile (RTX 3090, H200), four searches with the time budget each:
@@ -27,6 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 import peakcut
+from peakcut.memory.workspace import WORKSPACE_MODELS, describe_workspace
 from peakcut.optimizer import optimize_graph
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
@@ -36,7 +38,7 @@ SETTINGS = (("latency", 1.10), ("latency", 1.05), ("memory", 0.8), ("memory", 0.
 DEVICES = ("rtx3090", "h200")
 
 
-def run_workload(name: str, devices: tuple[str, ...], budget: float) -> list[dict]:
+def run_workload(name: str, devices: tuple[str, ...], budget: float, workspace: str | None = "cpu") -> list[dict]:
     """Every (device, setting) search of one workload, in one process (one capture)."""
     torch.set_num_threads(1)
     inst = get_workload(name).build("paper")
@@ -46,7 +48,7 @@ def run_workload(name: str, devices: tuple[str, ...], budget: float) -> list[dic
         for mode, value in SETTINGS:
             kw = {"latency_limit": value} if mode == "latency" else {"memory_limit": value}
             t0 = time.perf_counter()
-            found = optimize_graph(g, time_budget=budget, device=device, **kw)
+            found = optimize_graph(g, time_budget=budget, device=device, workspace=workspace, **kw)
             r = found.report
             rows.append({"workload": name, "description": inst.description, "device": device, "mode": mode,
                          "value": value, "feasible": r["feasible"], "peak_ratio": r["peak_ratio"],
@@ -74,15 +76,18 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOAD_NAMES))
     ap.add_argument("--devices", nargs="*", default=list(DEVICES))
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--workspace", choices=(*WORKSPACE_MODELS, "none"), default="cpu",
+                    help="scratch-memory model (default cpu: this CPU's kernels; none: tensors only)")
     args = ap.parse_args()
+    workspace = None if args.workspace == "none" else args.workspace
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(run_workload, w, tuple(args.devices), args.budget) for w in args.workloads]
+        futures = [pool.submit(run_workload, w, tuple(args.devices), args.budget, workspace) for w in args.workloads]
         rows = [row for f in futures for row in f.result()]
-    print(f"Command: `python -m bench.optimize --budget {args.budget:g}` ({args.jobs} processes, one thread "
-          f"each). Environment: torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} cores, "
-          f"peakcut {peakcut.__version__}. All figures simulated (timeline under the analytic device "
-          f"profile, CPU workspace model); {time.perf_counter() - t0:.0f} s in all.\n")
+    print(f"Command: `python -m bench.optimize --budget {args.budget:g} --workspace {args.workspace}` ({args.jobs} "
+          f"processes, one thread each). Environment: torch {torch.__version__}, {platform.machine()}, "
+          f"{os.cpu_count()} cores, peakcut {peakcut.__version__}. All figures simulated (timeline under the "
+          f"analytic device profile, {describe_workspace(workspace)}); {time.perf_counter() - t0:.0f} s in all.\n")
     head = ("| workload | device | peak @ <=10% latency | peak @ <=5% latency | overhead @ 80% memory | "
             "overhead @ 40% memory |")
     print(head)
