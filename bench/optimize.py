@@ -11,7 +11,8 @@ device profile (RTX 3090, H200), four searches with the time budget each:
 - least latency within 80% and 40% of eager's peak (memory_limit 0.8, 0.4): the
   latency overhead against eager (or "not met: <best peak ratio>").
 Peak and latency are simulated: peakcut's timeline (compute + copy streams) under the
-device profile, with the CPU workspace model. The last table gives the search
+device profile, with this CPU's workspace model (--workspace none: tensors only, no
+scratch; a GPU's cuDNN/cuBLAS workspaces are not modelled). The last table gives the search
 throughput (states built and simulated per minute, on this machine's cores).
 MAGIS (ASPLOS'24, RTX 3090, 20 cores) reports 15-60% of PyTorch's peak at 10% overhead
 (<= 40% for GPT-Neo and BTLM), 25-70% at 5%, and <= 5% / <= 15% overhead at 80% / 40%.
