@@ -49,7 +49,7 @@ def _workload(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:
 def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
     import peakcut
     from peakcut.optimizer import optimize_graph
-    from peakcut.optimizer.plan import Plan
+    from peakcut.optimizer.plan import Plan, plan_contents
     from peakcut.report.plot import plot_before_after, plot_front
     from peakcut.simulate import simulate_timeline
 
@@ -107,10 +107,12 @@ def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
     standing = report.get("peak_standing")
     if standing:
         out.print(standing["text"])
-    for line in report["applied"][:20]:
+    contents = plan_contents(report)
+    out.print(f"the plan ({len(contents)} changes; the search's path to it: report.json's \"applied\"):")
+    for line in contents[:20]:
         out.print(f"  - {line}")
-    if len(report["applied"]) > 20:
-        out.print(f"  ... and {len(report['applied']) - 20} more (report.json)")
+    if len(contents) > 20:
+        out.print(f"  ... and {len(contents) - 20} more (report.json: rewrites, fission, recipes)")
     out.print(f"wrote {target}/program.py, report.json, " + ", ".join(Path(p).name for p in report["plots"]))
     return 0 if report["feasible"] or args.pareto else 3
 

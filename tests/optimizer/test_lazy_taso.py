@@ -239,3 +239,18 @@ def test_a_search_returns_a_resolved_best_and_is_reproducible(case, settings: Mo
     assert a.fission() == b.fission()
     assert [(p.peak_bytes, p.latency_s, p.applied) for p in results[0].front] == \
         [(p.peak_bytes, p.latency_s, p.applied) for p in results[1].front]
+
+
+def test_a_state_lists_what_it_does_apart_from_the_path_to_it(case) -> None:
+    """State.rewrites holds the rewrites made to its base, through pending resolution, swaps,
+    undos and full expansion alike; State.applied is the path, undos included."""
+    _, _, root = case
+    deriver = Deriver(cost())
+    swap = three_states(root, deriver)["swap"]
+    site = view_sites(deriver, swap, few=1)[0]
+    what = deriver.rules.rewrite_rule(site.kind).describe(site)
+    rewritten = deriver.resolve(deriver.with_taso(swap, site))
+    undone = deriver.without_recipes(rewritten, rewritten.recipes)
+    assert root.rewrites == swap.rewrites == ()
+    assert rewritten.rewrites == undone.rewrites == deriver.exact(undone).rewrites == (what,)
+    assert not undone.recipes and any(a.startswith("undo: ") for a in undone.applied)

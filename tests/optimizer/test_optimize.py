@@ -12,6 +12,7 @@ from torch import nn
 import peakcut
 from peakcut.codegen.program import Step
 from peakcut.optimizer import LimitNotMet, optimize_graph
+from peakcut.optimizer.plan import plan_contents
 from peakcut.optimizer.state import computation_hash
 from peakcut.rules import RULES
 from tests.helpers import cross_entropy_loss as mlp_loss
@@ -45,9 +46,13 @@ def test_the_plan_keeps_the_numbers_of_eager(mlp) -> None:
     r = plan.report
     assert r["peak_bytes"] <= r["eager_peak_bytes"]
     assert {"eager_peak_bytes", "peak_bytes", "eager_latency_s", "latency_s", "memory_method",
-            "latency_method", "applied"} <= set(r)
+            "latency_method", "applied", "rewrites", "fission", "recipes"} <= set(r)
     assert "simulated" in r["memory_method"] and "rtx3090" in r["latency_method"]
     assert "def step(" in plan.source
+    contents = plan_contents(r)      # what the plan does: no undo, nothing dropped
+    assert len(contents) == len(r["rewrites"]) + len(r["fission"]) + len(r["recipes"])
+    assert not any(c.startswith("undo: ") or "no longer applies" in c for c in contents)
+    assert f"{len(contents)} changes" in repr(plan)
 
 
 def test_an_infeasible_limit_raises_with_the_best_plan(mlp) -> None:

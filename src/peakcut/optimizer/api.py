@@ -482,12 +482,15 @@ def _refit(state: State, root: State, verdict: Verdict) -> dict[str, Any] | None
 
 
 def _plan_entries(state: State, eager: Timeline, eager_ratio: float = 1.0) -> dict[str, Any]:
-    """The report's entries that describe the plan `state` (predicted figures, what it applies);
-    latency_ratio is to the user's eager step (eager_ratio x the captured step's time)."""
+    """The report's entries that describe the plan `state` (predicted figures, what it does:
+    its rewrites, fission regions and recipes; and `applied`, the search's path to it, undos
+    and dropped recipes included); latency_ratio is to the user's eager step (eager_ratio x
+    the captured step's time)."""
     return {"peak_bytes": state.peak_bytes, "peak_ratio": state.peak_bytes / eager.peak_bytes,
             "latency_s": state.latency_s,
             "latency_ratio": state.latency_s / (eager_ratio * eager.latency_seconds) if eager.latency_seconds else None,
             "applied": list(state.applied),
+            "rewrites": list(state.rewrites),
             "fission": [{"ftree_node": k, "n": n, "ops": len(state.tree.nodes[k].nodes)} for k, n in state.fission()],
             "recipes": [r.description for r in state.recipes]}
 

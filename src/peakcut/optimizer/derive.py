@@ -138,9 +138,11 @@ class Deriver:
     # ------------------------------------------------------------ building blocks
     def finish(self, base: Graph, base_order: list[int], tree: FTree, dgraph: DGraph,
                recipes: tuple[Recipe, ...], program: Graph, order: list[int], applied: tuple[str, ...],
-               depth: int, compact: bool | None = None, *, base_digest: str) -> State:
+               depth: int, compact: bool | None = None, *, base_digest: str,
+               rewrites: tuple[str, ...] = ()) -> State:
         """Place the nodes the recipes added, simulate, hash (a compact program priced per part).
-        base_digest: computation hash of `base` ("" when not known)."""
+        base_digest: computation hash of `base` ("" when not known); rewrites: the rewrites
+        that made `base` from the capture, oldest first."""
         compact = self.compact if compact is None else compact
         cost = RepeatedCost(self.cost, tree) if compact and tree.enabled() else self.cost
         if recipes:
@@ -148,7 +150,8 @@ class Deriver:
         t0 = time.perf_counter()
         tl = simulate_timeline(program, order, cost, self.workspace)
         state = State(base, base_order, tree, dgraph, recipes, program, order, tl.peak_bytes,
-                      tl.latency_seconds, applied, computation_hash(program, order), depth, base_digest)
+                      tl.latency_seconds, applied, computation_hash(program, order), depth, base_digest,
+                      rewrites=rewrites)
         state.compact = cost is not self.cost
         self.node_seconds.setdefault("finish", []).append((time.perf_counter() - t0) / max(1, len(program.nodes)))
         return state
@@ -177,7 +180,7 @@ class Deriver:
         program, order, kept, dropped = self.replay(program, order, state.recipes, region_nodes(state.tree))
         exact = self.finish(state.base, state.base_order, state.tree, state.dgraph, kept, program, order,
                             (*state.applied, *dropped), state.depth, compact=False,
-                            base_digest=state.base_digest)
+                            base_digest=state.base_digest, rewrites=state.rewrites)
         exact.compact_estimate = (state.peak_bytes, state.latency_s)
         self.record("exact", t0)
         self.node_seconds.setdefault("exact", []).append(self.seconds["exact"][-1] / len(program.nodes))
@@ -252,7 +255,7 @@ class Deriver:
         program, order, kept, dropped = self.replay(program, order, parent.recipes, regions)
         state = self.finish(parent.base, parent.base_order, tree, parent.dgraph, kept, program, order,
                             (*parent.applied, what, *dropped), parent.depth + 1,
-                            base_digest=parent.base_digest)
+                            base_digest=parent.base_digest, rewrites=parent.rewrites)
         self.record("fission", t0)
         return state
 
@@ -266,7 +269,7 @@ class Deriver:
         state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph,
                             (*parent.recipes, recipe),
                             rw.graph, order, (*parent.applied, recipe.description), parent.depth + 1,
-                            base_digest=parent.base_digest)
+                            base_digest=parent.base_digest, rewrites=parent.rewrites)
         self.record(recipe.kind, t0)
         return state
 
@@ -280,7 +283,7 @@ class Deriver:
         state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph,
                             (*parent.recipes, *kept),
                             program, order, (*parent.applied, *(r.description for r in kept)),
-                            parent.depth + 1, base_digest=parent.base_digest)
+                            parent.depth + 1, base_digest=parent.base_digest, rewrites=parent.rewrites)
         self.record(recipes[0].kind, t0)
         return state
 
@@ -295,7 +298,7 @@ class Deriver:
                 else f"undo: {recipes[0].kind} at {len(recipes)} sites")
         state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph, kept, program, order,
                             (*parent.applied, undo, *dropped), parent.depth + 1,
-                            base_digest=parent.base_digest)
+                            base_digest=parent.base_digest, rewrites=parent.rewrites)
         self.record("undo", t0)
         return state
 
@@ -312,9 +315,9 @@ class Deriver:
         if state is None:
             new = self.rebased(parent.base_digest, parent.base, parent.base_order, site,
                                parent.tree, parent.dgraph)
-            state = self._on_rebased(new, parent.tree, parent.recipes,
-                                     (*parent.applied, rule.describe(site)),
-                                     parent.depth + 1)
+            what = rule.describe(site)
+            state = self._on_rebased(new, parent.tree, parent.recipes, (*parent.applied, what),
+                                     parent.depth + 1, (*parent.rewrites, what))
         self.record("taso", t0)
         return state
 
@@ -330,21 +333,22 @@ class Deriver:
         what = self.rules.rewrite_rule(site.kind).describe(site)
         state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph, parent.recipes,
                             rw.graph, list(rw.order), (*parent.applied, what),
-                            parent.depth + 1, base_digest=parent.base_digest)
+                            parent.depth + 1, base_digest=parent.base_digest,
+                            rewrites=(*parent.rewrites, what))
         state.pending = PendingRebase(parent.base, tuple(parent.base_order), parent.base_digest, site)
         return state
 
     def _on_rebased(self, new: Rebased, tree: FTree, recipes: tuple[Recipe, ...],
-                    applied: tuple[str, ...], depth: int) -> State:
-        """The state on a rewritten base: `tree`'s enabled nodes carried over, the base
-        expanded, the recipes replayed."""
+                    applied: tuple[str, ...], depth: int, rewrites: tuple[str, ...]) -> State:
+        """The state on a rewritten base (`rewrites` made it): `tree`'s enabled nodes carried
+        over, the base expanded, the recipes replayed."""
         carried, lost = carry_enabled(tree, new.tree)
         base, base_order = new.base, list(new.order)
         program, order = self.expanded(base, base_order, carried, new.dgraph)
         program, order, kept, dropped = self.replay(program, order, recipes, region_nodes(carried))
         notes = [f"fission of F-Tree node {k} lost: no node of the new F-Tree covers its ops" for k in lost]
         return self.finish(base, base_order, carried, new.dgraph, kept, program, order,
-                           (*applied, *notes, *dropped), depth, base_digest=new.digest)
+                           (*applied, *notes, *dropped), depth, base_digest=new.digest, rewrites=rewrites)
 
     def resolve(self, state: State) -> State:
         """A pending state with its base rewritten and its F-Tree updated (see module doc):
@@ -366,7 +370,7 @@ class Deriver:
             state.pending = None
             self.record("resolve", t0)
             return state
-        derived = self._on_rebased(new, state.tree, state.recipes, state.applied, state.depth)
+        derived = self._on_rebased(new, state.tree, state.recipes, state.applied, state.depth, state.rewrites)
         self.record("resolve", t0)
         return derived
 

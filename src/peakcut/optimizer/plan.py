@@ -159,7 +159,15 @@ class Plan:
         r = self.report
         return (f"Plan(peak {format_bytes(r.get('peak_bytes', 0))} vs eager "
                 f"{format_bytes(r.get('eager_peak_bytes', 0))}, latency {format_seconds(r.get('latency_s', 0))} vs "
-                f"{format_seconds(r.get('eager_latency_s', 0))}, {len(r.get('applied', []))} rewrites)")
+                f"{format_seconds(r.get('eager_latency_s', 0))}, {len(plan_contents(r))} changes)")
+
+
+def plan_contents(report: dict[str, Any]) -> list[str]:
+    """What a plan does, one line each: its rewrites, fission regions and remat/swap/offload
+    recipes (the report's entries made by optimizer.api._plan_entries). report["applied"] is the search's path instead."""
+    regions = [f"fission: F-Tree node {f['ftree_node']} ({f['ops']} ops) in {f['n']} parts"
+               for f in report.get("fission", [])]
+    return [*report.get("rewrites", []), *regions, *report.get("recipes", [])]
 
 
 def _shapes(key: tuple[Any, ...] | None) -> str:

@@ -231,6 +231,8 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
                 reserve = heapq.nsmallest(QUEUE_LIMIT, reserve)
                 heapq.heapify(reserve)
 
+    pops = 0
+
     def pop() -> State | None:
         """The next state: from the approach queue every other time (while its head still
         beats the best), else from the queue, else from the reserve."""
@@ -241,7 +243,6 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
         queue = approach if approach and (pops % 2 == 0 or not heap) else heap if heap else reserve
         return heapq.heappop(queue)[2] if queue else None
 
-    pops = 0
     while heap or reserve or approach:
         if time.perf_counter() >= deadline - reserve_s():
             stopped = "time budget"
@@ -355,7 +356,7 @@ def _validated(bests: list[State], deriver: Deriver, objective: Objective, deadl
         if not s.compact or derived >= VALIDATE:
             break
         if exact and not any(objective.feasible(e.peak_bytes, e.latency_s) for e in exact) \
-                and not objective.feasible(s.peak_bytes * worse_peak, s.latency_s * worse_latency):
+                and not objective.feasible(math.ceil(s.peak_bytes * worse_peak), s.latency_s * worse_latency):
             continue    # would miss the limit as the later ones did
         if derived and time.perf_counter() + deriver.expected_exact_seconds(s) > deadline:
             break

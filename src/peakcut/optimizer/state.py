@@ -65,7 +65,8 @@ class State:
     order: list[int]
     peak_bytes: int
     latency_s: float
-    applied: tuple[str, ...]                  # what was done, oldest first (for the report)
+    applied: tuple[str, ...]                  # the search's path to it, oldest first: every move,
+    # undos and recipes dropped on the way included (for the report)
     digest: str                               # computation hash of the program
     depth: int = 0
     base_digest: str = ""                     # computation hash of the base ("": not known)
@@ -75,6 +76,8 @@ class State:
     # state: that state's (peak, latency); None otherwise
     narrow_waist: dict[int, int] | None = field(default=None, repr=False, compare=False)   # the
     # program's narrow-waist values, computed once (Deriver.rescheduled)
+    rewrites: tuple[str, ...] = ()            # the rewrites that made `base` from the capture, oldest
+    # first; with the enabled F-Tree nodes and the recipes, what the plan does
 
     def fission(self) -> tuple[tuple[int, int], ...]:
         """(F-Tree node, n) of every enabled node."""
