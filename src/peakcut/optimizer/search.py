@@ -204,7 +204,8 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
         return front_share + VALIDATE_RESERVE * deriver.expected_exact_seconds(best)
 
     def judge(child: State) -> None:
-        """A new state: the best when BetterThan, queued within the relaxation, else reserved."""
+        """A new state: the best when BetterThan; queued within the relaxation, else in the
+        approach queue when it approaches (Objective.approaches), else reserved."""
         nonlocal best, heap, reserve, approach, found_at
         if _update_front(front, child) and exact_front:
             found_at = states
