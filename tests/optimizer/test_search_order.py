@@ -111,3 +111,16 @@ def test_an_older_best_is_returned_when_the_latest_miss_the_limit_on_the_full_ex
     })
     result = search(ToyState("root", 100, 10.0), ToyDeriver(), Objective("latency", 31.0), time_budget=30)
     assert result.best.name == "roomy_exact"
+
+
+def test_the_best_exact_state_is_returned_when_every_estimated_best_misses_the_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The only best after the root is estimated just under the latency limit and misses it on
+    the full expansion; a state built later with exact figures, never the best, meets it and
+    is returned instead of the root."""
+    _use_space(monkeypatch, {
+        "root": [ToyState("edge", 45, 30.99, compact=True)],
+        "edge": [ToyState("exact_in_time", 50, 25.0)],
+    })
+    result = search(ToyState("root", 100, 10.0), ToyDeriver(), Objective("latency", 31.0), time_budget=30)
+    assert result.best.name == "exact_in_time"

@@ -45,8 +45,8 @@
 - states are evaluated on compact fission expansions (Deriver); the result is validated
   on the full expansion (Deriver.exact): the latest best first, then older bests while
   the exact figures differ from the estimate (once every exact one misses the limit, only
-  those whose estimate, worsened alike, still meets it), and the best exact one is
-  returned (with two derivations' worth of time kept out of the search for that),
+  those whose estimate, worsened alike, still meets it), and the best exact one (or the
+  best state built with exact figures) is returned (with two derivations' worth of time kept out of the search for that),
   resolved if pending. With `exact_front`,
   the front's compact states are re-derived too.
 """
@@ -174,6 +174,7 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
     key = lambda s: objective.key(s.peak_bytes, s.latency_s)  # noqa: E731
     best = root
     bests = [root]                 # every state that became the best, oldest first
+    best_exact = root              # the best state built whose figures are exact (not compact)
     heap: list[tuple[tuple, int, State]] = [(key(root), next(counter), root)]
     reserve: list[tuple[tuple, int, State]] = []    # built, outside the relaxation: used when heap empties
     approach: list[tuple[tuple, int, State]] = []   # miss the limit, beat the best's measure: every other pop
@@ -206,10 +207,12 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
     def judge(child: State) -> None:
         """A new state: the best when BetterThan; queued within the relaxation, else in the
         approach queue when it approaches (Objective.approaches), else reserved."""
-        nonlocal best, heap, reserve, approach, found_at
+        nonlocal best, best_exact, heap, reserve, approach, found_at
         if _update_front(front, child) and exact_front:
             found_at = states
         k = key(child)
+        if not child.compact and objective.better(k, key(best_exact)):
+            best_exact = child
         if objective.better(k, key(best)):
             best = child
             bests.append(child)
@@ -317,7 +320,7 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
         break
     if stopped == "queue empty" and max_states is not None and states >= max_states:
         stopped = "max states"
-    best = _validated(bests, deriver, objective, deadline)
+    best = _validated(bests, best_exact, deriver, objective, deadline)
     if exact_front and any(s.compact for s in front):
         front = _exact_front(front, deriver, deadline)
     report()
@@ -340,16 +343,20 @@ def _exact_front(front: list[State], deriver: Deriver, deadline: float) -> list[
     return exact
 
 
-def _validated(bests: list[State], deriver: Deriver, objective: Objective, deadline: float) -> State:
+def _validated(bests: list[State], best_exact: State, deriver: Deriver, objective: Objective,
+               deadline: float) -> State:
     """The best of the latest bests on the full expansion (see module doc): the latest is
     re-derived, then older ones while the estimates were off, at most VALIDATE in all and
     only while the next would end before `deadline`. Once the exact figures have all missed
     the limit, an older best is derived only if its estimate, worsened by the worst ratio of
     exact to estimated figures seen, still meets it: a search presses its estimates up to
     the limit, and an estimate off by 0.2% put every latest best of a ViT-base search over
-    it (the root was returned)."""
+    it (the root was returned). `best_exact`, the best state built with exact figures, is a
+    candidate too."""
     key = lambda s: objective.key(s.peak_bytes, s.latency_s)  # noqa: E731
     found: list[State] = [s for s in bests if not s.compact]    # exact already (the root is)
+    if all(s is not best_exact for s in found):
+        found.append(best_exact)
     derived = 0
     exact: list[State] = []              # re-derived here
     worse_peak = worse_latency = 1.0     # the worst exact / estimate ratios seen
