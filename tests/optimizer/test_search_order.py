@@ -49,21 +49,30 @@ class ToyDeriver:
         return ToyState(state.name + "_exact", state.peak_bytes, state.latency_s * 1.01)
 
 
-def _space() -> dict[str, list[ToyState]]:
-    """Two traps, one per mode. Under a memory limit of 50 the root's children include a small
-    but slow plan ("checkpoint everything") and a fast one over the limit; only the fast one
-    leads to a fast plan under the limit. Under a latency limit of 31 they include a plan in
-    time that can only be trimmed a little and a smaller one too slow; only the slow one leads
-    to a small plan in time. The two dead ends go on for ever, each child a little better."""
+def _memory_trap() -> dict[str, list[ToyState]]:
+    """Under a memory limit of 50 the root's children are a small but slow plan ("checkpoint
+    everything") and a fast one over the limit; only the fast one leads to a fast plan under
+    the limit. The slow plan's descendants go on for ever, now and then a little smaller and
+    never faster."""
     space: dict[str, list[ToyState]] = {
-        "root": [ToyState("slow0", 40, 40.0), ToyState("fast_over", 60, 11.0),
-                 ToyState("trim0", 50, 20.0), ToyState("small_late", 30, 35.0)],
+        "root": [ToyState("slow0", 40, 40.0), ToyState("fast_over", 60, 11.0)],
         "fast_over": [ToyState("fast_under", 45, 12.0)],
-        "small_late": [ToyState("small_in_time", 25, 30.5)],
     }
     for i in range(200):
         space[f"slow{i}"] = [ToyState(f"slow{i + 1}", 40 - (i + 1) // 20, 40.0)]
-        space[f"trim{i}"] = [ToyState(f"trim{i + 1}", 50 - i // 20, 20.0 - 0.01 * (i + 1))]
+    return space
+
+
+def _latency_trap() -> dict[str, list[ToyState]]:
+    """Under a latency limit of 31 the root's children are a plan in time that can only be
+    trimmed now and then, and a smaller one too slow; only the slow one leads to a small
+    plan in time."""
+    space: dict[str, list[ToyState]] = {
+        "root": [ToyState("trim0", 50, 20.0), ToyState("small_late", 30, 35.0)],
+        "small_late": [ToyState("small_in_time", 25, 30.5)],
+    }
+    for i in range(200):
+        space[f"trim{i}"] = [ToyState(f"trim{i + 1}", 50 - (i + 1) // 20, 20.0 - 0.01 * (i + 1))]
     return space
 
 
@@ -75,22 +84,19 @@ def _use_space(monkeypatch: pytest.MonkeyPatch, space: dict[str, list[ToyState]]
     monkeypatch.setattr(search_module, "make_key", lambda state: (state.name,))
 
 
-@pytest.fixture
-def toy_moves(monkeypatch: pytest.MonkeyPatch) -> None:
-    _use_space(monkeypatch, _space())
-
-
-def test_memory_mode_finds_the_cheaper_plan_through_a_state_over_the_limit(toy_moves: None) -> None:
+def test_memory_mode_finds_the_cheaper_plan_through_a_state_over_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Once a slow plan meets the limit, a faster state over the limit is still expanded: the
     search returns the fast plan under the limit, not the slow one's ever smaller descendants."""
+    _use_space(monkeypatch, _memory_trap())
     root = ToyState("root", 100, 10.0)
     result = search(root, ToyDeriver(), Objective("memory", 50), time_budget=30, max_states=60)
     assert result.best.name == "fast_under"
 
 
-def test_latency_mode_finds_the_smaller_plan_through_a_state_over_the_limit(toy_moves: None) -> None:
+def test_latency_mode_finds_the_smaller_plan_through_a_state_over_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same in latency mode: a state slower than allowed but smaller than the best in time
     is expanded, and its child in time is the smallest plan."""
+    _use_space(monkeypatch, _latency_trap())
     root = ToyState("root", 100, 10.0)
     result = search(root, ToyDeriver(), Objective("latency", 31.0), time_budget=30, max_states=60)
     assert result.best.name == "small_in_time"
