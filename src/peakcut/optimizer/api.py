@@ -260,10 +260,10 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         tree, dgraph = random_ftree(base, order, naive_fission_seed, batch_only=fission_dims == "batch")
     deriver = Deriver(cost, workspace, levels=levels, batch_only=fission_dims == "batch")
     base_digest = computation_hash(base)
-    root = deriver.finish(base, order, tree, dgraph, (), base, order, (), 0, base_digest=base_digest)
+    root = deriver.finish(base, order, tree, dgraph, (), base, order, (), 0, base_digest=base_digest, rewrites=())
     if order != list(base.order):
         captured = deriver.finish(base, list(base.order), tree, dgraph, (), base, list(base.order), (), 0,
-                                  base_digest=base_digest)
+                                  base_digest=base_digest, rewrites=())
         if objective.better(objective.key(captured.peak_bytes, captured.latency_s),
                             objective.key(root.peak_bytes, root.latency_s)):
             root = captured

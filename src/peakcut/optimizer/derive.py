@@ -139,7 +139,7 @@ class Deriver:
     def finish(self, base: Graph, base_order: list[int], tree: FTree, dgraph: DGraph,
                recipes: tuple[Recipe, ...], program: Graph, order: list[int], applied: tuple[str, ...],
                depth: int, compact: bool | None = None, *, base_digest: str,
-               rewrites: tuple[str, ...] = ()) -> State:
+               rewrites: tuple[str, ...]) -> State:
         """Place the nodes the recipes added, simulate, hash (a compact program priced per part).
         base_digest: computation hash of `base` ("" when not known); rewrites: the rewrites
         that made `base` from the capture, oldest first."""

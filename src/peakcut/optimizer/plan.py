@@ -164,7 +164,8 @@ class Plan:
 
 def plan_contents(report: dict[str, Any]) -> list[str]:
     """What a plan does, one line each: its rewrites, fission regions and remat/swap/offload
-    recipes (the report's entries made by optimizer.api._plan_entries). report["applied"] is the search's path instead."""
+    recipes (report entries made by optimizer.api._plan_entries); report["applied"] is the
+    search's path to the plan instead."""
     regions = [f"fission: F-Tree node {f['ftree_node']} ({f['ops']} ops) in {f['n']} parts"
                for f in report.get("fission", [])]
     return [*report.get("rewrites", []), *regions, *report.get("recipes", [])]
