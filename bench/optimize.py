@@ -57,7 +57,7 @@ def run_workload(name: str, devices: tuple[str, ...], budget: float, workspace: 
                          "states_per_minute": r["search"]["states_per_minute"],
                          "wall": time.perf_counter() - t0, "applied": len(r["applied"]),
                          "fission": r["fission"], "recipes": len(r["recipes"]),
-                         "rewrites": [d for d in r["applied"]
+                         "rewrites": [d for d in (*r["rewrites"], *r["recipes"])     # in the plan, not undone
                                       if d.startswith(BLOCK_REWRITES) or d.endswith(ACTIVATION_REWRITES)]})
     return rows
 
