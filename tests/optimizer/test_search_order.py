@@ -130,3 +130,33 @@ def test_the_best_exact_state_is_returned_when_every_estimated_best_misses_the_l
     })
     result = search(ToyState("root", 100, 10.0), ToyDeriver(), Objective("latency", 31.0), time_budget=30)
     assert result.best.name == "exact_in_time"
+
+
+def test_a_compact_best_at_the_limit_is_derived_at_once_and_the_search_goes_on_from_what_is_true(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The root's child is estimated just under the latency limit and misses it on the full
+    expansion (the toy's estimates are 1% optimistic); its own child is larger but has room to
+    spare. Judged on estimates alone, the edge state stays the best, its child never becomes
+    one, and the search returns the untransformed root. Derived as soon as it is the best, the
+    edge state falls back, the roomy child becomes the best and is returned."""
+    _use_space(monkeypatch, {
+        "root": [ToyState("edge", 40, 30.95, compact=True)],
+        "edge": [ToyState("roomy", 45, 25.0, compact=True)],
+    })
+    result = search(ToyState("root", 100, 10.0), ToyDeriver(), Objective("latency", 31.0), time_budget=30)
+    assert result.best.name == "roomy_exact"
+    assert [b.name for b in result.bests] == ["root", "edge", "root", "roomy"]
+
+
+def test_the_margin_learnt_in_the_search_keeps_later_estimates_off_the_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a derivation showed estimates 1% optimistic, a later compact state estimated 0.5%
+    under the limit is judged as missing it: it never becomes the best."""
+    _use_space(monkeypatch, {
+        "root": [ToyState("edge", 40, 30.95, compact=True)],
+        "edge": [ToyState("roomy", 45, 25.0, compact=True)],
+        "roomy": [ToyState("close", 42, 30.85, compact=True)],
+    })
+    result = search(ToyState("root", 100, 10.0), ToyDeriver(), Objective("latency", 31.0), time_budget=30)
+    assert "close" not in [b.name for b in result.bests]
+    assert result.best.name == "roomy_exact"
