@@ -16,6 +16,7 @@ from tests.cost.graphs import (
     add_graph,
     conv_graph,
     mm_graph,
+    one_op_graph,
     swap_graph,
     view_graph,
 )
@@ -131,3 +132,13 @@ def test_per_key_cache_lives_in_the_instance() -> None:
     g = mm_graph(64, 64, 64)
     a.node_seconds(g, NODE)
     assert call_key(g, NODE) in a._seconds and not b._seconds
+
+
+def test_an_overwriting_copy_reads_only_its_source() -> None:
+    """copy_ writes its destination without reading it: two tensors' bytes move, where add_
+    (which reads it) moves three (split_rows writes a part's gradient rows with copy_)."""
+    x = torch.empty(64, 256, device="meta")
+    nbytes = x.numel() * x.element_size()
+    assert node_work(one_op_graph("aten.copy_.default", x, torch.empty_like(x)), NODE).bytes == 2 * nbytes
+    assert node_work(one_op_graph("aten.add_.Tensor", x, torch.empty_like(x)), NODE).bytes == 3 * nbytes
+    assert node_work(one_op_graph("aten.zero_.default", x), NODE).bytes == nbytes

@@ -208,3 +208,34 @@ def test_element_wise_ops_with_keyword_arguments_split() -> None:
         report = peakcut.check_equivalence(copy.deepcopy(model), batch, loss_fn, peakcut.AdamW(),
                                            lambda _m, r=r: Step(r.graph, r.order), steps=3, rtol=RTOL, atol=ATOL)
         assert report.ok, f"{[g.nodes[v].op for v in best]} at n={n}: {report}"
+
+
+def test_grad_input_rows_are_written_once_where_the_parts_tile_them() -> None:
+    """Where the parts' grad_input rows cover the image, overlapping only at halos, part k
+    copies the rows past the previous part's and adds only the overlap, into a gradient never
+    zeroed; a strided 1x1 convolution's parts skip input rows, so its gradient is zeroed and
+    every part adds. Eager's numbers either way (float64, 2 AdamW steps)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(6, 6, 3, stride=2, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(6, 6, 1, stride=2), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten(), torch.nn.Linear(6, 4)).double()
+    batch = (torch.randn(2, 3, 16, 16, dtype=torch.float64), torch.randint(0, 4, (2,)))
+    loss_fn = _problem("densenet")[2]
+    g = peakcut.capture(model, batch, loss_fn, peakcut.AdamW(), keep_grads=True)
+    backs = {g.nodes[v].module: v for v in g.order if g.nodes[v].op == CONV_BACKWARD}
+    tiled = {"2": True, "4": False}            # the 3x3 stride-2 and the 1x1 stride-2 convolutions
+    for module, expect in tiled.items():
+        v = next(u for m, u in backs.items() if m.endswith(module))
+        for n in (2, 3):
+            r = split_rows(g, g.order, [v], n)
+            check_graph(r.graph)
+            ops = [r.graph.nodes[u].op for u in r.added]
+            grad_input = g.nodes[v].outputs[0]
+            alloc = next(r.graph.nodes[u] for u in r.added if grad_input in r.graph.nodes[u].output_ids())
+            assert (alloc.op == "aten.empty_strided.default") == expect, (module, n, alloc.op)
+            assert ("aten.copy_.default" in ops) == expect, (module, n, ops)
+            report = peakcut.check_equivalence(copy.deepcopy(model), batch, loss_fn, peakcut.AdamW(),
+                                               lambda _m, r=r: Step(r.graph, r.order), steps=2, rtol=RTOL,
+                                               atol=ATOL)
+            assert report.ok, f"{module} at n={n}: {report}"

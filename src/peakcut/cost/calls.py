@@ -16,7 +16,7 @@ import torch
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import TensorRef, map_refs
 from peakcut.ir.ops import COPY_DIRECTION, copied_argument, is_host_copy
-from peakcut.ir.registry import OpKind, bytes_moved, flops, lookup, reread_bytes
+from peakcut.ir.registry import OpKind, bytes_moved, flops, lookup, reread_bytes, unread_bytes
 from peakcut.ir.tensor import TensorMeta
 
 
@@ -106,7 +106,7 @@ def node_work(g: Graph, nid: int) -> NodeWork:
     return NodeWork(
         kind=kind,
         flops=flops(node.op, tuple(args), kwargs, outputs),
-        bytes=bytes_moved(inputs, outputs) + reread_bytes(node.op, tuple(args)),
+        bytes=bytes_moved(inputs, outputs) + reread_bytes(node.op, tuple(args)) - unread_bytes(node.op, tuple(args)),
         dtype=_compute_dtype(in_metas, out_metas),
     )
 

@@ -242,6 +242,20 @@ def reread_bytes(op: str, args: Sequence[Any]) -> int:
     return sum(args[i].numel() * args[i].element_size() for i in spec[0] if isinstance(args[i], torch.Tensor))
 
 
+# Ops that overwrite their first argument without reading it: bytes_moved counts it as read
+# (an input) and written (the output); the kernel only writes it.
+_OVERWRITES_FIRST = frozenset({"aten.copy_.default", "aten.zero_.default", "aten.fill_.Scalar",
+                               "aten.fill_.Tensor"})
+
+
+def unread_bytes(op: str, args: Sequence[Any]) -> int:
+    """Bytes bytes_moved counts as read that the call only writes: the destination of an
+    overwriting in-place op (module constant _OVERWRITES_FIRST)."""
+    if op not in _OVERWRITES_FIRST or not args or not isinstance(args[0], torch.Tensor):
+        return 0
+    return args[0].numel() * args[0].element_size()
+
+
 @cache
 def _overload(op: str) -> torch._ops.OpOverload | None:
 
