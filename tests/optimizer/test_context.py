@@ -58,3 +58,32 @@ def test_optimize_reports_the_calibration(tmp_path, monkeypatch) -> None:
 def test_keep_freed_host_memory_where_glibc() -> None:
     glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert keep_freed_host_memory() is glibc
+
+
+def test_a_skipped_calibration_still_times_a_warm_eager_step(tmp_path) -> None:
+    """With no time to measure the step's calls, nothing more runs, but one warm eager step is
+    timed (optimize keeps the time verifying a plan takes from it), and the model is as it was."""
+    model, batch, opt = _problem()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    g = peakcut.capture(model, batch, _loss, opt)
+    cost = MeasuredCostModel("cpu", cache_dir=tmp_path)
+    found = calibrate(g, cost, model, batch, eager_runner(model, batch, _loss, opt, None), opt, seconds=0.0)
+    assert "not all measured" in found.skipped and not found.eager_times
+    assert found.eager_step_s > 0 and found.factor == 1.0 and cost.context == 1.0
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert not opt.state
+
+
+def test_verification_keeps_its_time_when_the_calibration_is_skipped(tmp_path, monkeypatch) -> None:
+    """No share of the budget kept for verification and none for the calibration: the plan is
+    still run against eager (the time one verification takes is kept from the eager step the
+    skipped calibration timed)."""
+    import peakcut.optimizer.api as api
+    monkeypatch.setenv("PEAKCUT_CACHE", str(tmp_path))
+    monkeypatch.setattr(api, "CALIBRATE_SHARE", 0.0)
+    monkeypatch.setattr(api, "VERIFY_SHARE", 0.0)
+    model, batch, opt = _problem()
+    plan = peakcut.optimize(model, batch, _loss, opt, device="measured:cpu", time_budget=20)
+    assert plan.report["context"]["skipped"]
+    assert "skipped" not in plan.report["verification"], plan.report["verification"]

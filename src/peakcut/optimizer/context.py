@@ -61,6 +61,8 @@ class ContextCalibration:
     eager_times: tuple[float, ...] = ()  # measured seconds of the user's eager step, same rounds
     seconds: float = 0.0                 # wall time of the calibration (warm-up and binding included)
     skipped: str = ""                    # why nothing was run (factor and eager_ratio 1)
+    eager_step_s: float = 0.0            # a warm eager step: the median of eager_times, or where the
+    # rounds did not run, one step timed after the warm-up (what reserving verification needs)
 
     @property
     def eager_ratio(self) -> float:
@@ -89,7 +91,8 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
     warm-up) is timed and the rounds are reserved from it (RUNS_MARGIN); the step's calls are
     measured in the rest. A second eager step, after them, warms eager up again and prices
     the rounds. When the calls cannot all be measured, or the rounds would not fit in what is
-    left, nothing more runs (factor 1, the reason in `skipped`)."""
+    left, nothing more runs (factor 1, the reason in `skipped`; that second step's seconds
+    in `eager_step_s`, so that optimize can still keep the time verifying a plan takes)."""
     t0 = time.perf_counter()
     cost.context = 1.0
     times: list[float] = []
@@ -100,10 +103,11 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
         reserved = RUNS_MARGIN * (2 * RUNS + 2) * first
         cost.profile(g, deadline=t0 + seconds - reserved)
         if not all(cost.known(g, n) for n in g.order):
+            warm = _timed(eager, device)              # what a step takes, for the verification's share
             return ContextCalibration(skipped=f"the step's calls were not all measured within "
                                       f"{max(0.0, seconds - reserved):.1f} s ({reserved:.1f} s of "
                                       f"{seconds:.1f} s kept for the runs; raise time_budget)",
-                                      seconds=time.perf_counter() - t0)
+                                      seconds=time.perf_counter() - t0, eager_step_s=warm)
         predicted = step_seconds(cost, g, g.order)
         warm = _timed(eager, device)                  # warm again after the calls' own timing
         need = RUNS_MARGIN * (RUNS * warm + (RUNS + 1) * predicted)
@@ -111,7 +115,7 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
         if need > left:
             return ContextCalibration(skipped=f"running the step {RUNS + 1} times and eager {RUNS} times takes "
                                       f"about {need:.1f} s; {max(0.0, left):.1f} s left for it (raise time_budget)",
-                                      seconds=time.perf_counter() - t0)
+                                      seconds=time.perf_counter() - t0, eager_step_s=warm)
         step = Step(g, list(g.order))
         inputs = step.bind(model, batch)
         where = step.device_of(inputs)
@@ -122,7 +126,8 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
     factor = statistics.median(times) / predicted if predicted > 0 else 1.0
     factor = min(HIGHEST, max(LOWEST, factor))
     cost.context = factor
-    return ContextCalibration(factor, predicted, tuple(times), tuple(eager_times), time.perf_counter() - t0)
+    return ContextCalibration(factor, predicted, tuple(times), tuple(eager_times), time.perf_counter() - t0,
+                              eager_step_s=statistics.median(eager_times))
 
 
 def _timed(run: Callable[[], Any], device: torch.device) -> float:
