@@ -280,9 +280,10 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
         nonlocal best, best_exact, heap, reserve, approach, found_at
         if _update_front(front, child) and exact_front:
             found_at = states
-        if not child.compact and objective.better(key(child), key(best_exact)):
+        k = key(child)
+        if not child.compact and objective.better(k, key(best_exact)):
             best_exact = child
-        if objective.better(key(child), key(best)):
+        if objective.better(k, key(best)):
             best = child
             bests.append(child)
             found_at = states
@@ -290,7 +291,7 @@ def _search(root: State, deriver: Deriver, objective: Objective, time_budget: fl
             if child.compact and thin(child) and (calibration_s + deriver.expected_exact_seconds(child)
                                                   <= CALIBRATE_SHARE * time_budget):
                 calibrate(child)
-        k = key(child)
+                k = key(child)     # judged again with what the derivation taught the margin
         entry = (k, next(counter), child)
         if objective.within_relaxation(k, key(best)):
             heapq.heappush(heap, entry)

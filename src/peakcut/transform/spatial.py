@@ -375,7 +375,7 @@ def split_rows(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> 
         for v in region.nodes:
             node = g.nodes[v]
             if node.op == CONV_BACKWARD:
-                writes += _conv_backward_part(b, node, k, n, part, _tiles(g, node, n))
+                writes += _conv_backward_part(b, node, k, n, part, node.outputs[0] in tiled)
                 continue
             (out,) = node.output_ids()
             rows = need[out]
@@ -421,8 +421,7 @@ def _tiles(g: Graph, node: Node, n: int) -> bool:
     overlap, into a gradient never zeroed. A strided window that skips input rows does not
     tile: its gradient is zeroed and every part adds (the skipped rows stay 0)."""
     rows = [_grad_input_rows(g, node, k, n) for k in range(n)]
-    height = g.tensors[node.args[1].id].shape[ROWS] if isinstance(node.args[1], TensorRef) else 0
-    if not rows or rows[0].start != 0 or rows[-1].stop != height:
+    if rows[0].start != 0 or rows[-1].stop != g.tensors[node.args[1].id].shape[ROWS]:
         return False
     for k in range(1, n):
         if rows[k].start > rows[k - 1].stop or rows[k].stop < rows[k - 1].stop:
