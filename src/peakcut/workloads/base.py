@@ -84,19 +84,22 @@ class Workload:
         return {"paper": self.paper, "medium": self.medium, "tiny": self.tiny}[size]
 
     def build(
-        self, size: str = "tiny", batch_size: int | None = None, seed: int = 0
+        self, size: str = "tiny", batch_size: int | None = None, seed: int = 0,
+        device: str | torch.device | None = None,
     ) -> WorkloadInstance:
         """Build model, example batch and loss function at ``size``.
 
-        ``paper`` builds on the ``meta`` device (nothing allocated); ``medium`` and ``tiny``
-        build real CPU tensors whose values depend only on ``seed``. The model is in ``train()`` mode.
+        By default ``paper`` builds on the ``meta`` device (nothing allocated); ``medium`` and
+        ``tiny`` build real CPU tensors whose values depend only on ``seed``. ``device`` builds
+        real tensors there instead, at any size (``"cuda"``: a paper-size step on a GPU); values
+        then depend on ``seed`` and the device's random generator. The model is in ``train()`` mode.
         """
         facts = self.facts(size)
         bs = int(facts["batch"] if batch_size is None else batch_size)
         if bs < 1:
             raise ValueError(f"batch_size must be >= 1, got {bs}")
         dtype = _DTYPES[facts["dtype"]]
-        with _build_context(size, seed):
+        with _build_context(size, seed, device):
             model, batch = self.make(size, bs)
             model = model.to(dtype=dtype)
             batch = tuple(t.to(dtype) if t.is_floating_point() else t for t in batch)
@@ -115,15 +118,19 @@ class Workload:
 
 
 @contextlib.contextmanager
-def _build_context(size: str, seed: int) -> Iterator[None]:
-    """Meta device for ``paper``; a seeded, caller-isolated CPU RNG for ``medium`` and ``tiny``."""
-    if size == "paper":
-        with torch.device("meta"):
+def _build_context(size: str, seed: int, device: str | torch.device | None) -> Iterator[None]:
+    """The ambient device tensors are made on (default: meta for ``paper``, else the CPU), with
+    a seeded random generator isolated from the caller's."""
+    dev = torch.device(device if device is not None else "meta" if size == "paper" else "cpu")
+    if dev.type == "meta":
+        with torch.device(dev):
             yield
-    else:
-        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
-            torch.manual_seed(seed)
-            yield
+        return
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    with torch.random.fork_rng(devices=[dev.index] if dev.type == "cuda" else []), torch.device(dev):
+        torch.manual_seed(seed)
+        yield
 
 
 _WORKLOADS: tuple[Workload, ...] = (
