@@ -10,15 +10,30 @@ the measured figures.
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
 
 import peakcut
+from peakcut.codegen.program import Step
 from peakcut.cost.measured import MeasuredCostModel
+from peakcut.ir.tensor import Role
 from peakcut.optimizer import LimitNotMet
 from peakcut.optimizer.children import MoveSettings
-from peakcut.optimizer.verify import MAX_ROUNDS, MIN_ROUNDS, noise_band, rounds_for
+from peakcut.optimizer.objective import Objective
+from peakcut.optimizer.verify import (
+    MAX_ROUNDS,
+    MIN_ROUNDS,
+    eager_runner,
+    noise_band,
+    rounds_for,
+    verify,
+)
+from tests.helpers import cross_entropy_loss, make_mlp
+from tests.rules.test_offload_param import everything_on_host
 
 
 class FreeRecompute(MeasuredCostModel):
@@ -133,3 +148,51 @@ def test_too_little_time_left_skips_verification_and_says_so(tmp_path) -> None:
     with pytest.raises(LimitNotMet, match="peak limit not met"):      # the predicted reason, then
         peakcut.optimize(model, batch, _loss, opt, memory_limit=25 << 20, time_budget=0.5,
                          device=FreeRecompute("cpu", cache_dir=tmp_path), settings=MoveSettings.only("remat"))
+
+
+SLOW_BIND = 0.02
+
+
+class SlowBind(Step):
+    """A step whose binding takes SLOW_BIND seconds more than it needs (plan.step binds on
+    every call, so a user pays it on every step)."""
+
+    def bind(self, model: nn.Module, batch: Any) -> list[torch.Tensor]:
+        time.sleep(SLOW_BIND)
+        return super().bind(model, batch)
+
+
+def test_a_candidates_time_includes_its_bind_as_plan_step_pays_it() -> None:
+    model, batch = make_mlp()
+    opt = torch.optim.AdamW(model.parameters())
+    g = peakcut.capture(model, batch, cross_entropy_loss, opt)
+    eager = eager_runner(model, batch, cross_entropy_loss, opt, None)
+    verdict = verify([("plain", Step(g, g.order)), ("slow bind", SlowBind(g, g.order))], model, batch, eager,
+                     opt, Objective("latency", 1.0), 1e-3, MIN_ROUNDS)
+    plain, slow = verdict.candidates
+    assert slow.bind_s >= SLOW_BIND > plain.bind_s
+    assert min(slow.times) >= SLOW_BIND and slow.median_s - plain.median_s >= 0.5 * SLOW_BIND
+
+
+def test_parameters_and_state_a_candidate_keeps_on_the_host_are_put_back_for_eager() -> None:
+    """A candidate that keeps parameters and optimizer state in host memory moves them there
+    when it binds (p.data and optimizer.state replaced). Eager's rounds, and the user after
+    verification, must find the model's own tensors again: on a GPU eager would otherwise
+    meet parameters in host memory (U-Net on an H200 under memory_limit=0.5 failed so)."""
+    model, batch = make_mlp()
+    opt = torch.optim.AdamW(model.parameters())
+    eager = eager_runner(model, batch, cross_entropy_loss, opt, None)
+    eager()                                             # the optimizer's state exists
+    own = {n: p.data_ptr() for n, p in model.named_parameters()}
+    state = {(id(p), k): v for p, s in opt.state.items() for k, v in s.items()}
+    g, order = everything_on_host(peakcut.capture(model, batch, cross_entropy_loss, opt))
+    seen: list[dict[str, int]] = []
+    model.register_forward_pre_hook(lambda m, args: seen.append({n: p.data_ptr() for n, p in m.named_parameters()}))
+    assert {g.tensors[t].role for t in g.host_inputs()} == {Role.PARAM, Role.OPT_STATE}
+    verdict = verify([("on the host", Step(g, order))], model, batch, eager, opt,
+                     Objective("memory", float(1 << 40)), 1e-3, MIN_ROUNDS)
+    assert not verdict.failed and len(verdict.candidates[0].times) == MIN_ROUNDS
+    assert len(seen) >= MIN_ROUNDS + 2 and all(s == own for s in seen)   # eager's forwards, every round
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == own
+    assert {(id(p), k): v for p, s in opt.state.items() for k, v in s.items()}.keys() == state.keys()
+    assert all(opt.state[p][k] is state[(id(p), k)] for p, s in opt.state.items() for k in s)

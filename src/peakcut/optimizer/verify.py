@@ -9,7 +9,12 @@ MAX_ROUNDS, as the time left allows) the user's eager step (loss, backward, clip
 optimizer step, on the user's model and optimizer; parameters, buffers, grads, optimizer
 state and the RNG restored afterwards) and every candidate run once each, in turn, so that
 drifts of the machine (frequency, other processes) hit all alike. Time: median over the
-rounds, with min and max. Peak: one more run of each under the allocator's account
+rounds, with min and max. A candidate's time is its program's run plus its bind in steady
+state (BIND_RUNS binds timed once it has run), since plan.step binds on every call (on an
+H200 at paper size, ResNet-50's plan verified at x1.068 without its bind ran at x1.126 from
+plan.step; bench.gpu). A candidate that keeps parameters or optimizer state in host memory
+moves them there when it binds; after each of its runs they are put back (Layout, untimed),
+so that eager runs on the user's layout. Peak: one more run of each under the allocator's account
 (runtime.measure.bound_peak: the CPU profiler's events, or cuda max_memory_allocated
 beyond what was allocated before). A candidate that cannot bind or run is left out, and
 the reason reported. The user's optimizer hooks run on the eager rounds like on any step.
@@ -57,6 +62,9 @@ class Measured:
     method: str
     ratio: float = 1.0
     """Median over the rounds of its time / eager's time in the same round (eager: 1)."""
+    bind_s: float = 0.0
+    """A candidate: the seconds its bind takes in steady state (plan.step binds on every call),
+    already in `times`."""
 
     @property
     def median_s(self) -> float:
@@ -66,7 +74,7 @@ class Measured:
         return {"name": self.name, "peak_bytes": self.peak_bytes, "median_s": self.median_s,
                 "ratio_to_eager": self.ratio,
                 "min_s": min(self.times), "max_s": max(self.times), "runs": len(self.times),
-                "method": self.method}
+                "bind_s": self.bind_s, "method": self.method}
 
 
 @dataclass(frozen=True)
@@ -155,6 +163,47 @@ class Restore:
             self.rng.__exit__(None, None, None)
 
 
+class Layout:
+    """Which tensors hold the model's parameters and the optimizer's state: a candidate that
+    keeps some in host memory replaces them when it binds (p.data, optimizer.state[p][slot];
+    codegen.program, codegen.update_inputs). put_back() copies their values into the tensors
+    taken here and puts those back, so that eager and the next candidate run on the user's
+    layout (on a GPU, eager would otherwise meet parameters in host memory)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        self.params = [(p, p.data) for p in model.parameters()]
+        self.state = [] if optimizer is None else [
+            (s, k, v) for s in optimizer.state.values() for k, v in s.items() if isinstance(v, torch.Tensor)]
+
+    def put_back(self) -> None:
+        with torch.no_grad():
+            for p, data in self.params:
+                if p.data_ptr() != data.data_ptr() or p.device != data.device:
+                    data.copy_(p.detach())
+                    p.data = data
+            for s, k, v in self.state:
+                now = s.get(k)
+                if now is not v:
+                    if isinstance(now, torch.Tensor):
+                        v.copy_(now)
+                    s[k] = v
+
+
+BIND_RUNS = 3
+"""Binds timed per candidate, in steady state (its median is added to every round)."""
+
+
+def bind_seconds(step: Step, model: torch.nn.Module, batch: Any) -> float:
+    """Median seconds of `step.bind` once the step has run (its state made, its parameters
+    and state where it keeps them): what plan.step adds to every call before the program."""
+    times = []
+    for _ in range(BIND_RUNS):
+        start = time.perf_counter()
+        step.bind(model, batch)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -219,36 +268,36 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
     failed: list[tuple[str, str]] = []
     ran: list[int] = []
     peaks: list[int] = []
+    binds: list[float] = []
     with Restore(model, optimizer):
         eager()                                      # warm-up (and the optimizer's state)
         eager_peak = _eager_peak(eager, model, batch, optimizer)
-        bound = []
-        for index, (name, step) in enumerate(candidates):
-            try:
-                inputs = step.bind(model, batch)
-                dev = step.device_of(inputs)
-                step.run(inputs, dev)                # warm-up
-                peaks.append(bound_peak(step, inputs, dev, held_input_bytes(step, inputs)))
-            # Whatever a candidate raises (out of memory first), the others are still judged.
-            except Exception as e:
-                failed.append((name, error_line(e)))
-                continue
-            ran.append(index)
-            bound.append((step, inputs, dev))
-        runs: list[Callable[[], Any]] = [eager, *(lambda b=b: b[0].run(b[1], b[2]) for b in bound)]
-        times: list[list[float]] = [[] for _ in runs]
-        for r in range(rounds):
-            if r >= MIN_ROUNDS and time.perf_counter() > deadline:
-                break
-            for i, run in enumerate(runs):
-                sync_device(device)
-                start = time.perf_counter()
-                run()
-                sync_device(device)
-                times[i].append(time.perf_counter() - start)
+        layout = Layout(model, optimizer)
+        bound: list[Step] = []
+        try:
+            for index, (name, step) in enumerate(candidates):
+                try:
+                    inputs = step.bind(model, batch)
+                    dev = step.device_of(inputs)
+                    step.run(inputs, dev)                # warm-up
+                    peaks.append(bound_peak(step, inputs, dev, held_input_bytes(step, inputs)))
+                    binds.append(bind_seconds(step, model, batch))
+                # Whatever a candidate raises (out of memory first), the others are still judged.
+                except Exception as e:
+                    failed.append((name, error_line(e)))
+                    del peaks[len(ran):], binds[len(ran):]
+                    continue
+                finally:
+                    layout.put_back()
+                ran.append(index)
+                bound.append(step)
+            times = _rounds(eager, bound, binds, model, batch, device, layout, rounds, deadline)
+        finally:
+            layout.put_back()
     eager_m = Measured("eager", eager_peak, tuple(times[0]), method)
     cands = tuple(Measured(candidates[index][0], peak, tuple(times[i + 1]), method,
-                           statistics.median(c / e for c, e in zip(times[i + 1], times[0], strict=True)))
+                           statistics.median(c / e for c, e in zip(times[i + 1], times[0], strict=True)),
+                           bind_s=binds[i])
                   for i, (index, peak) in enumerate(zip(ran, peaks, strict=True)))
     noise = noise_band(times[0])
     if objective.mode == "latency":
@@ -262,6 +311,33 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
         pick = (min(meets, key=lambda i: (cands[i].peak_bytes, cands[i].ratio)) if objective.mode == "latency"
                 else min(meets, key=lambda i: (cands[i].ratio, cands[i].peak_bytes)))
     return Verdict(pick, eager_m, cands, limit, noise, time.perf_counter() - t0, tuple(ran), tuple(failed))
+
+
+def _rounds(eager: Callable[[], Any], steps: Sequence[Step], binds: Sequence[float], model: torch.nn.Module,
+            batch: Any, device: torch.device, layout: Layout, rounds: int, deadline: float) -> list[list[float]]:
+    """Seconds of eager (first) and of every step in each round. A step is bound before its
+    run (untimed: the first bind after put_back moves what the plan keeps in host memory
+    there again, which plan.step does once) and its steady-state bind time is added; the
+    layout is put back after it, for eager."""
+    times: list[list[float]] = [[] for _ in range(len(steps) + 1)]
+    for r in range(rounds):
+        if r >= MIN_ROUNDS and time.perf_counter() > deadline:
+            break
+        sync_device(device)
+        start = time.perf_counter()
+        eager()
+        sync_device(device)
+        times[0].append(time.perf_counter() - start)
+        for i, step in enumerate(steps):
+            inputs = step.bind(model, batch)
+            dev = step.device_of(inputs)
+            sync_device(device)
+            start = time.perf_counter()
+            step.run(inputs, dev)
+            sync_device(device)
+            times[i + 1].append(time.perf_counter() - start + binds[i])
+            layout.put_back()
+    return times
 
 
 def _meets(m: Measured, mode: str, limit: float) -> bool:
