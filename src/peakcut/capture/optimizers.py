@@ -156,16 +156,19 @@ def resolve_optimizer(optimizer: object, trainable: Iterable[torch.nn.Parameter]
                     f"instance, got {type(optimizer).__name__}")
 
 
-def describe(opt: torch.optim.Optimizer, model: torch.nn.Module) -> OptimizerSpec:
-    """The OptimizerSpec of a torch.optim optimizer over `model`'s parameters; a clear error
-    for optimizers, options and parameters peakcut cannot reproduce exactly."""
+def describe(opt: torch.optim.Optimizer, model: torch.nn.Module,
+             params: Mapping[str, torch.Tensor] | None = None) -> OptimizerSpec:
+    """The OptimizerSpec of a torch.optim optimizer over `model`'s parameters (`params`:
+    model.named_parameters() as a dict, when the caller has it); a clear error for
+    optimizers, options and parameters peakcut cannot reproduce exactly."""
     name = type(opt).__name__
     if type(opt) not in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW):
         raise TypeError(f"optimizer {type(opt).__module__}.{name} is not supported (subclasses neither: "
                         "their step() may differ): peakcut reproduces "
                         f"{SUPPORTED} exactly (any param groups, LR schedules, amsgrad, nesterov, maximize); "
                         "use one of them, or optimizer=None to get gradients and step your optimizer yourself")
-    names = {id(p): n for n, p in model.named_parameters()}
+    named = model.named_parameters() if params is None else params.items()
+    names = {id(p): n for n, p in named}
     groups = []
     kind = "sgd" if isinstance(opt, torch.optim.SGD) else "adam"
     for gi, group in enumerate(opt.param_groups):

@@ -117,11 +117,11 @@ class Step:
             )
         return t
 
-    def ensure_state(self, model: torch.nn.Module) -> Prepared:
+    def ensure_state(self, model: torch.nn.Module, params: Mapping[str, torch.Tensor] | None = None) -> Prepared:
         """Create the optimizer state the program reads (as torch.optim does on a first step)
         and read this step's hyper-parameters; returns what was created and read."""
         self._model = model
-        self._prepared = self.update.prepare(model, self.graph.signature.accumulate, self._returned_grads)
+        self._prepared = self.update.prepare(model, self.graph.signature.accumulate, self._returned_grads, params)
         return self._prepared
 
     @property
@@ -141,7 +141,7 @@ class Step:
         self._check_model_and_batch(params, buffers, leaves, spec)
         self.update.device = _device_of(
             {n: p for n, p in params.items() if n not in self._host_params}, leaves)
-        self.ensure_state(model)
+        self.ensure_state(model, params)
         try:
             return self._inputs(model, params, buffers, leaves)
         except Exception:
@@ -178,7 +178,7 @@ class Step:
 
     def _inputs(self, model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor],
                 leaves: list[Any]) -> list[torch.Tensor]:
-        opt_state = self.update.state_tensors(model)
+        opt_state = self.update.state_tensors(model, params)
         values: list[torch.Tensor] = []
         for tid, name in zip(self.graph.inputs, self.graph.input_names, strict=True):
             kind, _, key = name.partition(":")

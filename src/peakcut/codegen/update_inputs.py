@@ -11,6 +11,7 @@ removed again, step counts stay) and feeds `GradScaler`'s own scale update.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,15 +85,17 @@ class UpdateInputs:
         return self.scaler
 
     # ------------------------------------------------------------------ per call
-    def prepare(self, model: torch.nn.Module, accumulate: bool, returns_grads: set[str]) -> Prepared:
-        """Check the optimizer against the capture, create missing state, compute the scalars."""
+    def prepare(self, model: torch.nn.Module, accumulate: bool, returns_grads: set[str],
+                params: Mapping[str, torch.Tensor] | None = None) -> Prepared:
+        """Check the optimizer against the capture, create missing state, compute the scalars
+        (`params`: model.named_parameters() as a dict, when the caller has it)."""
         spec = self.spec
         out = Prepared()
         opt = self.optimizer_for(model)
         if spec is None or opt is None:
             return out
-        params = dict(model.named_parameters())
-        self._check_groups(opt, model, spec)
+        params = dict(model.named_parameters()) if params is None else params
+        self._check_groups(opt, model, spec, params)
         steps: dict[str, float] = {}
         first: dict[str, bool] = {}
         for group in spec.groups:            # checks first: nothing is created for a refused call
@@ -112,13 +115,14 @@ class UpdateInputs:
             raise
         return out
 
-    def state_tensors(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    def state_tensors(self, model: torch.nn.Module, params: Mapping[str, torch.Tensor] | None = None
+                      ) -> dict[str, torch.Tensor]:
         """'state:<param>.<slot>' -> tensor for every state tensor the optimizer holds for the
         captured parameters (Adam's 'step' included)."""
         opt = self.optimizer
         if self.spec is None or opt is None:
             return {}
-        params = dict(model.named_parameters())
+        params = dict(model.named_parameters()) if params is None else params
         found: dict[str, torch.Tensor] = {}
         for group in self.spec.groups:
             for name in group.params:
@@ -158,7 +162,8 @@ class UpdateInputs:
         return not skipped
 
     # ------------------------------------------------------------------ helpers
-    def _check_groups(self, opt: torch.optim.Optimizer, model: torch.nn.Module, spec: OptimizerSpec) -> None:
+    def _check_groups(self, opt: torch.optim.Optimizer, model: torch.nn.Module, spec: OptimizerSpec,
+                      params: Mapping[str, torch.Tensor]) -> None:
         hooks = getattr(opt, "_optimizer_step_pre_hooks", {}) or getattr(opt, "_optimizer_step_post_hooks", {})
         if hooks:
             raise StepBindingError(f"{type(opt).__name__} has step hooks (register_step_pre_hook / post_hook): "
@@ -167,7 +172,7 @@ class UpdateInputs:
             raise StepBindingError(f"{type(opt).__name__} has {len(opt.param_groups)} param groups, the plan was "
                                    f"made for {len(spec.groups)}: plan again after changing the groups")
         try:
-            live = describe(opt, model)
+            live = describe(opt, model, params)
         except (TypeError, ValueError) as e:
             raise StepBindingError(f"the optimizer no longer matches the plan: {e}") from None
         if live.kind != spec.kind:
