@@ -157,8 +157,8 @@ def resolve_optimizer(optimizer: object, trainable: Iterable[torch.nn.Parameter]
 
 
 def describe(opt: torch.optim.Optimizer, model: torch.nn.Module,
-             params: Mapping[str, torch.Tensor] | None = None) -> OptimizerSpec:
-    """The OptimizerSpec of a torch.optim optimizer over `model`'s parameters (`params`:
+             by_name: Mapping[str, torch.Tensor] | None = None) -> OptimizerSpec:
+    """The OptimizerSpec of a torch.optim optimizer over `model`'s parameters (`by_name`:
     model.named_parameters() as a dict, when the caller has it); a clear error for
     optimizers, options and parameters peakcut cannot reproduce exactly."""
     name = type(opt).__name__
@@ -167,7 +167,7 @@ def describe(opt: torch.optim.Optimizer, model: torch.nn.Module,
                         "their step() may differ): peakcut reproduces "
                         f"{SUPPORTED} exactly (any param groups, LR schedules, amsgrad, nesterov, maximize); "
                         "use one of them, or optimizer=None to get gradients and step your optimizer yourself")
-    named = model.named_parameters() if params is None else params.items()
+    named = model.named_parameters() if by_name is None else by_name.items()
     names = {id(p): n for n, p in named}
     groups = []
     kind = "sgd" if isinstance(opt, torch.optim.SGD) else "adam"
