@@ -162,7 +162,7 @@ class SlowBind(Step):
         return super().bind(model, batch)
 
 
-def test_a_candidates_time_includes_its_bind_as_plan_step_pays_it() -> None:
+def test_a_candidates_time_is_a_whole_call_with_its_bind_as_plan_step_makes_it() -> None:
     model, batch = make_mlp()
     opt = torch.optim.AdamW(model.parameters())
     g = peakcut.capture(model, batch, cross_entropy_loss, opt)
@@ -170,7 +170,6 @@ def test_a_candidates_time_includes_its_bind_as_plan_step_pays_it() -> None:
     verdict = verify([("plain", Step(g, g.order)), ("slow bind", SlowBind(g, g.order))], model, batch, eager,
                      opt, Objective("latency", 1.0), 1e-3, MIN_ROUNDS)
     plain, slow = verdict.candidates
-    assert slow.bind_s >= SLOW_BIND > plain.bind_s
     assert min(slow.times) >= SLOW_BIND and slow.median_s - plain.median_s >= 0.5 * SLOW_BIND
 
 

@@ -9,12 +9,14 @@ MAX_ROUNDS, as the time left allows) the user's eager step (loss, backward, clip
 optimizer step, on the user's model and optimizer; parameters, buffers, grads, optimizer
 state and the RNG restored afterwards) and every candidate run once each, in turn, so that
 drifts of the machine (frequency, other processes) hit all alike. Time: median over the
-rounds, with min and max. A candidate's time is its program's run plus its bind in steady
-state (BIND_RUNS binds timed once it has run), since plan.step binds on every call (on an
-H200 at paper size, ResNet-50's plan verified at x1.068 without its bind ran at x1.126 from
+rounds, with min and max. A candidate's time is a whole call, step(model, batch), as
+plan.step makes it: its bind (checking model, batch and optimizer, reading the
+hyper-parameters), the program, and the optimizer's step counts (on an H200 at paper size,
+ResNet-50's plan timed as its program alone verified at x1.068 and ran at x1.126 from
 plan.step; bench.gpu). A candidate that keeps parameters or optimizer state in host memory
 moves them there when it binds; after each of its runs they are put back (Layout, untimed),
-so that eager runs on the user's layout. Peak: one more run of each under the allocator's account
+so that eager runs on the user's layout, and an untimed bind before each timed call moves
+them again (plan.step does that once). Peak: one more run of each under the allocator's account
 (runtime.measure.bound_peak: the CPU profiler's events, or cuda max_memory_allocated
 beyond what was allocated before). A candidate that cannot bind or run is left out, and
 the reason reported. The user's optimizer hooks run on the eager rounds like on any step.
@@ -35,6 +37,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -62,9 +65,6 @@ class Measured:
     method: str
     ratio: float = 1.0
     """Median over the rounds of its time / eager's time in the same round (eager: 1)."""
-    bind_s: float = 0.0
-    """A candidate: the seconds its bind takes in steady state (plan.step binds on every call),
-    already in `times`."""
 
     @property
     def median_s(self) -> float:
@@ -74,7 +74,7 @@ class Measured:
         return {"name": self.name, "peak_bytes": self.peak_bytes, "median_s": self.median_s,
                 "ratio_to_eager": self.ratio,
                 "min_s": min(self.times), "max_s": max(self.times), "runs": len(self.times),
-                "bind_s": self.bind_s, "method": self.method}
+                "method": self.method}
 
 
 @dataclass(frozen=True)
@@ -189,21 +189,6 @@ class Layout:
                     s[k] = v
 
 
-BIND_RUNS = 3
-"""Binds timed per candidate, in steady state (its median is added to every round)."""
-
-
-def bind_seconds(step: Step, model: torch.nn.Module, batch: Any) -> float:
-    """Median seconds of `step.bind` once the step has run (its state made, its parameters
-    and state where it keeps them): what plan.step adds to every call before the program."""
-    times = []
-    for _ in range(BIND_RUNS):
-        start = time.perf_counter()
-        step.bind(model, batch)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -268,7 +253,6 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
     failed: list[tuple[str, str]] = []
     ran: list[int] = []
     peaks: list[int] = []
-    binds: list[float] = []
     with Restore(model, optimizer):
         eager()                                      # warm-up (and the optimizer's state)
         eager_peak = _eager_peak(eager, model, batch, optimizer)
@@ -281,23 +265,21 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
                     dev = step.device_of(inputs)
                     step.run(inputs, dev)                # warm-up
                     peaks.append(bound_peak(step, inputs, dev, held_input_bytes(step, inputs)))
-                    binds.append(bind_seconds(step, model, batch))
                 # Whatever a candidate raises (out of memory first), the others are still judged.
                 except Exception as e:
                     failed.append((name, error_line(e)))
-                    del peaks[len(ran):], binds[len(ran):]
+                    del peaks[len(ran):]
                     continue
                 finally:
                     layout.put_back()
                 ran.append(index)
                 bound.append(step)
-            times = _rounds(eager, bound, binds, model, batch, device, layout, rounds, deadline)
+            times = _rounds(eager, bound, model, batch, device, layout, rounds, deadline)
         finally:
             layout.put_back()
     eager_m = Measured("eager", eager_peak, tuple(times[0]), method)
     cands = tuple(Measured(candidates[index][0], peak, tuple(times[i + 1]), method,
-                           statistics.median(c / e for c, e in zip(times[i + 1], times[0], strict=True)),
-                           bind_s=binds[i])
+                           statistics.median(c / e for c, e in zip(times[i + 1], times[0], strict=True)))
                   for i, (index, peak) in enumerate(zip(ran, peaks, strict=True)))
     noise = noise_band(times[0])
     if objective.mode == "latency":
@@ -313,30 +295,27 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
     return Verdict(pick, eager_m, cands, limit, noise, time.perf_counter() - t0, tuple(ran), tuple(failed))
 
 
-def _rounds(eager: Callable[[], Any], steps: Sequence[Step], binds: Sequence[float], model: torch.nn.Module,
-            batch: Any, device: torch.device, layout: Layout, rounds: int, deadline: float) -> list[list[float]]:
-    """Seconds of eager (first) and of every step in each round. A step is bound before its
-    run (untimed: the first bind after put_back moves what the plan keeps in host memory
-    there again, which plan.step does once) and its steady-state bind time is added; the
-    layout is put back after it, for eager."""
+def _rounds(eager: Callable[[], Any], steps: Sequence[Step], model: torch.nn.Module, batch: Any,
+            device: torch.device, layout: Layout, rounds: int, deadline: float) -> list[list[float]]:
+    """Seconds of eager (first) and of every step in each round. A step's time is a whole
+    call, step(model, batch), as plan.step makes it (bind, program, the optimizer's step
+    counts). An untimed bind before it moves what the plan keeps in host memory there again
+    (plan.step does that once), and the layout is put back after it, for eager."""
     times: list[list[float]] = [[] for _ in range(len(steps) + 1)]
+    runs: list[Callable[[], Any]] = [eager, *(partial(step, model, batch) for step in steps)]
     for r in range(rounds):
         if r >= MIN_ROUNDS and time.perf_counter() > deadline:
             break
-        sync_device(device)
-        start = time.perf_counter()
-        eager()
-        sync_device(device)
-        times[0].append(time.perf_counter() - start)
-        for i, step in enumerate(steps):
-            inputs = step.bind(model, batch)
-            dev = step.device_of(inputs)
+        for i, run in enumerate(runs):
+            if i > 0:
+                steps[i - 1].bind(model, batch)
             sync_device(device)
             start = time.perf_counter()
-            step.run(inputs, dev)
+            run()
             sync_device(device)
-            times[i + 1].append(time.perf_counter() - start + binds[i])
-            layout.put_back()
+            times[i].append(time.perf_counter() - start)
+            if i > 0:
+                layout.put_back()
     return times
 
 
