@@ -212,6 +212,20 @@ def test_paper_builds_on_meta(name: str) -> None:
     assert count == pytest.approx(PAPER_PARAMS[name], rel=0.03), count
 
 
+def test_a_device_builds_real_tensors_there_at_any_size() -> None:
+    """build(..., device=) is how a paper-size step is made on a GPU (bench.gpu): real,
+    seeded tensors on that device; the CPU gives the default's values, meta none."""
+    workload = get_workload("resnet50")
+    default, cpu = workload.build("tiny", seed=5), workload.build("tiny", seed=5, device="cpu")
+    for a, b in zip([*default.model.parameters(), *default.batch], [*cpu.model.parameters(), *cpu.batch], strict=True):
+        assert torch.equal(a, b)
+    meta = workload.build("tiny", device="meta")
+    assert all(t.device.type == "meta" for t in [*meta.model.parameters(), *meta.batch])
+    paper = workload.build("paper", batch_size=1, device="cpu")
+    assert all(t.device.type == "cpu" for t in [*paper.model.parameters(), *paper.batch])
+    assert paper.batch[0].shape == (1, 3, 224, 224) and torch.isfinite(_loss(paper))
+
+
 def test_paper_input_shapes() -> None:
     image = {"resnet50": 224, "vit-base": 224, "unet": 256, "unetpp": 256}
     for name, side in image.items():
