@@ -85,6 +85,7 @@ class Step:
         self._prepared = Prepared()
         self._model: torch.nn.Module | None = None
         self._returned_grads = {n.removeprefix("grad:") for n in graph.output_names if n.startswith("grad:")}
+        self._batch_spec: Any = None            # the batch structure last checked against the capture
         spec = self.update.spec
         self._updated = {n for g in spec.groups for n in g.params} if spec is not None else set()
         self.host = HostPool()
@@ -167,8 +168,9 @@ class Step:
                 state = "now requires" if changed[0] in now else "no longer requires"
                 raise StepBindingError(f"parameter {changed[0]!r} {state} a gradient ({len(changed)} changed since "
                                        "planning): which parameters train is part of the plan; plan again")
-        if pytree.treespec_dumps(spec) != sig.batch_spec:
+        if spec != self._batch_spec and pytree.treespec_dumps(spec) != sig.batch_spec:
             raise StepBindingError("batch: its structure differs from the batch the step was captured with")
+        self._batch_spec = spec                 # the last structure that matched: no dump next time
         for tid, name in zip(self.graph.inputs, self.graph.input_names, strict=True):
             if name.startswith("batch:"):
                 index = int(name.partition(":")[2])
@@ -268,6 +270,8 @@ class Step:
             return pytree.tree_unflatten(list(outputs), spec)
         named = dict(zip(self.graph.output_names, outputs, strict=True))
         self.update.finish(self._prepared, named.get("found_inf"))
+        if not self._returned_grads and not sig.accumulate:
+            return outputs[0]
         params = dict(model.named_parameters())
         for name, value in named.items():
             if name.startswith("grad:"):
