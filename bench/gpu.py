@@ -42,17 +42,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-LR = 1e-4
 WARMUP = 1
 LIMITS = {"latency": ("latency_limit", 1.10), "memory": ("memory_limit", 0.5)}
 
 
 # ---------------------------------------------------------------- one workload (child process)
-
-def _adamw(model: Any) -> Any:
-    import torch
-    return torch.optim.AdamW(model.parameters(), lr=LR)
-
 
 def _timed_steps(step: Any, runs: int, held_bytes: int) -> dict[str, Any]:
     """Peak over one step, then `runs` steps each timed by CUDA events (seconds). On a CPU (a
@@ -92,20 +86,6 @@ def _timed_steps(step: Any, runs: int, held_bytes: int) -> dict[str, Any]:
             walls.append(times[-1])
     return {**peak, "times_s": times, "median_s": statistics.median(times), "min_s": min(times),
             "max_s": max(times), "wall_times_s": walls, "wall_median_s": statistics.median(walls)}
-
-
-def _loop_step(model: Any, opt: Any, inst: Any) -> Any:
-    params = list(model.parameters())
-
-    def step() -> Any:
-        loss = inst.loss_fn(model, inst.batch)
-        loss.backward()
-        opt.step()
-        for p in params:
-            p.grad = None
-        return loss.detach()
-
-    return step
 
 
 def _snapshot(model: Any, opt: Any, loss: Any) -> dict[str, Any]:
@@ -163,6 +143,7 @@ def run_one(name: str, size: str, batch: int | None, limit: str, budget: float, 
     import torch
 
     import peakcut
+    from bench.measured.configs import adamw, eager_step
     from bench.peers.measure import caller_held_bytes
     from peakcut.workloads import get_workload
 
@@ -182,8 +163,8 @@ def run_one(name: str, size: str, batch: int | None, limit: str, budget: float, 
     reduction = max(t.numel() for t in inst.batch)     # tokens, or pixels x channels: the longest weight-gradient sum
 
     # eager
-    opt = _adamw(model)
-    step = _loop_step(model, opt, inst)
+    opt = adamw(model)
+    step = eager_step(model, opt, lambda: inst.loss_fn(model, inst.batch))
     eager_1 = _snapshot(model, opt, step())
     for _ in range(WARMUP):
         step()
@@ -199,7 +180,7 @@ def run_one(name: str, size: str, batch: int | None, limit: str, budget: float, 
     torch.cuda.empty_cache()
 
     # peakcut
-    opt = _adamw(model)
+    opt = adamw(model)
     before = _checksum(model)
     kind, value = LIMITS[limit]
     t1 = time.perf_counter()
