@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 
+import pytest
 import torch
 from torch import nn
 
@@ -84,6 +85,8 @@ def test_verification_keeps_its_time_when_the_calibration_is_skipped(tmp_path, m
     monkeypatch.setattr(api, "CALIBRATE_SHARE", 0.0)
     monkeypatch.setattr(api, "VERIFY_SHARE", 0.0)
     model, batch, opt = _problem()
-    plan = peakcut.optimize(model, batch, _loss, opt, device="measured:cpu", time_budget=20)
+    with pytest.warns(UserWarning, match="not calibrated to a whole step") as caught:
+        plan = peakcut.optimize(model, batch, _loss, opt, device="measured:cpu", time_budget=20)
+    assert caught[0].filename == __file__              # the warning points at the caller's line
     assert plan.report["context"]["skipped"]
     assert "skipped" not in plan.report["verification"], plan.report["verification"]

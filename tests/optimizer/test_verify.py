@@ -144,8 +144,10 @@ def test_verify_false_and_analytic_devices_do_not_run_plans() -> None:
 
 def test_too_little_time_left_skips_verification_and_says_so(tmp_path) -> None:
     model, batch, opt = _problem()
-    plan = peakcut.optimize(model, batch, _loss, opt, latency_limit=1.10, time_budget=0.5,
-                            device=FreeRecompute("cpu", cache_dir=tmp_path), settings=MoveSettings.only("remat"))
+    with pytest.warns(UserWarning, match="not verified by running it") as caught:
+        plan = peakcut.optimize(model, batch, _loss, opt, latency_limit=1.10, time_budget=0.5,
+                                device=FreeRecompute("cpu", cache_dir=tmp_path), settings=MoveSettings.only("remat"))
+    assert any(w.filename == __file__ for w in caught)   # pointing at the caller's line
     assert "raise time_budget" in plan.report["verification"]["skipped"]
     with pytest.raises(LimitNotMet, match="peak limit not met"):      # the predicted reason, then
         peakcut.optimize(model, batch, _loss, opt, memory_limit=25 << 20, time_budget=0.5,

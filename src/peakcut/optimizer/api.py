@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import operator
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -385,6 +386,9 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
             if isinstance(cost, MeasuredCostModel):
                 host_memory = _host_memory(model, keep_host_memory)
                 calibration = calibrate(g, cost, model, b, eager, opt, CALIBRATE_SHARE * budget)
+                if calibration.skipped:
+                    warnings.warn(f"peakcut: per-op times not calibrated to a whole step: {calibration.skipped}",
+                                  stacklevel=3)
                 searched = dict(search, device=cost, eager_ratio=calibration.eager_ratio)
 
             def check(found: Optimized, seconds: float) -> tuple[State, bool, str]:
@@ -437,6 +441,8 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
     if seconds < needed_seconds(predicted):
         report["verification"] = {"skipped": f"{seconds:.1f} s of the time budget left; running eager and one "
                                   f"plan takes about {needed_seconds(predicted):.1f} s (raise time_budget)"}
+        warnings.warn(f"peakcut: the plan was not verified by running it: {report['verification']['skipped']}; "
+                      "its limit is met as predicted only", stacklevel=6)
         return found.best, found.feasible, ""
     candidates = found.candidates(programs_for(predicted, seconds, VERIFY_CANDIDATES))
     state, verdict = choose(candidates, found.result.root, found.objective, predicted,
