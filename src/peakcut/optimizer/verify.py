@@ -270,15 +270,15 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
                     inputs = step.bind(model, batch)
                     dev = step.device_of(inputs)
                     step.run(inputs, dev)                # warm-up
-                    peaks.append(bound_peak(step, inputs, dev, held_input_bytes(step, inputs)))
+                    peak = bound_peak(step, inputs, dev, held_input_bytes(step, inputs))
                 # Whatever a candidate raises (out of memory first), the others are still judged.
                 except Exception as e:
                     failed.append((name, error_line(e)))
-                    del peaks[len(ran):]
                     continue
                 finally:
                     layout.put_back()
                 ran.append(index)
+                peaks.append(peak)
                 bound.append(step)
             times = _rounds(eager, bound, model, batch, device, layout, rounds, deadline)
         finally:
