@@ -42,6 +42,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
+import peakcut
+from bench.measured.configs import adamw, eager_step
+from bench.peers.measure import caller_held_bytes
+from peakcut.runtime import profiler_peak
+from peakcut.runtime.equivalence import rounding_tolerance
+from peakcut.workloads import WORKLOAD_NAMES, get_workload
+
 WARMUP = 1
 LIMITS = {"latency": ("latency_limit", 1.10), "memory": ("memory_limit", 0.5)}
 
@@ -51,9 +60,6 @@ LIMITS = {"latency": ("latency_limit", 1.10), "memory": ("memory_limit", 0.5)}
 def _timed_steps(step: Any, runs: int, held_bytes: int) -> dict[str, Any]:
     """Peak over one step, then `runs` steps each timed by CUDA events (seconds). On a CPU (a
     dry run of this bench): the CPU allocator's events plus `held_bytes`, and perf_counter."""
-    import torch
-
-    from peakcut.runtime import profiler_peak
     if not torch.cuda.is_available():
         delta, _ = profiler_peak(step)
         peak = {"max_memory_allocated": held_bytes + delta, "max_memory_reserved": held_bytes + delta,
@@ -89,7 +95,6 @@ def _timed_steps(step: Any, runs: int, held_bytes: int) -> dict[str, Any]:
 
 
 def _snapshot(model: Any, opt: Any, loss: Any) -> dict[str, Any]:
-    import torch
     """Step 1's results on the host: loss, parameters, first moments."""
     params = dict(model.named_parameters())
     return {"loss": loss.detach().to("cpu", torch.float64, copy=True),
@@ -114,9 +119,6 @@ def _number_check(eager: dict[str, Any], plan: dict[str, Any], init: dict[str, A
     Tolerance: float32 rounding of a reduction of `reduction` terms
     (peakcut.runtime.equivalence.rounding_tolerance); a half-precision result is rounded
     once more from float32 accumulation."""
-    import torch
-
-    from peakcut.runtime.equivalence import rounding_tolerance
     tol = rounding_tolerance(torch.float32, reduction)
     if dtype in (torch.float16, torch.bfloat16):
         tol += rounding_tolerance(dtype, 1)
@@ -140,12 +142,6 @@ def _checksum(model: Any) -> float:
 
 
 def run_one(name: str, size: str, batch: int | None, limit: str, budget: float, runs: int) -> dict[str, Any]:
-    import torch
-
-    import peakcut
-    from bench.measured.configs import adamw, eager_step
-    from bench.peers.measure import caller_held_bytes
-    from peakcut.workloads import get_workload
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -266,8 +262,6 @@ def _run_child(name: str, limit: str, args: argparse.Namespace, end: float, out:
 
 
 def main() -> None:
-    from peakcut.workloads import WORKLOAD_NAMES
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("workloads", nargs="*", default=list(WORKLOAD_NAMES),
                    help="default: all seven; NAME:LIMIT (bert-base:memory) runs NAME under that limit only")
