@@ -9,7 +9,11 @@ from bench.gpu import _number_check, run_one
 
 
 def test_one_tiny_workload_end_to_end() -> None:
-    row = run_one("bert-base", "tiny", None, "latency", budget=3.0, runs=2)
+    """ResNet-50, not a transformer: AdamW's first update is lr x g / |g|, so a gradient that is
+    zero in exact arithmetic (a key bias under softmax) takes the sign of its rounding noise,
+    and a plan that rounds differently from eager on another CPU would differ there by whole
+    updates (bench.measured judges those against a float64 run; this check does not)."""
+    row = run_one("resnet50", "tiny", None, "latency", budget=3.0, runs=2)
     assert row["device"] == "cpu (dry run)" and row["model_unchanged_by_optimize"]
     assert row["numbers"]["equal"], row["numbers"]
     for config in ("eager", "peakcut"):
