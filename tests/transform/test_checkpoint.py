@@ -175,7 +175,7 @@ def test_checkpointing_inside_an_enabled_fission_region() -> None:
     splits = [m.build() for m in children(root, deriver, MoveSettings.only("fission"), random.Random(0))]
     split = max(splits, key=lambda s: sum(len(f.nodes) for f in s.tree.enabled()))
     (move,) = [m for m in children(split, deriver, MoveSettings.only("taso"), random.Random(0))
-               if m.description.startswith("checkpoint")]
+               if m.rule == "checkpoint_blocks"]
     state = deriver.resolve(move.build())
     assert [n for _, n in state.fission()] == [n for _, n in split.fission()]
     assert state.peak_bytes < split.peak_bytes

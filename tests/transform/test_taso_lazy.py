@@ -33,8 +33,7 @@ WHY_NOT = {"drop_identity": (algebra.why_not_drop_identity, algebra.IDENTITY_OPS
 def _eager_found(g: Graph, order: Sequence[int], kind: str) -> list[TasoCandidate]:
     """Every site of `kind`, each validated with the public why_not_* (order checked too)."""
     out: list[TasoCandidate] = []
-    if kind in ("split_batch_norms", "split_rows", "checkpoint_blocks", "uncheckpoint_blocks",
-                "recompute_activations"):   # not TASO rules: few sites
+    if kind not in (*WHY_NOT, "merge_matmuls", "split_matmul"):   # not TASO rules: few sites
         return list(RULES.rewrite_rule(kind).sites(g, order))
     if kind == "merge_matmuls":
         for nodes in merge_groups(g):

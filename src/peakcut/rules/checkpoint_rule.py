@@ -33,8 +33,8 @@ from peakcut.transform.rewrite import Rewrite, RuleError
 from peakcut.transform.taso.find import TasoCandidate
 
 
-class _BlockRule(RewriteRule):
-    """What both rules do alike: a site names blocks; it applies where one of them does."""
+class BlockRule(RewriteRule):
+    """What the block rules do alike: a site names blocks; it applies where one of them does."""
 
     in_regions = True
 
@@ -68,7 +68,7 @@ class _BlockRule(RewriteRule):
         return site.description
 
 
-class CheckpointBlocksRule(_BlockRule):
+class CheckpointBlocksRule(BlockRule):
     """Each block's backward reads a recompute of the block's forward (torch.utils.checkpoint
     around every block, or around the first half)."""
 
@@ -94,7 +94,7 @@ class CheckpointBlocksRule(_BlockRule):
         return checkpoint_blocks(g, order, targets)
 
 
-class UncheckpointBlocksRule(_BlockRule):
+class UncheckpointBlocksRule(BlockRule):
     """Checkpointed blocks' backward reads the forward's tensors again (checkpoint_blocks undone)."""
 
     kind = "uncheckpoint_blocks"

@@ -22,6 +22,7 @@ from peakcut.memory import MemoryProfile, simulate
 from peakcut.rules.activations_rule import RecomputeActivationsRule
 from peakcut.rules.batch_norm_rule import SplitBatchNormsRule
 from peakcut.rules.checkpoint_rule import CheckpointBlocksRule, UncheckpointBlocksRule
+from peakcut.rules.checkpoint_segments_rule import CheckpointSegmentsRule
 from peakcut.rules.fission_rule import FissionRule
 from peakcut.rules.host_update_rule import HostUpdateRule
 from peakcut.rules.hotspot import Hotspot
@@ -234,6 +235,7 @@ RULES = Registry(
     ),
     rewrites=(
         CheckpointBlocksRule(),
+        CheckpointSegmentsRule(),
         RecomputeActivationsRule(),
         UncheckpointBlocksRule(),
         MergeMatmulsRule(),

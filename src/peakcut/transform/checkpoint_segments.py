@@ -1,0 +1,132 @@
+"""The forward ops outside a model's repeated blocks, as units to checkpoint like blocks.
+
+find_blocks (transform/checkpoint.py) finds the repeated modules; what runs between them is
+left whole: a ResNet's stem (conv1, bn1, relu, maxpool: at medium size 67 MiB of activations
+held through the whole backward once every bottleneck is checkpointed), a U-Net's input
+double convolution and the upsampling and concatenation before each decoder stage, U-Net++'s
+concatenations (a cat copies tensors that are kept anyway; at medium size 308 of the 552 MiB
+live at the checkpointed step's peak). Two ways to recompute them, each a list of `Block`s
+that checkpoint_blocks takes as it takes repeated blocks (its safety checks and placement
+apply unchanged):
+
+- forward_segments: each maximal run of forward ops, in capture order, that belongs to no
+  repeated block (a stem, a head, the ops between two stages). What a segment hands to later
+  forward ops (its output: a block's input) is kept; what only its own backward reads is
+  recomputed there.
+- blocks_with_inputs: each repeated block joined with the segment right before it (the ops
+  that make its input). The block's input is then made inside the unit, so it is recomputed
+  too, from what the segment reads (for a concatenation: the tensors it concatenates).
+
+Names (Block.module, the recomputes' RematTag.block) are unique in the graph: a segment is
+named by its first and last module and node ("conv1..maxpool (convolution..max_pool2d_with_
+indices)"), a joined block "<block> with <segment>". group_units recovers the units from the
+flat node tuple of a rule's site.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from peakcut.ir.graph import Graph
+from peakcut.ir.node import Phase
+from peakcut.transform.checkpoint import Block, find_blocks
+
+
+def _repeated(g: Graph) -> dict[int, str]:
+    """Forward node -> the repeated block it is in."""
+    return {v: b.module for blocks in find_blocks(g).values() for b in blocks for v in b.nodes}
+
+
+def _segment_runs(g: Graph, in_block: dict[int, str]) -> list[list[int]]:
+    """The maximal runs of forward nodes (recomputes left out) in no repeated block, in capture
+    order; empty when the step has no repeated blocks (then nothing lies between them)."""
+    if not in_block:
+        return []
+    runs: list[list[int]] = []
+    current: list[int] = []
+    for v in g.order:
+        node = g.nodes[v]
+        if node.phase is not Phase.FORWARD or node.tags.remat is not None:
+            continue
+        if v in in_block:
+            if current:
+                runs.append(current)
+                current = []
+        else:
+            current.append(v)
+    if current:
+        runs.append(current)
+    return runs
+
+
+def _segment_name(g: Graph, run: Sequence[int]) -> str:
+    first, last = g.nodes[run[0]], g.nodes[run[-1]]
+
+    def name(node_id: int) -> str:
+        return g.nodes[node_id].name or f"node {node_id}"
+
+    modules = [g.nodes[v].module for v in run if g.nodes[v].module]
+    where = f"{modules[0]}..{modules[-1]}" if modules else "step"
+    if first is last:
+        return f"{where} ({name(run[0])})"
+    return f"{where} ({name(run[0])}..{name(run[-1])})"
+
+
+def forward_segments(g: Graph) -> list[Block]:
+    """The forward ops between, before and after the repeated blocks, one Block per maximal
+    run (module doc), in capture order."""
+    return [Block(_segment_name(g, run), tuple(run)) for run in _segment_runs(g, _repeated(g))]
+
+
+def blocks_with_inputs(g: Graph) -> list[Block]:
+    """Every repeated block joined with the segment that runs right before it (module doc), in
+    capture order; a block with no segment right before it (the next bottleneck of a stage)
+    is itself."""
+    in_block = _repeated(g)
+    units: dict[str, tuple[list[int], list[int]]] = {}    # block -> (segment before it, its nodes)
+    run: list[int] = []           # the forward nodes outside blocks since the last block node
+    for v in g.order:
+        node = g.nodes[v]
+        if node.phase is not Phase.FORWARD or node.tags.remat is not None:
+            continue
+        module = in_block.get(v)
+        if module is None:
+            run.append(v)
+            continue
+        if module not in units:
+            units[module] = (run, [])
+        units[module][1].append(v)
+        run = []
+    return [Block(f"{module} with {_segment_name(g, before)}" if before else module, (*before, *nodes))
+            for module, (before, nodes) in units.items()]
+
+
+def group_units(g: Graph, nodes: Sequence[int]) -> list[Block] | str:
+    """The units (of forward_segments or blocks_with_inputs) whose nodes, unit after unit,
+    are `nodes`: a unit starts at a segment's node unless a node of the same segment comes
+    right before, and at a block's node unless the node before is of the same block or of
+    a segment (the segment joined to it). A reason where a node is no forward node of g."""
+    in_block = _repeated(g)
+    segment_of = {v: i for i, run in enumerate(_segment_runs(g, in_block)) for v in run}
+    groups: list[list[int]] = []
+    previous: int | None = None
+    for v in nodes:
+        if v not in in_block and v not in segment_of:
+            return f"node {v} is not a forward node of this graph (or a recompute)"
+        if v in segment_of:
+            new = previous is None or segment_of.get(previous) != segment_of[v]
+        else:
+            new = previous is None or (previous in in_block and in_block[previous] != in_block[v])
+        if new:
+            groups.append([])
+        groups[-1].append(v)
+        previous = v
+    out = []
+    for group in groups:
+        before = [v for v in group if v in segment_of]
+        module = next((in_block[v] for v in group if v in in_block), None)
+        if module is None:
+            out.append(Block(_segment_name(g, before), tuple(group)))
+        else:
+            out.append(Block(f"{module} with {_segment_name(g, before)}" if before else module, tuple(group)))
+    return out
