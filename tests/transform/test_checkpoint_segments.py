@@ -10,7 +10,8 @@ Covered:
   model, with a simulated peak below the plain step's and a measured one within 5% of it;
 - the units lower the peak of every block checkpointed alone (ResNet-50: the stem; U-Net++:
   the concatenations), on the tiny models, simulated;
-- undone by uncheckpoint_blocks: the plain step's peak again;
+- no site before some block is checkpointed; undone by uncheckpoint_blocks: the peak of the
+  blocks alone again;
 - a segment that draws random numbers (an embedding's dropout) is refused, naming the node;
   a step without repeated blocks has no segments and no site.
 """
@@ -128,15 +129,19 @@ def test_a_unit_lowers_the_peak_of_every_block_checkpointed(name: str, site: str
     assert simulate(rw.graph, rw.order).peak_bytes < blocks_only
 
 
-def test_undone_by_uncheckpoint_blocks() -> None:
+def test_offered_once_a_block_is_checkpointed_and_undone_by_uncheckpoint_blocks() -> None:
+    """No site on the plain step (the blocks come first); the segments undone give the peak
+    of the blocks checkpointed alone again."""
     inst = get_workload("resnet50").build("tiny")
     plain = peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw")
-    (site, *_) = [s for s in _sites(plain, plain.order) if "forward segment" in s.description]
-    rw = RULES.apply_rewrite(plain, plain.order, site)
-    modules = [u.module for u in group_units(plain, site.nodes)]
+    assert _sites(plain, plain.order) == []
+    g, order = _every_block(plain, plain.order)
+    (site, *_) = [s for s in _sites(g, order) if "forward segment" in s.description]
+    rw = RULES.apply_rewrite(g, order, site)
+    modules = [u.module for u in group_units(g, site.nodes)]
     back, reasons = uncheckpoint_blocks(rw.graph, rw.order, modules)
     assert back is not None and reasons == [None] * len(modules), reasons
-    assert simulate(back.graph, back.order).peak_bytes == simulate(plain, plain.order).peak_bytes
+    assert simulate(back.graph, back.order).peak_bytes == simulate(g, order).peak_bytes
 
 
 class _Embedded(nn.Module):
@@ -146,7 +151,7 @@ class _Embedded(nn.Module):
         super().__init__()
         self.embed = nn.Linear(16, 16)
         self.drop = nn.Dropout(dropout)
-        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(2))
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16)) for _ in range(2))
         self.head = nn.Linear(16, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -163,7 +168,9 @@ def test_a_segment_that_draws_random_numbers_is_refused() -> None:
     first = forward_segments(g)[0]
     reason = why_not_checkpoint(g, g.order, first)
     assert reason is not None and "random" in reason and "drop" in reason
-    assert all(first.nodes[0] not in s.nodes for s in _sites(g, g.order))
+    g, order = _every_block(g, g.order)
+    sites = _sites(g, order)
+    assert sites and all(first.nodes[0] not in s.nodes for s in sites)
 
 
 def test_no_repeated_blocks_no_segments() -> None:

@@ -235,8 +235,8 @@ RULES = Registry(
     ),
     rewrites=(
         CheckpointBlocksRule(),
-        CheckpointSegmentsRule(),
         RecomputeActivationsRule(),
+        CheckpointSegmentsRule(),
         UncheckpointBlocksRule(),
         MergeMatmulsRule(),
         SplitMatmulRule(),

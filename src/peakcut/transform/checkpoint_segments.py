@@ -60,16 +60,21 @@ def _segment_runs(g: Graph, in_block: dict[int, str]) -> list[list[int]]:
 
 
 def _segment_name(g: Graph, run: Sequence[int]) -> str:
-    first, last = g.nodes[run[0]], g.nodes[run[-1]]
-
+    """"<first module>..<last module> (<first node>..<last node>)": unique, node names are."""
     def name(node_id: int) -> str:
         return g.nodes[node_id].name or f"node {node_id}"
 
     modules = [g.nodes[v].module for v in run if g.nodes[v].module]
     where = f"{modules[0]}..{modules[-1]}" if modules else "step"
-    if first is last:
-        return f"{where} ({name(run[0])})"
-    return f"{where} ({name(run[0])}..{name(run[-1])})"
+    nodes = name(run[0]) if len(run) == 1 else f"{name(run[0])}..{name(run[-1])}"
+    return f"{where} ({nodes})"
+
+
+def _unit(g: Graph, module: str | None, before: Sequence[int], nodes: Sequence[int]) -> Block:
+    """The Block of block `module` (None: none) with the segment nodes `before` it."""
+    if module is None:
+        return Block(_segment_name(g, before), tuple(nodes))
+    return Block(f"{module} with {_segment_name(g, before)}" if before else module, tuple(nodes))
 
 
 def forward_segments(g: Graph) -> list[Block]:
@@ -97,8 +102,7 @@ def blocks_with_inputs(g: Graph) -> list[Block]:
             units[module] = (run, [])
         units[module][1].append(v)
         run = []
-    return [Block(f"{module} with {_segment_name(g, before)}" if before else module, (*before, *nodes))
-            for module, (before, nodes) in units.items()]
+    return [_unit(g, module, before, (*before, *nodes)) for module, (before, nodes) in units.items()]
 
 
 def group_units(g: Graph, nodes: Sequence[int]) -> list[Block] | str:
@@ -121,12 +125,5 @@ def group_units(g: Graph, nodes: Sequence[int]) -> list[Block] | str:
             groups.append([])
         groups[-1].append(v)
         previous = v
-    out = []
-    for group in groups:
-        before = [v for v in group if v in segment_of]
-        module = next((in_block[v] for v in group if v in in_block), None)
-        if module is None:
-            out.append(Block(_segment_name(g, before), tuple(group)))
-        else:
-            out.append(Block(f"{module} with {_segment_name(g, before)}" if before else module, tuple(group)))
-    return out
+    return [_unit(g, next((in_block[v] for v in group if v in in_block), None),
+                  [v for v in group if v in segment_of], group) for group in groups]
