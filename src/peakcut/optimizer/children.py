@@ -57,7 +57,7 @@ class MoveSettings:
     direct_enable: bool = True      # enable a root without enabled descendants directly
     together: bool = True           # also apply each kind's candidates all at once (a faster descent)
     bulk: bool = True               # and a batched rule at every one of its sites (an LLM's 300 updates)
-    taso_per_state: int = 2         # TASO sites tried per expanded state
+    taso_per_state: int = 3         # TASO sites tried per expanded state (module doc of rules.checkpoint_segments_rule)
     per_kind: int = CANDIDATES_PER_KIND
 
     @classmethod

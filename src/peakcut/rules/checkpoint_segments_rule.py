@@ -1,9 +1,12 @@
 """checkpoint_segments: the forward ops outside the repeated blocks recomputed for their
 backward, as checkpoint_blocks does for the blocks (peakcut.transform.checkpoint_segments).
-It offers sites once some block is checkpointed (checkpoint_blocks first: the blocks hold
-most of the activations; offered at the root too, these sites took the search's second
-rewrite slot from recompute_activations, and on the paper-size workloads BERT-base's
-plan at 40% of eager's memory went from +6.3% to +27.7% latency on RTX 3090, simulated).
+It offers sites once some block is checkpointed (the blocks hold most of the activations),
+and the search tries three rewrite sites per expanded state instead of two
+(MoveSettings.taso_per_state). With two, its sites took a slot from recompute_activations (at
+the root) or uncheckpoint_blocks (once the blocks were checkpointed), and on the paper-size
+workloads (bench.optimize, simulated) BERT-base at 40% of eager's memory went from +6.3% to
++27.7% latency on RTX 3090 (sites at the root) and ResNet-50 from +7.4% to +14.0% (sites
+after the blocks); with three, ResNet-50 and ViT-base give session 37's figures again.
 Its sites, in this order:
 - every block joined with the segment that makes its input (a U-Net++ node with the
   concatenation before it; at medium size 754 -> 571 MiB against every node checkpointed
