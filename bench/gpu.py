@@ -142,7 +142,6 @@ def _checksum(model: Any) -> float:
 
 
 def run_one(name: str, size: str, batch: int | None, limit: str, budget: float, runs: int) -> dict[str, Any]:
-
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     device = "cuda" if torch.cuda.is_available() else "cpu"

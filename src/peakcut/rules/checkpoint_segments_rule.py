@@ -25,7 +25,7 @@ from typing import Any
 from peakcut.ir.graph import Graph
 from peakcut.rules.checkpoint_rule import BlockRule
 from peakcut.transform.checkpoint import Block, checkpoint_blocks, why_not_checkpoint
-from peakcut.transform.checkpoint_segments import blocks_with_inputs, forward_segments, group_units
+from peakcut.transform.checkpoint_segments import group_units, joins_a_segment, units_between_blocks
 from peakcut.transform.rewrite import Rewrite
 from peakcut.transform.taso.find import TasoCandidate
 
@@ -39,13 +39,14 @@ class CheckpointSegmentsRule(BlockRule):
     def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
         if not _a_block_checkpointed(g):
             return
-        joined = [b for b in blocks_with_inputs(g) if why_not_checkpoint(g, order, b) is None]
-        if any(" with " in b.module for b in joined):
+        all_segments, all_joined = units_between_blocks(g)
+        joined = [b for b in all_joined if why_not_checkpoint(g, order, b) is None]
+        if any(map(joins_a_segment, joined)):
             yield _site(joined, f"checkpoint {len(joined)} blocks, each with the ops that make its input")
-        segments = [b for b in forward_segments(g) if why_not_checkpoint(g, order, b) is None]
+        segments = [b for b in all_segments if why_not_checkpoint(g, order, b) is None]
         if segments:
             yield _site(segments, f"checkpoint the {len(segments)} forward segment(s) between the blocks")
-        if len(joined) >= 4 and any(" with " in b.module for b in joined[:len(joined) // 2]):
+        if len(joined) >= 4 and any(map(joins_a_segment, joined[:len(joined) // 2])):
             half = joined[:len(joined) // 2]
             yield _site(half, f"checkpoint the first {len(half)} blocks, each with the ops that make its input")
 

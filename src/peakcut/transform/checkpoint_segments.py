@@ -31,32 +31,40 @@ from peakcut.ir.graph import Graph
 from peakcut.ir.node import Phase
 from peakcut.transform.checkpoint import Block, find_blocks
 
+JOIN = " with "     # between a joined unit's block and its segment in the unit's name
+
 
 def _repeated(g: Graph) -> dict[int, str]:
     """Forward node -> the repeated block it is in."""
     return {v: b.module for blocks in find_blocks(g).values() for b in blocks for v in b.nodes}
 
 
-def _segment_runs(g: Graph, in_block: dict[int, str]) -> list[list[int]]:
-    """The maximal runs of forward nodes (recomputes left out) in no repeated block, in capture
-    order; empty when the step has no repeated blocks (then nothing lies between them)."""
-    if not in_block:
-        return []
+def _walk(g: Graph, in_block: dict[int, str]) -> tuple[list[list[int]], dict[str, tuple[list[int], list[int]]]]:
+    """One walk over the forward nodes (recomputes left out) in capture order: the maximal runs
+    in no repeated block, and per block (in order) the run right before it and its own nodes.
+    Both empty when the step has no repeated blocks (then nothing lies between them)."""
     runs: list[list[int]] = []
-    current: list[int] = []
+    units: dict[str, tuple[list[int], list[int]]] = {}
+    if not in_block:
+        return runs, units
+    current: list[int] = []       # the forward nodes outside blocks since the last block node
     for v in g.order:
         node = g.nodes[v]
         if node.phase is not Phase.FORWARD or node.tags.remat is not None:
             continue
-        if v in in_block:
-            if current:
-                runs.append(current)
-                current = []
-        else:
+        module = in_block.get(v)
+        if module is None:
             current.append(v)
+            continue
+        if current:
+            runs.append(current)
+        if module not in units:
+            units[module] = (current, [])
+        units[module][1].append(v)
+        current = []
     if current:
         runs.append(current)
-    return runs
+    return runs, units
 
 
 def _segment_name(g: Graph, run: Sequence[int]) -> str:
@@ -74,35 +82,33 @@ def _unit(g: Graph, module: str | None, before: Sequence[int], nodes: Sequence[i
     """The Block of block `module` (None: none) with the segment nodes `before` it."""
     if module is None:
         return Block(_segment_name(g, before), tuple(nodes))
-    return Block(f"{module} with {_segment_name(g, before)}" if before else module, tuple(nodes))
+    return Block(f"{module}{JOIN}{_segment_name(g, before)}" if before else module, tuple(nodes))
+
+
+def joins_a_segment(unit: Block) -> bool:
+    """Whether a unit of blocks_with_inputs holds a segment besides its block (module paths
+    have no spaces, so JOIN is in no block's own name)."""
+    return JOIN in unit.module
+
+
+def units_between_blocks(g: Graph) -> tuple[list[Block], list[Block]]:
+    """(forward_segments(g), blocks_with_inputs(g)), from one walk of the graph."""
+    runs, units = _walk(g, _repeated(g))
+    return ([Block(_segment_name(g, run), tuple(run)) for run in runs],
+            [_unit(g, module, before, (*before, *nodes)) for module, (before, nodes) in units.items()])
 
 
 def forward_segments(g: Graph) -> list[Block]:
     """The forward ops between, before and after the repeated blocks, one Block per maximal
     run (module doc), in capture order."""
-    return [Block(_segment_name(g, run), tuple(run)) for run in _segment_runs(g, _repeated(g))]
+    return units_between_blocks(g)[0]
 
 
 def blocks_with_inputs(g: Graph) -> list[Block]:
     """Every repeated block joined with the segment that runs right before it (module doc), in
     capture order; a block with no segment right before it (the next bottleneck of a stage)
     is itself."""
-    in_block = _repeated(g)
-    units: dict[str, tuple[list[int], list[int]]] = {}    # block -> (segment before it, its nodes)
-    run: list[int] = []           # the forward nodes outside blocks since the last block node
-    for v in g.order:
-        node = g.nodes[v]
-        if node.phase is not Phase.FORWARD or node.tags.remat is not None:
-            continue
-        module = in_block.get(v)
-        if module is None:
-            run.append(v)
-            continue
-        if module not in units:
-            units[module] = (run, [])
-        units[module][1].append(v)
-        run = []
-    return [_unit(g, module, before, (*before, *nodes)) for module, (before, nodes) in units.items()]
+    return units_between_blocks(g)[1]
 
 
 def group_units(g: Graph, nodes: Sequence[int]) -> list[Block] | str:
@@ -111,7 +117,7 @@ def group_units(g: Graph, nodes: Sequence[int]) -> list[Block] | str:
     right before, and at a block's node unless the node before is of the same block or of
     a segment (the segment joined to it). A reason where a node is no forward node of g."""
     in_block = _repeated(g)
-    segment_of = {v: i for i, run in enumerate(_segment_runs(g, in_block)) for v in run}
+    segment_of = {v: i for i, run in enumerate(_walk(g, in_block)[0]) for v in run}
     groups: list[list[int]] = []
     previous: int | None = None
     for v in nodes:
