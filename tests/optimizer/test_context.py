@@ -10,8 +10,8 @@ from torch import nn
 
 import peakcut
 from peakcut.cost.measured import MeasuredCostModel
-from peakcut.optimizer.context import HIGHEST, LOWEST, RUNS, calibrate
-from peakcut.optimizer.verify import eager_runner
+from peakcut.optimizer.context import HIGHEST, LOWEST, RUNS, ContextCalibration, calibrate, refit
+from peakcut.optimizer.verify import Measured, Verdict, eager_runner
 from peakcut.runtime import keep_freed_host_memory
 
 
@@ -90,3 +90,38 @@ def test_verification_keeps_its_time_when_the_calibration_is_skipped(tmp_path, m
     assert caught[0].filename == __file__              # the warning points at the caller's line
     assert plan.report["context"]["skipped"]
     assert "skipped" not in plan.report["verification"], plan.report["verification"]
+
+
+def _verdict(eager: tuple[float, ...], *candidates: Measured) -> Verdict:
+    return Verdict(0, Measured("eager", 100, eager, "cpu-profiler"), candidates, limit=1.1, noise=0.0, seconds=1.0)
+
+
+def test_refit_pools_the_floor_over_the_calibration_and_the_verification() -> None:
+    """The floor (untransformed program / eager, per round) is the median over every round that
+    ran both; the kept plan's ratio is the model's ratio times it, and its seconds that ratio
+    times eager's median in the verification's rounds."""
+    calibration = ContextCalibration(1.0, 2.0, times=(2.0, 2.0, 2.0), eager_times=(2.0, 2.0, 2.0))
+    eager = (2.0, 2.0, 2.0, 2.0, 2.0)
+    untransformed = Measured("untransformed step", 90, (1.7, 1.72, 1.76, 1.8, 2.0), "cpu-profiler")
+    plan = Measured("plan", 50, (2.4, 2.4, 2.4, 2.4, 2.4), "cpu-profiler")
+    fit = refit(1.2, calibration, _verdict(eager, plan, untransformed), "untransformed step")
+    assert fit is not None
+    # rounds 1, 1, 1 (calibration) and 0.85, 0.86, 0.88, 0.9, 1 (verification): pooled median
+    # 0.95, where the verification's rounds alone would say 0.88
+    assert fit["floor_rounds"] == 8 and fit["floor_rounds_verification"] == 5
+    assert fit["floor"] == pytest.approx(0.95)
+    assert fit["latency_ratio"] == pytest.approx(1.2 * 0.95)
+    assert fit["latency_s"] == pytest.approx(1.2 * 0.95 * 2.0)        # eager's median in the verification
+
+
+def test_refit_without_the_untransformed_step_uses_the_calibration_alone() -> None:
+    """A memory limit's candidates leave the untransformed step out: the floor comes from the
+    calibration's rounds, the level from eager's verification rounds."""
+    calibration = ContextCalibration(1.1, 2.0, times=(2.2, 2.1, 2.3), eager_times=(2.0, 2.0, 2.0))
+    fit = refit(1.5, calibration, _verdict((1.8, 1.8, 1.9)), "untransformed step")
+    assert fit is not None and fit["floor_rounds"] == 3 and fit["floor_rounds_verification"] == 0
+    assert fit["floor"] == pytest.approx(1.1)
+    assert fit["latency_ratio"] == pytest.approx(1.65)
+    assert fit["latency_s"] == pytest.approx(1.65 * 1.8)
+    assert refit(1.5, None, _verdict((1.8,)), "untransformed step") is None     # no round ran both
+    assert refit(1.5, ContextCalibration(skipped="no time"), _verdict((1.8,)), "untransformed step") is None

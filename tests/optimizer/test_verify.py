@@ -111,10 +111,11 @@ def test_verification_keeps_the_plan_that_meets_the_limit_when_run(tmp_path) -> 
     assert plan.report["measured"]["median_s"] == picked["median_s"]
     untransformed = next(c for c in v["candidates"] if c["name"] == "untransformed step")
     refit = plan.report["refit"]              # the plan's figure at the level its rounds measured
-    assert refit["untransformed_measured_s"] == untransformed["median_s"]
-    assert refit["latency_s"] == pytest.approx(plan.report["latency_s"] * refit["scale"])
-    assert refit["latency_ratio"] == pytest.approx(refit["latency_s"] / untransformed["median_s"]
-                                                   * untransformed["ratio_to_eager"])
+    assert refit["floor_rounds_verification"] == untransformed["runs"]
+    assert refit["floor_rounds"] == untransformed["runs"] + plan.report["context"].get("rounds", 0)
+    assert refit["eager_measured_s"] == v["eager"]["median_s"]
+    assert refit["latency_ratio"] == pytest.approx(refit["model_ratio"] * refit["floor"])
+    assert refit["latency_s"] == pytest.approx(refit["latency_ratio"] * v["eager"]["median_s"])
     loss = plan.step(batch)                                    # the kept plan runs as usual
     assert torch.isfinite(loss)
 

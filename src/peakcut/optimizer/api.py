@@ -34,7 +34,7 @@ from peakcut.ir.graph import Graph
 from peakcut.memory.workspace import WorkspaceSpec, describe_workspace
 from peakcut.optimizer.budget import BudgetedCost
 from peakcut.optimizer.children import MoveSettings
-from peakcut.optimizer.context import calibrate
+from peakcut.optimizer.context import ContextCalibration, calibrate, refit
 from peakcut.optimizer.derive import DeriveError, Deriver
 from peakcut.optimizer.held_floor import HOST_DEVICES, held_floor_refusal
 from peakcut.optimizer.objective import Objective, parse_latency_limit, parse_memory_limit
@@ -43,7 +43,6 @@ from peakcut.optimizer.plan import LimitNotMet, Plan, Program
 from peakcut.optimizer.search import Progress, SearchResult
 from peakcut.optimizer.state import State, computation_hash
 from peakcut.optimizer.verify import (
-    Verdict,
     candidate_name,
     choose,
     eager_runner,
@@ -392,7 +391,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
                 searched = dict(search, device=cost, eager_ratio=calibration.eager_ratio)
 
             def check(found: Optimized, seconds: float) -> tuple[State, bool, str]:
-                return _verified(found, seconds, model, b, eager, opt)
+                return _verified(found, seconds, model, b, eager, opt, calibration)
         keep = VERIFY_SHARE * final_share
         if calibration is not None and calibration.eager_step_s > 0:    # at least what verifying one plan takes
             # (a latency limit also runs the untransformed step; where the calibration's rounds
@@ -431,7 +430,8 @@ def _host_memory(model: torch.nn.Module, keep: bool) -> str:
 
 
 def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: Any, eager: Callable[[], Any],
-              opt: torch.optim.Optimizer | None) -> tuple[State, bool, str]:
+              opt: torch.optim.Optimizer | None,
+              calibration: ContextCalibration | None) -> tuple[State, bool, str]:
     """The candidate that meets the limit when run (peakcut.optimizer.verify), whether one
     did, and why not; the verdict goes into found.report["verification"]."""
     mode = found.objective.mode
@@ -451,9 +451,11 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
     if state is not found.best:
         report.update(_plan_entries(state, found.eager, found.eager_ratio),
                       search=dict(report["search"], compact_estimate=_estimate(state)))
-    refit = _refit(state, found.result.root, verdict)
-    if refit is not None:
-        report["refit"] = refit
+    root = found.result.root
+    refitted = refit(state.latency_s / root.latency_s if root.latency_s > 0 else 0.0, calibration, verdict,
+                     candidate_name(root, root))
+    if refitted is not None:
+        report["refit"] = refitted
     if verdict.chosen is not None:
         m = verdict.candidates[verdict.chosen]
         report["feasible"] = True
@@ -470,23 +472,6 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
            f"{format_bytes(eager_m.peak_bytes)}; {figures}); the nearest plan is on this error's .plan and "
            "the figures on .measured")
     return state, False, why
-
-
-def _refit(state: State, root: State, verdict: Verdict) -> dict[str, Any] | None:
-    """The kept plan's predicted time with the in-context factor fitted again on the
-    verification's rounds of the untransformed step (more runs, and nearer in time to when
-    the plan runs, than the calibration's RUNS before the search): the model's ratio of plan
-    to untransformed step, at the level the untransformed step measured; latency_ratio is
-    that model ratio times the untransformed step's measured ratio to eager (median per
-    round, as every candidate's). None when the untransformed step was not among the
-    candidates run."""
-    untransformed = next((m for m in verdict.candidates if m.name == candidate_name(root, root)), None)
-    if untransformed is None or root.latency_s <= 0:
-        return None
-    scale = untransformed.median_s / root.latency_s
-    return {"latency_s": state.latency_s * scale, "scale": scale, "untransformed_predicted_s": root.latency_s,
-            "untransformed_measured_s": untransformed.median_s, "rounds": len(untransformed.times),
-            "latency_ratio": state.latency_s / root.latency_s * untransformed.ratio}
 
 
 def _plan_entries(state: State, eager: Timeline, eager_ratio: float = 1.0) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from peakcut.codegen.program import Step
 from peakcut.cost.measured import MeasuredCostModel
 from peakcut.cost.model import step_seconds
 from peakcut.ir.graph import Graph
-from peakcut.optimizer.verify import Restore, model_device, sync_device
+from peakcut.optimizer.verify import Restore, Verdict, model_device, sync_device
 
 RUNS = 3
 LOWEST, HIGHEST = 0.8, 1.6
@@ -128,6 +128,35 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
     cost.context = factor
     return ContextCalibration(factor, predicted, tuple(times), tuple(eager_times), time.perf_counter() - t0,
                               eager_step_s=statistics.median(eager_times))
+
+
+def refit(model_ratio: float, calibration: ContextCalibration | None, verdict: Verdict,
+          untransformed: str) -> dict[str, Any] | None:
+    """The kept plan's predicted time re-stated after verification (docs/cost.md).
+
+    `model_ratio` is the cost model's time of the plan / of the untransformed step: the model
+    predicts that ratio, and the level comes from the rounds run. The floor (the untransformed
+    program's time / eager's, per round) is the median over every round that ran both: the
+    calibration's before the search and the verification's, when its candidates included the
+    untransformed step (named `untransformed`). A few rounds alone are noisy on a shared
+    machine: one medium ResNet-50 verification measured the floor at x0.891, where 11 rounds
+    of bench.floor give x1.013. latency_ratio = model_ratio x floor; latency_s = that ratio x
+    eager's median in the verification's rounds, the nearest in time to when the plan runs
+    (also when the untransformed step was not run: a memory limit's candidates). None when
+    no round ran both, or verification timed no eager run."""
+    rounds = [] if calibration is None else [t / e for t, e in zip(calibration.times, calibration.eager_times,
+                                                                     strict=True)]
+    seen = next((m for m in verdict.candidates if m.name == untransformed), None)
+    if seen is not None:
+        rounds += [t / e for t, e in zip(seen.times, verdict.eager.times, strict=True)]
+    if not rounds or not verdict.eager.times or model_ratio <= 0:
+        return None
+    floor = statistics.median(rounds)
+    ratio = model_ratio * floor
+    return {"latency_s": ratio * verdict.eager.median_s, "latency_ratio": ratio, "model_ratio": model_ratio,
+            "floor": floor, "floor_rounds": len(rounds),
+            "floor_rounds_verification": 0 if seen is None else len(seen.times),
+            "eager_measured_s": verdict.eager.median_s, "rounds": len(verdict.eager.times)}
 
 
 def _timed(run: Callable[[], Any], device: torch.device) -> float:
