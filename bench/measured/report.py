@@ -30,7 +30,7 @@ def predicted(report: dict[str, Any]) -> dict[str, Any]:
             "applied": len(report.get("applied", [])), "swaps": sum("swap" in a for a in report.get("applied", [])),
             "context_factor": ctx.get("factor"), "eager_ratio": ctx.get("eager_ratio"),
             "context_skipped": ctx.get("skipped"),
-            "floor": floor, "floor_pooled": refit.get("floor"), "floor_rounds": refit.get("floor_rounds"),
+            "floor": floor, "floor_refit": refit.get("floor"), "floor_rounds": refit.get("floor_rounds"),
             "verification": v.get("skipped") or v.get("chosen"),
             "verify_seconds": v.get("seconds"), "search_seconds": report.get("search", {}).get("total_seconds")}
 
@@ -97,12 +97,13 @@ def markdown(runs: list[dict[str, Any]]) -> str:
 
 def peakcut_table(cells: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     lines = ["peakcut's plans: predicted (the calibrated per-op model's ratio of plan to untransformed step, "
-             "times the floor pooled over the calibration's and the verification's rounds, at the level eager "
+             "times the floor: the fastest untransformed run / the fastest eager run over the calibration's and "
+             "the verification's rounds; at the level eager "
              "measured in the verification's rounds; the search's own figure in brackets) against "
              "measured in this table's rounds, eager's median in the plan's rounds and in all of the workload's "
              "(how far the machine's speed moved), the numbers against eager's over 2 steps, and the floor (the "
-             "untransformed generated program / eager, median per round of the verification; pooled with the "
-             "calibration's rounds in brackets).", "",
+             "untransformed generated program / eager, median per round of the verification; the refit's floor and "
+             "its rounds in brackets).", "",
              "| workload | plan | predicted s | measured s (median) | error | eager s: these rounds / all | "
              "predicted / measured x eager | "
              "limit met (measured) | numbers "
@@ -119,8 +120,8 @@ def peakcut_table(cells: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
             err = (p["latency_s"] / measured - 1) if p.get("latency_s") else float("nan")
             worst = max(n[k]["max_rel"] for k in ("loss", "update", "moments"))
             floor = f"x{p['floor']:.3f}" if p.get("floor") else "n/a"
-            if p.get("floor_pooled"):
-                floor += f" (x{p['floor_pooled']:.3f}, {p['floor_rounds']} rounds)"
+            if p.get("floor_refit"):
+                floor += f" (x{p['floor_refit']:.3f}, {p['floor_rounds']} rounds)"
             search = f" ({p['search_latency_s']:.3f})" if p.get("search_latency_s", p["latency_s"]) != p["latency_s"] else ""
             drift = f"{statistics.median(c['eager_times']):.3f} / {statistics.median(eager['times']):.3f}"
             lines.append(f"| {w} | {name} | {p['latency_s']:.3f}{search} | {measured:.3f} | {err:+.1%} | {drift} | "

@@ -36,7 +36,7 @@ from peakcut.optimizer.budget import BudgetedCost
 from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.context import ContextCalibration, calibrate, refit
 from peakcut.optimizer.derive import DeriveError, Deriver
-from peakcut.optimizer.held_floor import HOST_DEVICES, held_floor_refusal
+from peakcut.optimizer.held_floor import HOST_DEVICES, held_floor_refusal, whole_op_floor
 from peakcut.optimizer.objective import Objective, parse_latency_limit, parse_memory_limit
 from peakcut.optimizer.parallel import parallel_search
 from peakcut.optimizer.plan import LimitNotMet, Plan, Program
@@ -304,6 +304,10 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     elif objective.mode == "memory" and not report["feasible"] and not best.compact:
         at_peak = simulate_timeline(best.program, best.order, cost, deriver.workspace)   # as the search priced it
         report["peak_standing"] = peak_standing(best.program, at_peak, best.tree).as_dict()
+    if unreachable is None and objective.mode == "memory" and not report["feasible"]:
+        whole = whole_op_floor(g, int(objective.limit), named.name, workspace)
+        if whole is not None:
+            report["whole_op_floor"] = whole.as_dict()
     return Optimized(result, objective, report, cost, eager, deriver, eager_ratio)
 
 
@@ -459,6 +463,7 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
     if verdict.chosen is not None:
         m = verdict.candidates[verdict.chosen]
         report["feasible"] = True
+        report.pop("whole_op_floor", None)       # a floor of the simulated bytes, which the run undercut
         report["measured"] = dict(m.as_dict(), latency_ratio=m.ratio, peak_ratio=m.peak_bytes / verdict.eager.peak_bytes)
         return state, True, ""
     report["feasible"] = False
@@ -472,6 +477,12 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
            f"{format_bytes(eager_m.peak_bytes)}; {figures}); the nearest plan is on this error's .plan and "
            "the figures on .measured")
     return state, False, why
+
+
+def _whole_op(report: dict[str, Any]) -> str:
+    """The whole-op floor's sentence for LimitNotMet (held_floor.whole_op_floor), or ''."""
+    whole = report.get("whole_op_floor")
+    return f"; {whole['text']}" if whole else ""
 
 
 def _plan_entries(state: State, eager: Timeline, eager_ratio: float = 1.0) -> dict[str, Any]:
@@ -519,6 +530,7 @@ def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, A
         standing = found.report.get("peak_standing")
         if standing is not None:
             why += f"; {standing['text']}"
+        why += _whole_op(found.report)
         unreachable = found.report.get("unreachable")
         if unreachable:
             why = (f"{what} limit not met, not searched: {unreachable['text']}. The untransformed step is on this "
@@ -526,5 +538,5 @@ def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, A
     best, feasible = found.best, found.feasible
     if check is not None and not found.report.get("unreachable"):
         best, feasible, measured_why = check(found, budget - (time.perf_counter() - t0))
-        why = "" if feasible else measured_why or why
+        why = "" if feasible else (measured_why + _whole_op(found.report) if measured_why else why)
     return Program(best.program, list(best.order), found.report, feasible, why)

@@ -13,7 +13,9 @@ context = measured time of the untransformed generated program / its predicted t
 
 The program runs RUNS times after a warm-up, interleaved with the user's eager step, on the
 user's model and optimizer, which are restored afterwards (peakcut.optimizer.verify.Restore);
-the median is used. The factor is kept within [LOWEST, HIGHEST]: outside it the runs
+the median is used. Each run is a whole call, step(model, batch), as plan.step makes it and
+as verification times a candidate (bind included), so that the rounds of both can be pooled
+(refit). The factor is kept within [LOWEST, HIGHEST]: outside it the runs
 measured something else (a busy machine), not the step.
 
 The same rounds give the reference of a latency limit: the user asked for a ratio to their
@@ -117,12 +119,10 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
                                       f"about {need:.1f} s; {max(0.0, left):.1f} s left for it (raise time_budget)",
                                       seconds=time.perf_counter() - t0, eager_step_s=warm)
         step = Step(g, list(g.order))
-        inputs = step.bind(model, batch)
-        where = step.device_of(inputs)
-        step.run(inputs, where)
+        step(model, batch)                            # warm-up
         for _ in range(RUNS):
             eager_times.append(_timed(eager, device))
-            times.append(_timed(lambda: step.run(inputs, where), device))
+            times.append(_timed(lambda: step(model, batch), device))
     factor = statistics.median(times) / predicted if predicted > 0 else 1.0
     factor = min(HIGHEST, max(LOWEST, factor))
     cost.context = factor
@@ -136,26 +136,30 @@ def refit(model_ratio: float, calibration: ContextCalibration | None, verdict: V
 
     `model_ratio` is the cost model's time of the plan / of the untransformed step: the model
     predicts that ratio, and the level comes from the rounds run. The floor (the untransformed
-    program's time / eager's, per round) is the median over every round that ran both: the
-    calibration's before the search and the verification's, when its candidates included the
-    untransformed step (named `untransformed`). A few rounds alone are noisy on a shared
-    machine: one medium ResNet-50 verification measured the floor at x0.891, where 11 rounds
-    of bench.floor give x1.013. latency_ratio = model_ratio x floor; latency_s = that ratio x
-    eager's median in the verification's rounds, the nearest in time to when the plan runs
-    (also when the untransformed step was not run: a memory limit's candidates). None when
-    no round ran both, or verification timed no eager run."""
-    rounds = [] if calibration is None else [t / e for t, e in zip(calibration.times, calibration.eager_times,
-                                                                     strict=True)]
+    program's time / eager's) is measured over every round that ran both: the calibration's
+    before the search and the verification's, when its candidates included the untransformed
+    step (named `untransformed`); as the ratio of the fastest run of each. On a shared machine
+    noise only slows a run down, so a minimum is the steadiest figure of a program's own time
+    (bench.floor, 11 rounds on seven workloads: ratios of minima x0.95-x1.01, medians of
+    per-round ratios x0.79-x1.02), where a few rounds' median was off by 10% either way: a
+    medium ResNet-50 verification's 5 rounds gave x0.891 (bench.floor: x1.013), a medium
+    BERT-base calibration's 3 rounds about x0.85. latency_ratio = model_ratio x floor;
+    latency_s = that ratio x eager's median in the verification's rounds, the nearest in time
+    to when the plan runs (also when the untransformed step was not run: a memory limit's
+    candidates). None when no round ran both, or verification timed no eager run."""
+    programs = [] if calibration is None else list(calibration.times)
+    eagers = [] if calibration is None else list(calibration.eager_times)
     seen = next((m for m in verdict.candidates if m.name == untransformed), None)
     if seen is not None:
-        rounds += [t / e for t, e in zip(seen.times, verdict.eager.times, strict=True)]
-    if not rounds or not verdict.eager.times or model_ratio <= 0:
+        programs += seen.times
+        eagers += verdict.eager.times
+    if not programs or not verdict.eager.times or model_ratio <= 0:
         return None
-    floor = statistics.median(rounds)
+    floor = min(programs) / min(eagers)
     ratio = model_ratio * floor
     return {"latency_s": ratio * verdict.eager.median_s, "latency_ratio": ratio, "model_ratio": model_ratio,
-            "floor": floor, "floor_rounds": len(rounds),
-            "floor_rounds_verification": 0 if seen is None else len(seen.times),
+            "floor": floor, "floor_method": "fastest untransformed run / fastest eager run",
+            "floor_rounds": len(programs), "floor_rounds_verification": 0 if seen is None else len(seen.times),
             "eager_measured_s": verdict.eager.median_s, "rounds": len(verdict.eager.times)}
 
 

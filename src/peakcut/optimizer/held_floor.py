@@ -1,6 +1,7 @@
 """A memory limit that no plan can meet on a host device: below what the step holds.
 
     refused = held_floor_refusal(g, memory_limit=0.5, device_name="measured:cpu")   # None or why
+    whole = whole_op_floor(g, memory_limit=0.5, device_name="measured:cpu")        # None or why
     refused.text, refused.as_dict()
 
 On a CPU cost model (HOST_DEVICES) the rules that free memory by a copy to host memory are
@@ -12,6 +13,15 @@ a search and a verification that cannot succeed.
 
 On every other device the floor is not a floor (offload moves parameters and optimizer state
 to host memory), and nothing is refused here.
+
+A second floor is not a refusal, only a reason: every op run whole, as captured, needs its
+inputs, its outputs and its scratch at once, beside what the step holds. When the limit is
+below that for some op, only a plan that splits the op (a fission region around it,
+`split_rows`) or rewrites it (a rewrite rule) can meet the limit, and LimitNotMet says
+which op and by how much. Medium U-Net on the development CPU at memory_limit=0.5: the
+first convolution backward of the last decoder block reads a 48 MiB concatenation and a
+24 MiB gradient and writes a 48 MiB gradient, with 72 MiB of scratch, beside 357 MiB held:
+550 MiB against a 451 MiB limit (simulated).
 """
 
 from __future__ import annotations
@@ -20,10 +30,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from peakcut.ir.graph import Graph
+from peakcut.ir.ops import is_host_copy
 from peakcut.ir.tensor import Role
 from peakcut.memory.step import simulate
-from peakcut.memory.workspace import WorkspaceSpec
+from peakcut.memory.workspace import WorkspaceSpec, order_workspace
 from peakcut.optimizer.objective import parse_memory_limit
+from peakcut.report.floors import working_set_bytes
 from peakcut.units import format_bytes
 
 HOST_DEVICES = ("measured:cpu", "analytic:cpu")
@@ -63,6 +75,57 @@ def held_floor_refusal(g: Graph, memory_limit: float | int | str | None, device_
             f"({held_parts(g)}; eager's peak {format_bytes(eager.peak_bytes)}, simulated): on {device_name} the "
             "host is the device, so no plan can move them out and none goes below them")
     return HeldFloor(limit, held, eager.peak_bytes, text)
+
+
+@dataclass(frozen=True)
+class WholeOpFloor:
+    """The least peak of a plan that runs every op whole on a host device (module doc): what
+    the step holds plus the largest op's own inputs, outputs and scratch (simulated bytes)."""
+
+    limit_bytes: int
+    held_bytes: int
+    op_bytes: int          # the op's inputs, outputs and scratch outside the held storages
+    scratch_bytes: int     # of which scratch
+    op: str
+    text: str
+
+    @property
+    def floor_bytes(self) -> int:
+        return self.held_bytes + self.op_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"limit_bytes": self.limit_bytes, "held_bytes": self.held_bytes, "op_bytes": self.op_bytes,
+                "scratch_bytes": self.scratch_bytes, "op": self.op, "floor_bytes": self.floor_bytes,
+                "text": self.text}
+
+
+def whole_op_floor(g: Graph, memory_limit: float | int | str | None, device_name: str,
+                   workspace: WorkspaceSpec = "cpu") -> WholeOpFloor | None:
+    """Why no plan that runs every op of `g` whole can meet `memory_limit` on `device_name`
+    (module doc), or None when one may (or the device is not the host)."""
+    if memory_limit is None or device_name not in HOST_DEVICES:
+        return None
+    eager = simulate(g, g.order, workspace)
+    limit = parse_memory_limit(memory_limit, eager.peak_bytes)
+    held = eager.baseline_bytes
+    caller_held = frozenset(g.tensors[t].storage for t in g.inputs)
+    scratch = order_workspace(g, g.order, workspace).tolist()
+    best, best_scratch, best_op = 0, 0, ""
+    for nid, node_scratch in zip(g.order, scratch, strict=True):
+        node = g.nodes[nid]
+        if is_host_copy(node.op):
+            continue
+        need = working_set_bytes(g, nid, caller_held) + int(node_scratch)
+        if need > best:
+            op = node.op.removeprefix("aten.").removesuffix(".default")
+            best, best_scratch, best_op = need, int(node_scratch), f"{op} of module {node.module!r}" if node.module else op
+    if held + best <= limit:
+        return None
+    text = (f"run whole, as captured, {best_op} needs {format_bytes(best)} at once (its inputs, outputs and "
+            f"{format_bytes(best_scratch)} of scratch) beside the {format_bytes(held)} the step holds: "
+            f"{format_bytes(held + best)} against the limit {format_bytes(limit)} (simulated); a plan must split "
+            "or rewrite that op (a fission region around it, split_rows, a rewrite rule) to meet the limit")
+    return WholeOpFloor(limit, held, best, best_scratch, best_op, text)
 
 
 def held_parts(g: Graph) -> str:

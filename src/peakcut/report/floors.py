@@ -75,14 +75,15 @@ class Floors:
         return latency_seconds / self.compute_seconds - 1 if self.compute_seconds > 0 else 0.0
 
 
-def working_set_bytes(g: Graph, nid: int) -> int:
+def working_set_bytes(g: Graph, nid: int, leave_out: frozenset[int] = frozenset()) -> int:
     """Device bytes node `nid` reads and writes: the elements of its inputs and outputs (a
-    storage counted once, at most its size; host storages not at all), workspace aside."""
+    storage counted once, at most its size; host storages and the storages in `leave_out`
+    not at all), workspace aside."""
     node = g.nodes[nid]
     per_storage: dict[int, int] = {}
     for t in (*node.input_ids(), *node.output_ids()):
         meta = g.tensors[t]
-        if g.is_host_storage(meta.storage):
+        if g.is_host_storage(meta.storage) or meta.storage in leave_out:
             continue
         per_storage[meta.storage] = per_storage.get(meta.storage, 0) + meta.nbytes
     own = sum(min(b, g.storages[s]) for s, b in per_storage.items())
