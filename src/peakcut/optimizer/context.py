@@ -159,8 +159,9 @@ def refit(model_ratio: float, calibration: ContextCalibration | None, verdict: V
     noise only slows a run down, so a minimum is the steadiest figure of a program's own time
     (bench.floor, 11 rounds on seven workloads: ratios of minima x0.95-x1.01, medians of
     per-round ratios x0.79-x1.02), where a few rounds' median was off by 10% either way: a
-    medium ResNet-50 verification's 5 rounds gave x0.891 (bench.floor: x1.013), a medium
-    BERT-base calibration's 3 rounds about x0.85. latency_ratio = model_ratio x floor;
+    medium ResNet-50 verification's 5 rounds gave x0.891 (bench.floor: x1.013), and a medium
+    BERT-base calibration's 3 rounds pulled the median of all its rounds to x0.905 where the
+    verification's alone gave x0.952. latency_ratio = model_ratio x floor;
     latency_s = that ratio x eager's median in the verification's rounds, the nearest in time
     to when the plan runs (also when the untransformed step was not run: a memory limit's
     candidates). None when no round ran both, or verification timed no eager run."""
