@@ -30,12 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from peakcut.ir.graph import Graph
-from peakcut.ir.ops import is_host_copy
 from peakcut.ir.tensor import Role
 from peakcut.memory.step import simulate
-from peakcut.memory.workspace import WorkspaceSpec, order_workspace
+from peakcut.memory.workspace import WorkspaceSpec
 from peakcut.optimizer.objective import parse_memory_limit
-from peakcut.report.floors import working_set_bytes
+from peakcut.report.floors import largest_working_set
 from peakcut.units import format_bytes
 
 HOST_DEVICES = ("measured:cpu", "analytic:cpu")
@@ -108,24 +107,18 @@ def whole_op_floor(g: Graph, memory_limit: float | int | str | None, device_name
     eager = simulate(g, g.order, workspace)
     limit = parse_memory_limit(memory_limit, eager.peak_bytes)
     held = eager.baseline_bytes
-    caller_held = frozenset(g.tensors[t].storage for t in g.inputs)
-    scratch = order_workspace(g, g.order, workspace).tolist()
-    best, best_scratch, best_op = 0, 0, ""
-    for nid, node_scratch in zip(g.order, scratch, strict=True):
-        node = g.nodes[nid]
-        if is_host_copy(node.op):
-            continue
-        need = working_set_bytes(g, nid, caller_held) + int(node_scratch)
-        if need > best:
-            op = node.op.removeprefix("aten.").removesuffix(".default")
-            best, best_scratch, best_op = need, int(node_scratch), f"{op} of module {node.module!r}" if node.module else op
-    if held + best <= limit:
+    largest = largest_working_set(g, workspace, frozenset(g.tensors[t].storage for t in g.inputs))
+    if largest.node is None or held + largest.bytes <= limit:
         return None
-    text = (f"run whole, as captured, {best_op} needs {format_bytes(best)} at once (its inputs, outputs and "
-            f"{format_bytes(best_scratch)} of scratch) beside the {format_bytes(held)} the step holds: "
-            f"{format_bytes(held + best)} against the limit {format_bytes(limit)} (simulated); a plan must split "
-            "or rewrite that op (a fission region around it, split_rows, a rewrite rule) to meet the limit")
-    return WholeOpFloor(limit, held, best, best_scratch, best_op, text)
+    node = g.nodes[largest.node]
+    op = node.op.removeprefix("aten.").removesuffix(".default")
+    name = f"{op} of module {node.module!r}" if node.module else op
+    text = (f"run whole, as captured, {name} needs {format_bytes(largest.bytes)} at once (its inputs, outputs "
+            f"and {format_bytes(largest.scratch_bytes)} of scratch) beside the {format_bytes(held)} the step "
+            f"holds: {format_bytes(held + largest.bytes)} against the limit {format_bytes(limit)} (simulated); a "
+            "plan must split or rewrite that op (a fission region around it, split_rows, a rewrite rule) to meet "
+            "the limit")
+    return WholeOpFloor(limit, held, largest.bytes, largest.scratch_bytes, name, text)
 
 
 def held_parts(g: Graph) -> str:

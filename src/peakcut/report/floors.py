@@ -90,6 +90,31 @@ def working_set_bytes(g: Graph, nid: int, leave_out: frozenset[int] = frozenset(
     return own
 
 
+@dataclass(frozen=True)
+class WorkingSet:
+    """The largest working set of one op: its bytes (scratch included), of which scratch, and
+    the node (None for a step with no op on the device)."""
+
+    bytes: int
+    scratch_bytes: int
+    node: int | None
+
+
+def largest_working_set(g: Graph, workspace: WorkspaceSpec = "cpu",
+                        leave_out: frozenset[int] = frozenset()) -> WorkingSet:
+    """The op of `g` (capture order, host copies aside) whose inputs, outputs (storages in
+    `leave_out` not counted, working_set_bytes) and scratch are the most bytes at once."""
+    best = WorkingSet(0, 0, None)
+    scratch = order_workspace(g, g.order, workspace).tolist()
+    for nid, node_scratch in zip(g.order, scratch, strict=True):
+        if is_host_copy(g.nodes[nid].op):
+            continue
+        need = working_set_bytes(g, nid, leave_out) + int(node_scratch)
+        if need > best.bytes:
+            best = WorkingSet(need, int(node_scratch), nid)
+    return best
+
+
 def roofline_seconds(work: NodeWork, profile: DeviceProfile, tf32: bool = False) -> float:
     """Time of `work` at the profile's peak rate and bandwidth (no launch, no ramp)."""
     if work.kind is OpKind.VIEW:
@@ -111,17 +136,13 @@ def step_floors(g: Graph, profile: DeviceProfile, *, workspace: WorkspaceSpec = 
     if host_threads < 1:
         raise ValueError(f"host_threads must be >= 1, got {host_threads}")
     host = get_profile("cpu", cpu_threads=host_threads)
-    memory, memory_op = 0, ""
+    largest = largest_working_set(g, workspace)
     compute = 0.0
     update_on_host = 0.0
-    scratch = order_workspace(g, g.order, workspace).tolist()
-    for nid, node_scratch in zip(g.order, scratch, strict=True):
+    for nid in g.order:
         node = g.nodes[nid]
         if is_host_copy(node.op):
             continue
-        need = working_set_bytes(g, nid) + node_scratch
-        if need > memory:
-            memory, memory_op = need, node.name or node.op
         work = node_work(g, nid)
         compute += roofline_seconds(work, profile, tf32)
         if node.phase is Phase.OPTIMIZER:
@@ -133,8 +154,8 @@ def step_floors(g: Graph, profile: DeviceProfile, *, workspace: WorkspaceSpec = 
     host_way = max(params / profile.h2d_bandwidth, grads / profile.d2h_bandwidth, update_on_host)
     return Floors(
         device=profile.name,
-        memory_bytes=memory,
-        memory_op=memory_op,
+        memory_bytes=largest.bytes,
+        memory_op="" if largest.node is None else g.nodes[largest.node].name or g.nodes[largest.node].op,
         compute_seconds=compute,
         state_bytes=params + state,
         device_update_copy_seconds=device_way,
