@@ -198,13 +198,14 @@ class GraphEditor:
 
     def add_op(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, name: str,
                phase: Phase, module: str, tags: NodeTags = NO_TAGS, multi_output: bool = False,
-               names: Sequence[str] | None = None, outputs: Sequence[int] | None = None,
+               names: Sequence[str] | None = None, outputs: Sequence[int | None] | None = None,
                check: LayoutCheck | None = None, tensor_ids_first: bool = False) -> Node:
         """A new node calling `op`, its outputs' metas from a FakeTensor run (module doc).
 
         names: the output tensors' names (default `name`, `name_<j>` for several outputs).
-        outputs: existing tensor ids the node outputs instead of new tensors (a preallocation
-        standing for a tensor): each must come out of the run in a fresh storage with the
+        outputs: per output, an existing tensor id the node outputs instead of a new tensor (a
+        preallocation standing for a tensor, or a rewrite keeping a result's id), or None for
+        a new tensor: an existing one must come out of the run in a fresh storage with the
         tensor's shape, stride and dtype, and the tensor's storage takes that storage's size.
         check: sees the layouts before anything is added and may raise.
         Ids: the node's first, then per output its new storage and its tensor (the tensor
@@ -223,22 +224,25 @@ class GraphEditor:
         out_ids: list[int | None] = []
         metas: list[TensorMeta] = []
         fresh: dict[int, int] = {}     # fresh storage of the run -> its storage id
+        made: list[int] = []           # the new storages among them
         for j, layout in enumerate(layouts):
             if layout is None:
                 out_ids.append(None)
                 continue
             shape, stride, dtype, offset, source = layout
-            tid = self.new_id() if tensor_ids_first and outputs is None else None
+            keep = outputs[j] if outputs is not None else None
+            tid = self.new_id() if tensor_ids_first and keep is None else None
             if source[0] == "in":
                 storage = source[1]
             else:
                 storage = fresh.get(source[1], -1)
                 if storage < 0:
                     storage = fresh[source[1]] = self.new_id()
-                    if outputs is None:
+                    if keep is None:
                         g._storages[storage] = source[2]
-            if outputs is not None:
-                existing = g._tensors[outputs[j]]
+                        made.append(storage)
+            if keep is not None:
+                existing = g._tensors[keep]
                 if source[0] != "fresh" or (shape, stride, dtype) != (
                         existing.shape, existing.stride, existing.dtype):
                     raise GraphError(f"{op} cannot stand for tensor {existing.id}: it gives "
@@ -251,8 +255,8 @@ class GraphEditor:
             label = names[j] if names is not None else (name if len(layouts) == 1 else f"{name}_{j}")
             metas.append(TensorMeta(tid, shape, stride, dtype, storage, offset, Role.ACTIVATION, label))
             out_ids.append(tid)
-        if outputs is None and fresh:
-            self._used(max(fresh.values()))
+        if made:
+            self._used(max(made))
         node = Node(id=nid, op=op, args=args, kwargs=kwargs, outputs=tuple(out_ids),
                     multi_output=multi_output, module=module, phase=phase, name=name, tags=tags)
         self.add_node(node, metas)

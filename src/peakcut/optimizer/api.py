@@ -40,6 +40,7 @@ from peakcut.optimizer.held_floor import HOST_DEVICES, held_floor_refusal, whole
 from peakcut.optimizer.objective import Objective, parse_latency_limit, parse_memory_limit
 from peakcut.optimizer.parallel import parallel_search
 from peakcut.optimizer.plan import LimitNotMet, Plan, Program
+from peakcut.optimizer.root_rewrites import with_root_rewrites
 from peakcut.optimizer.search import Progress, SearchResult
 from peakcut.optimizer.state import State, computation_hash
 from peakcut.optimizer.verify import (
@@ -268,6 +269,8 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
             root = captured
         else:
             root.applied = ("re-order (memory-aware schedule)",)
+    if time_budget > 0:
+        root = with_root_rewrites(root, deriver, settings)
     left = max(0.0, time_budget - (time.perf_counter() - t0))
     result = parallel_search(root, deriver, objective, jobs=jobs, time_budget=left, seed=seed,
                              max_states=max_states, settings=settings, progress=progress, exact_front=pareto)

@@ -175,6 +175,12 @@ class RewriteRule(Protocol):
     again on the new base and the enabled regions carried over (Deriver.with_taso). Others apply
     outside every enabled region only."""
 
+    on_root: bool = False
+    """True when the rule's first site is also tried on the search's root before the search, and
+    kept there where it lowers the simulated peak without raising the simulated latency
+    (optimizer.root_rewrites): a rewrite that usually costs nothing, which a short search might
+    otherwise never combine with the moves it takes."""
+
     @property
     def kind(self) -> str:
         """Unique name (TasoCandidate.kind of its sites)."""

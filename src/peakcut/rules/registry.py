@@ -23,6 +23,7 @@ from peakcut.rules.activations_rule import RecomputeActivationsRule
 from peakcut.rules.batch_norm_rule import SplitBatchNormsRule
 from peakcut.rules.checkpoint_rule import CheckpointBlocksRule, UncheckpointBlocksRule
 from peakcut.rules.checkpoint_segments_rule import CheckpointSegmentsRule
+from peakcut.rules.conv_cat_rule import SplitConvCatRule
 from peakcut.rules.fission_rule import FissionRule
 from peakcut.rules.host_update_rule import HostUpdateRule
 from peakcut.rules.hotspot import Hotspot
@@ -234,6 +235,7 @@ RULES = Registry(
         HostUpdateRule(),
     ),
     rewrites=(
+        SplitConvCatRule(),      # first: it drops copies at a small cost (transform/taso/conv_cat.py)
         CheckpointBlocksRule(),
         RecomputeActivationsRule(),
         CheckpointSegmentsRule(),

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from peakcut.ir.edit import GraphEditor
-from peakcut.ir.graph import Graph
+from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.infer import FakeStorages, InferenceError, Layout
 from peakcut.ir.node import Node, Phase, iter_refs
 from peakcut.ir.registry import OpKind, lookup, mutated_arguments
@@ -158,14 +158,20 @@ class Edit:
     # -------------------------------------------------------------- building
     def add(self, op: str, args: tuple, kwargs: Mapping[str, Any] | None = None, *,
             name: str, phase: Phase, module: str, tag: TasoTag | None = None,
-            multi_output: bool = False) -> Node:
-        """A new node calling `op`; its outputs' metas are derived on FakeTensors."""
+            multi_output: bool = False, outputs: Sequence[int | None] | None = None) -> Node:
+        """A new node calling `op`; its outputs' metas are derived on FakeTensors. outputs: per
+        output, a tensor of the graph the node makes from now on (its layout must come out
+        the same; the node that made it is removed with `remove(..., handed_on=...)`), or
+        None for a new tensor."""
         try:
             node = self.editor.add_op(op, tuple(args), dict(kwargs or {}), name=name, phase=phase,
                                       module=module, tags=NodeTags(taso=tag or TasoTag(self.rule)),
-                                      multi_output=multi_output, tensor_ids_first=True)
+                                      multi_output=multi_output, tensor_ids_first=True,
+                                      outputs=outputs)
         except InferenceError as e:
             raise _failure(name, op, e) from None
+        except GraphError as e:
+            raise RuleError(f"node {name} ({op}) cannot make the tensor it stands for: {e}") from None
         # Graph.users walks the order: the new node goes last until the final order is set
         self.editor.insert_in_order(len(self.new.order), [node.id])
         self.added.append(node.id)
@@ -198,15 +204,25 @@ class Edit:
             self.rewire(u, mapping)
         return list(touched)
 
-    def remove(self, nid: int, stand_ins: Sequence[int] = ()) -> None:
-        """Remove node `nid` (its outputs must be unused by now); in control lists it is
-        replaced by `stand_ins`."""
+    def remove(self, nid: int, stand_ins: Sequence[int] = (), handed_on: Iterable[int] = ()) -> None:
+        """Remove node `nid`; in control lists it is replaced by `stand_ins`. Its outputs must
+        be unused by now, except `handed_on`: tensors a new node makes instead (Edit.add's
+        outputs), which stay."""
         n = self.new.nodes[nid]
+        kept = set(handed_on)
         for t in n.output_ids():
+            if t in kept:
+                continue
             self.moved_storages.add(self.new.tensors[t].storage)
             if t in self.new.outputs:
                 raise RuleError(f"internal: {describe_tensor(self.new, t)} is a program output")
-        self.editor.remove_node(nid)
+        if kept:
+            unused = [t for t in n.output_ids() if t not in kept and self.new.users(t)]
+            if unused:
+                raise RuleError(f"internal: {describe_tensor(self.new, unused[0])} is still read")
+            self.editor.remove_nodes([nid], keep_tensors=kept)
+        else:
+            self.editor.remove_node(nid)
         self.changed.pop(nid, None)
         if nid in self.added:
             self.added.remove(nid)

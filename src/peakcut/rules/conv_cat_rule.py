@@ -1,0 +1,58 @@
+"""split_conv_cat: convolutions over a channel concatenation run per concatenated tensor, so the
+concatenation (a copy autograd keeps for the backward) is never made (peakcut.transform.taso.
+conv_cat).
+
+Sites: every applicable concatenation at once first (where there are two or more: U-Net's
+decoder stages, U-Net++'s nested skips, a NASNet cell's projection), then each one alone, most
+bytes first. There is no inverse rule (the search starts again from the unrewritten base)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from peakcut.ir.graph import Graph
+from peakcut.rules.protocol import RewriteRule
+from peakcut.transform.rewrite import Rewrite
+from peakcut.transform.taso.conv_cat import (
+    RULE,
+    conv_cat_sites,
+    split_conv_cat,
+    why_not_split_conv_cat,
+)
+from peakcut.transform.taso.find import TasoCandidate
+from peakcut.units import format_bytes
+
+
+class SplitConvCatRule(RewriteRule):
+    """Convolutions (and their backwards) over a concatenation run once per concatenated tensor."""
+
+    kind = RULE
+    on_root = True       # at paper size U-Net's step is 8% lower and 0.3% faster (RTX 3090, simulated)
+
+    def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+        plans = conv_cat_sites(g, order)
+
+        def size(cats: Sequence[int]) -> str:
+            return format_bytes(sum(g.tensors[g.nodes[c].output_ids()[0]].nbytes for c in cats))
+
+        if len(plans) > 1:
+            cats = tuple(p.cat for p in plans)
+            yield TasoCandidate(self.kind, cats, f"convolutions over all {len(cats)} concatenations run per "
+                                                 f"concatenated tensor ({size(cats)} of copies go)")
+        for p in plans:
+            name = g.nodes[p.cat].name or str(p.cat)
+            yield TasoCandidate(self.kind, (p.cat,), f"convolutions over {name} run per concatenated tensor "
+                                                     f"({size((p.cat,))} copy goes)")
+
+    def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
+        for cat in site.nodes:
+            reason = why_not_split_conv_cat(g, order, cat)
+            if reason:
+                return reason
+        return None
+
+    def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
+        return split_conv_cat(g, order, site.nodes)
+
+    def describe(self, site: TasoCandidate) -> str:
+        return f"{self.kind}: {site.description}"

@@ -1,0 +1,59 @@
+"""Rewrites made on the search's root (peakcut.optimizer.root_rewrites): split_conv_cat where it
+lowers the simulated peak without raising the simulated latency; not where it costs time (a
+tiny model, where the extra kernel launches cost more than the copy saved), not where the
+settings leave rewrites out."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import peakcut
+from peakcut.optimizer import optimize_graph
+from peakcut.optimizer.children import MoveSettings
+from peakcut.workloads import get_workload
+
+
+class Skip(nn.Module):
+    """An encoder output concatenated with its up-sampled pooling, into a convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Conv2d(3, 32, 3, padding=1)
+        self.up = nn.ConvTranspose2d(32, 32, 2, stride=2)
+        self.dec = nn.Conv2d(64, 16, 3, padding=1)
+        self.head = nn.Conv2d(16, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.relu(self.enc(x))
+        b = self.up(nn.functional.max_pool2d(a, 2))
+        return self.head(torch.relu(self.dec(torch.cat([a, b], 1))))
+
+
+def _loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+
+def _split(report: dict) -> list[str]:
+    return [a for a in report["applied"] if a.startswith("split_conv_cat")]
+
+
+def test_a_dominating_rewrite_is_made_on_the_root() -> None:
+    torch.manual_seed(0)
+    batch = (torch.randn(32, 3, 128, 128), torch.randint(0, 4, (32, 128, 128)))
+    g = peakcut.capture(Skip(), batch, _loss, peakcut.AdamW())
+    found = optimize_graph(g, device="h200", latency_limit=1.1, time_budget=5, max_states=1)
+    assert _split(found.report) == ["split_conv_cat: convolutions over cat run per concatenated tensor "
+                                    "(128 MiB copy goes)"]
+    assert found.report["peak_ratio"] < 0.8
+    rewrites_left_out = MoveSettings(kinds=("swap", "remat"))
+    found = optimize_graph(g, device="h200", latency_limit=1.1, time_budget=5, max_states=1,
+                           settings=rewrites_left_out)
+    assert not _split(found.report)
+
+
+def test_a_rewrite_that_costs_time_is_left_to_the_search() -> None:
+    inst = get_workload("unet").build("tiny")
+    g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, peakcut.AdamW())
+    found = optimize_graph(g, device="h200", latency_limit=1.1, time_budget=5, max_states=1)
+    assert not _split(found.report)
