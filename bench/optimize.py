@@ -33,7 +33,8 @@ from peakcut.memory.workspace import WORKSPACE_MODELS, describe_workspace
 from peakcut.optimizer import optimize_graph
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
-BLOCK_REWRITES = ("checkpoint ", "un-checkpoint ", "split ")   # checkpoint_blocks, its inverse, split_batch_norms
+BLOCK_REWRITES = ("checkpoint ", "un-checkpoint ", "split ", "split_conv_cat")   # checkpoint_blocks, its inverse,
+# split_batch_norms, split_conv_cat
 ACTIVATION_REWRITES = "saved activations"                         # recompute_activations (its descriptions end so)
 SETTINGS = (("latency", 1.10), ("latency", 1.05), ("memory", 0.8), ("memory", 0.4))
 DEVICES = ("rtx3090", "h200")
@@ -101,7 +102,7 @@ def main() -> None:
             print(f"| {desc} | {device} | " + " | ".join(cells) + " |")
     print("\nPeak cells: peak / eager peak (latency overhead). Overhead cells: latency overhead "
           "(peak / eager peak).\n")
-    print("| workload | device | setting | states | states/min | fission (F-Tree node: n) | remat+swap | block rewrites |")
+    print("| workload | device | setting | states | states/min | fission (F-Tree node: n) | remat+swap | block and cat rewrites |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         fission = ", ".join(f"{f['ftree_node']}: {f['n']}" for f in r["fission"]) or "-"

@@ -41,6 +41,7 @@ node is added, replaced or removed; the set of node ids whenever a node comes or
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -205,8 +206,9 @@ class GraphEditor:
         names: the output tensors' names (default `name`, `name_<j>` for several outputs).
         outputs: per output, an existing tensor id the node outputs instead of a new tensor (a
         preallocation standing for a tensor, or a rewrite keeping a result's id), or None for
-        a new tensor: an existing one must come out of the run in a fresh storage with the
-        tensor's shape, stride and dtype, and the tensor's storage takes that storage's size.
+        a new tensor: an existing one must come out of the run in a fresh storage of its own
+        (no other output in it) with the tensor's shape, stride and dtype, and the tensor's
+        storage takes that storage's size.
         check: sees the layouts before anything is added and may raise.
         Ids: the node's first, then per output its new storage and its tensor (the tensor
         first with tensor_ids_first, as the TASO rules number them). Raises
@@ -225,6 +227,7 @@ class GraphEditor:
         metas: list[TensorMeta] = []
         fresh: dict[int, int] = {}     # fresh storage of the run -> its storage id
         made: list[int] = []           # the new storages among them
+        runs = Counter(lay[4][1] for lay in layouts if lay is not None and lay[4][0] == "fresh")
         for j, layout in enumerate(layouts):
             if layout is None:
                 out_ids.append(None)
@@ -232,24 +235,23 @@ class GraphEditor:
             shape, stride, dtype, offset, source = layout
             keep = outputs[j] if outputs is not None else None
             tid = self.new_id() if tensor_ids_first and keep is None else None
-            if source[0] == "in":
-                storage = source[1]
-            else:
-                storage = fresh.get(source[1], -1)
-                if storage < 0:
-                    storage = fresh[source[1]] = self.new_id()
-                    if keep is None:
-                        g._storages[storage] = source[2]
-                        made.append(storage)
             if keep is not None:
                 existing = g._tensors[keep]
-                if source[0] != "fresh" or (shape, stride, dtype) != (
+                if source[0] != "fresh" or runs[source[1]] != 1 or (shape, stride, dtype) != (
                         existing.shape, existing.stride, existing.dtype):
                     raise GraphError(f"{op} cannot stand for tensor {existing.id}: it gives "
                                      f"{shape}/{stride}/{dtype} in its {source[0]} storage")
                 self.resize_storage(existing.storage, source[2])
                 out_ids.append(existing.id)
                 continue
+            if source[0] == "in":
+                storage = source[1]
+            else:
+                storage = fresh.get(source[1], -1)
+                if storage < 0:
+                    storage = fresh[source[1]] = self.new_id()
+                    g._storages[storage] = source[2]
+                    made.append(storage)
             if tid is None:
                 tid = self.new_id()
             label = names[j] if names is not None else (name if len(layouts) == 1 else f"{name}_{j}")

@@ -27,7 +27,7 @@ def with_root_rewrites(root: State, deriver: Deriver, settings: MoveSettings | N
     if settings is not None and not settings.uses(REWRITE_MOVES):
         return root
     for rule in deriver.rules.rewrites:
-        if not rule.on_root:
+        if not getattr(rule, "on_root", False):   # a rule written to the protocol without subclassing it
             continue
         site = next(iter(rule.sites(root.base, root.base_order)), None)
         if site is None:

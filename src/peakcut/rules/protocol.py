@@ -24,7 +24,7 @@ from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node
 from peakcut.rules.hotspot import Hotspot, HotspotSite
 from peakcut.schedule.placement import Placement
-from peakcut.transform.rewrite import Rewrite
+from peakcut.transform.rewrite import Rewrite, compose_rewrites
 from peakcut.transform.taso.find import TasoCandidate
 
 REWRITE_MOVES = "taso"   # the search's move kind of every RewriteRule (MoveSettings, Deriver timing)
@@ -136,23 +136,16 @@ class ProgramRule(Protocol):
         and, per site, why it does not apply (None: applied). A `batched` rule does it in one
         edit; this default applies the sites one at a time, each judged after the others."""
         reasons: list[str | None] = []
-        done: Rewrite | None = None
-        added: list[int] = []
-        changed: list[int] = []
-        removed: list[int] = []
+        steps: list[Rewrite] = []
         for site in sites:
-            h, o = (g, order) if done is None else (done.graph, done.order)
+            h, o = (g, order) if not steps else (steps[-1].graph, steps[-1].order)
             reason = self.why_not(h, o, site)
             reasons.append(reason)
             if reason is None:
-                done = self.apply(h, o, site)
-                added.extend(done.added)
-                changed.extend(done.changed)
-                removed.extend(done.removed)
-        if done is None:
+                steps.append(self.apply(h, o, site))
+        if not steps:
             return None, reasons
-        return Rewrite(done.graph, done.order, tuple(added), tuple(changed), tuple(removed),
-                       f"{self.kind} at {reasons.count(None)} sites"), reasons
+        return compose_rewrites(g, steps, f"{self.kind} at {len(steps)} sites"), reasons
 
     def placements(self, g: Graph) -> Iterable[tuple[int, Placement]]:
         """(node, where it goes in the order) for every node of g this rule added."""

@@ -48,6 +48,7 @@ from peakcut.transform.rewrite import (
     alias_closure,
     apply_moves,
     check_order_matches,
+    compose_rewrites,
     describe_node,
     describe_tensor,
     positions,
@@ -429,26 +430,17 @@ def _one_by_one(g: Graph, order: Sequence[int], items: Sequence[T],
     made: the rewrites as one (described by the one's own words, or `plural` with {n} the
     count; None when none applied) and, per item, why not (None: applied)."""
     reasons: list[str | None] = []
-    added: list[int] = []
-    changed: list[int] = []
-    removed: list[int] = []
-    done: Rewrite | None = None
+    steps: list[Rewrite] = []
     for item in items:
-        h, o = (g, order) if done is None else (done.graph, done.order)
+        h, o = (g, order) if not steps else (steps[-1].graph, steps[-1].order)
         reason = why_not(h, o, item)
         reasons.append(reason)
         if reason is None:
-            done = apply(h, o, item)
-            added.extend(done.added)
-            changed.extend(done.changed)
-            removed.extend(done.removed)
-    if done is None:
+            steps.append(apply(h, o, item))
+    if not steps:
         return None, reasons
-    n = reasons.count(None)
-    what = done.description if n == 1 else plural.format(n=n)
-    gone = set(removed)
-    return Rewrite(done.graph, done.order, tuple(added), tuple(v for v in dict.fromkeys(changed) if v not in gone),
-                   tuple(removed), what), reasons
+    what = steps[0].description if len(steps) == 1 else plural.format(n=len(steps))
+    return compose_rewrites(g, steps, what), reasons
 
 
 # ------------------------------------------------------------------ the inverse

@@ -45,6 +45,21 @@ class Rewrite:
     description: str
 
 
+def compose_rewrites(g: Graph, steps: Sequence[Rewrite], description: str) -> Rewrite:
+    """One Rewrite of g for `steps`, rewrites applied one after the other (each to the graph
+    the one before made): the last graph and order; added the new nodes still there, removed
+    the nodes of g gone, changed the nodes of g still there that some step changed."""
+    if not steps:
+        raise ValueError("no rewrite to compose")
+    last = steps[-1].graph
+    added = [a for s in steps for a in s.added if a in last.nodes and a not in g.nodes]
+    removed = [r for s in steps for r in s.removed if r in g.nodes and r not in last.nodes]
+    changed = [c for s in steps for c in s.changed if c in g.nodes and c in last.nodes]
+    return Rewrite(graph=last, order=list(steps[-1].order), added=tuple(dict.fromkeys(added)),
+                   changed=tuple(dict.fromkeys(changed)), removed=tuple(dict.fromkeys(removed)),
+                   description=description)
+
+
 # ------------------------------------------------------------------ naming
 def describe_node(g: Graph, nid: int) -> str:
     """'node mm_3 (aten.mm.default) in encoder.layer.0' for messages."""

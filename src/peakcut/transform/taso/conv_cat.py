@@ -40,6 +40,7 @@ from peakcut.transform.rewrite import (
     RuleError,
     ancestors,
     check_order_matches,
+    compose_rewrites,
     describe_node,
     describe_tensor,
     writers_of,
@@ -68,6 +69,12 @@ class ConvCat:
     forward: tuple[int, ...]
     backward: tuple[int, ...]
 
+    def touched(self, g: Graph) -> tuple[int, ...]:
+        """Every node the rewrite removes: the cat, its readers, the slices of their input
+        gradients it replaces (a site names them all, so the search sees what it touches)."""
+        slices = [r for b in self.backward for r in input_gradient_readers(g, b, self)[0]]
+        return (self.cat, *self.forward, *self.backward, *slices)
+
     def bounds(self) -> list[tuple[int, int]]:
         """The channel range [start, stop) of each piece in the concatenation."""
         out, start = [], 0
@@ -78,6 +85,7 @@ class ConvCat:
 
 
 def _arg(node: Node, i: int, default: object = None) -> object:
+    """Positional argument i of node (default where the call leaves it out)."""
     return node.args[i] if len(node.args) > i else default
 
 
@@ -99,6 +107,8 @@ def _why_not_reader(g: Graph, out: int, nid: int, channels: int) -> str | None:
                 "their backwards reading it as their input are split")
     if node.kwargs:
         return f"{what} takes keyword arguments {sorted(node.kwargs)}"
+    if node.tags.remat is not None:
+        return f"{what} is a recompute (its checkpoint would lose track of the parts)"
     refs = [i for i, a in enumerate(node.args) if isinstance(a, TensorRef) and a.id == out]
     if refs != [slot]:
         return f"{what} reads the concatenation other than as its input"
@@ -137,9 +147,13 @@ def plan_conv_cat(g: Graph, order: Sequence[int], cat: int, *, checked: bool = F
     if not isinstance(dim, int) or len(meta.shape) < 3 or dim % len(meta.shape) != 1:
         return f"{what} does not concatenate images along their channels (dim 1)"
     pieces = tuple(r.id for r in refs)
-    sizes = tuple(g.tensors[t].shape[1] if len(g.tensors[t].shape) == len(meta.shape) else 0 for t in pieces)
-    if any(s <= 0 for s in sizes) or any(g.tensors[t].dtype != meta.dtype for t in pieces):
-        return f"{what} concatenates an empty tensor or tensors of another dtype than its result"
+    if any(len(g.tensors[t].shape) != len(meta.shape) or g.tensors[t].dtype != meta.dtype for t in pieces):
+        return f"{what} concatenates tensors of another rank or dtype than its result"
+    sizes = tuple(g.tensors[t].shape[1] for t in pieces)
+    if any(s <= 0 for s in sizes):
+        return f"{what} concatenates a tensor without channels"
+    if node.tags.remat is not None:
+        return f"{what} is a recompute (its checkpoint would lose track of the parts)"
     if out in g.outputs:
         return f"{describe_tensor(g, out)} is a program output"
     readers = g.users(out)
@@ -161,8 +175,13 @@ def plan_conv_cat(g: Graph, order: Sequence[int], cat: int, *, checked: bool = F
                 t = next(t for t in pieces if g.tensors[t].storage == s)
                 return (f"{describe_node(g, m)} writes {describe_tensor(g, t)} in place between "
                         f"{what} and {describe_node(g, late)}: the pieces would be read changed")
-    forward = tuple(r for r in readers if g.nodes[r].op == CONV)
     backward = tuple(r for r in readers if g.nodes[r].op == CONV_BACKWARD)
+    for b in backward:
+        grad_in = g.nodes[b].outputs[0]
+        if grad_in is not None and writers_of(g, [g.tensors[grad_in].storage]):
+            return (f"the input gradient of {describe_node(g, b)} is written in place: its readers would "
+                    "not see the write in the pieces' gradients")
+    forward = tuple(r for r in readers if g.nodes[r].op == CONV)
     return ConvCat(cat, pieces, sizes, forward, backward)
 
 
@@ -211,6 +230,23 @@ def _split_forward(g: Graph, order: Sequence[int], plan: ConvCat, nid: int) -> R
                               f"tensor {describe_node(g, plan.cat)} concatenated, summed")
 
 
+def input_gradient_readers(g: Graph, backward: int, plan: ConvCat) -> tuple[dict[int, int], bool]:
+    """The readers of the backward's whole input gradient that slice out exactly one piece's
+    channels (reader -> piece), and whether anything else reads it (or it is a program output)."""
+    grad_in = g.nodes[backward].outputs[0]
+    if grad_in is None:
+        return {}, False
+    sliced: dict[int, int] = {}
+    others = grad_in in g.outputs
+    for r in g.users(grad_in):
+        i = _slice_piece(g, r, grad_in, plan.bounds())
+        if i is None:
+            others = True
+        else:
+            sliced[r] = i
+    return sliced, others
+
+
 def _slice_piece(g: Graph, reader: int, grad: int, bounds: Sequence[tuple[int, int]]) -> int | None:
     """Which piece's channels the reader of the whole input gradient `grad` slices out exactly
     (None for any other reader)."""
@@ -237,19 +273,13 @@ def _split_backward(g: Graph, order: Sequence[int], plan: ConvCat, nid: int) -> 
     if not isinstance(weight, TensorRef) or not isinstance(mask, (list, tuple)) or len(mask) != 3:
         raise RuleError(f"internal: {describe_node(g, nid)} changed")
     grad_in, grad_w, grad_b = (list(node.outputs) + [None, None, None])[:3]
-    sliced: dict[int, int] = {}          # a reader slicing out one piece's gradient -> the piece
-    others = False                       # a reader of the whole input gradient
-    for r in g.users(grad_in) if grad_in is not None else ():
-        i = _slice_piece(g, r, grad_in, plan.bounds()) if grad_in is not None else None
-        if i is None:
-            others = True
-        else:
-            sliced[r] = i
+    sliced, others = input_gradient_readers(g, nid, plan)
     weights = _weight_pieces(edit, plan, node, weight.id, label)
     made: list[Node] = []
     grads: list[int | None] = []
     weight_grads: list[int] = []
-    read = {i for r, i in sliced.items() if g.users(g.nodes[r].output_ids()[0])}   # autograd slices the image too
+    # pieces whose gradient something reads (autograd slices out the image's channels too)
+    read = {i for r, i in sliced.items() if g.users(g.nodes[r].output_ids()[0])}
     for i, (x, w) in enumerate(zip(plan.pieces, weights, strict=True)):
         wanted = grad_in is not None and (others or i in read)
         piece_mask = [bool(mask[0]) and wanted, bool(mask[1]), bool(mask[2]) and i == 0]
@@ -259,12 +289,12 @@ def _split_backward(g: Graph, order: Sequence[int], plan: ConvCat, nid: int) -> 
         args = (node.args[_BW_GRAD], TensorRef(x), TensorRef(w), *node.args[3:_BW_MASK], piece_mask)
         part = edit.add(CONV_BACKWARD, args, name=f"{label}_cat{i}", phase=node.phase, module=node.module,
                         tag=TasoTag(RULE, part=i, part_of=label), multi_output=True,
-                        outputs=[None, None, grad_b if piece_mask[2] else None])
+                        outputs=[None, None, grad_b if piece_mask[2] and grad_b is not None else None])
         made.append(part)
         grads.append(part.outputs[0] if piece_mask[0] else None)
         if piece_mask[1] and part.outputs[1] is not None:
             weight_grads.append(part.outputs[1])
-    handed: list[int] = [t for t in (grad_b,) if t is not None]
+    handed: list[int] = [grad_b] if grad_b is not None and mask[2] else []
     if grad_w is not None:
         cat_w = edit.add(CAT, ([TensorRef(t) for t in weight_grads], _weight_dim(node)), name=f"{label}_grad_weight",
                          phase=node.phase, module=node.module, outputs=[grad_w])
@@ -295,8 +325,9 @@ def _split_backward(g: Graph, order: Sequence[int], plan: ConvCat, nid: int) -> 
 
 def split_conv_cat(g: Graph, order: Sequence[int], cats: Sequence[int]) -> Rewrite:
     """Every convolution and convolution backward reading the concatenations `cats` (cat
-    nodes) runs per concatenated tensor (module doc); the cats go. Raises RuleError (the reason
-    of why_not_split_conv_cat) where the rule does not apply."""
+    nodes; other nodes listed are left out) runs per concatenated tensor (module doc); the cats
+    go. Raises RuleError (the reason of why_not_split_conv_cat) where the rule does not apply."""
+    cats = [c for c in cats if c not in g.nodes or g.nodes[c].op == CAT]
     steps: list[Rewrite] = []
     h, o = g, list(order)
     for cat in cats:
@@ -309,19 +340,8 @@ def split_conv_cat(g: Graph, order: Sequence[int], cats: Sequence[int]) -> Rewri
             h, o = rw.graph, rw.order
     if not steps:
         raise RuleError("no concatenation to split")
-    return _composed(g, steps, f"split the convolutions over {len(cats)} concatenation(s) "
-                               f"({', '.join(g.nodes[c].name or str(c) for c in cats)}) per concatenated tensor")
-
-
-def _composed(g: Graph, steps: Sequence[Rewrite], description: str) -> Rewrite:
-    """One Rewrite of g for rewrites applied one after the other."""
-    last = steps[-1].graph
-    added = [a for s in steps for a in s.added if a in last.nodes]
-    removed = [r for s in steps for r in s.removed if r in g.nodes]
-    changed = {c for s in steps for c in s.changed if c in g.nodes and c in last.nodes}
-    return Rewrite(graph=last, order=steps[-1].order, added=tuple(dict.fromkeys(added)),
-                   changed=tuple(sorted(changed)), removed=tuple(dict.fromkeys(removed)),
-                   description=description)
+    return compose_rewrites(g, steps, f"split the convolutions over {len(cats)} concatenation(s) "
+                                      f"({', '.join(g.nodes[c].name or str(c) for c in cats)}) per concatenated tensor")
 
 
 def conv_cat_sites(g: Graph, order: Sequence[int]) -> list[ConvCat]:
