@@ -269,11 +269,14 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
             root = captured
         else:
             root.applied = ("re-order (memory-aware schedule)",)
+    untransformed = root
     if time_budget > 0:
         root = with_root_rewrites(root, deriver, settings)
     left = max(0.0, time_budget - (time.perf_counter() - t0))
     result = parallel_search(root, deriver, objective, jobs=jobs, time_budget=left, seed=seed,
                              max_states=max_states, settings=settings, progress=progress, exact_front=pareto)
+    if root is not untransformed:   # the search started from root rewrites: a plan like any other (its first
+        result.root = untransformed   # best); the plan of last resort and the floor stay the captured step
     memory_method, latency_method = _methods(cost, workspace)
     best = result.best
     report = {
