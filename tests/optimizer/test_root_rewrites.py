@@ -11,6 +11,7 @@ from torch import nn
 import peakcut
 from peakcut.optimizer import optimize_graph
 from peakcut.optimizer.children import MoveSettings
+from peakcut.optimizer.held_floor import whole_op_floor
 from peakcut.workloads import get_workload
 
 
@@ -61,3 +62,17 @@ def test_a_rewrite_that_costs_time_is_left_to_the_search() -> None:
     g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, peakcut.AdamW())
     found = optimize_graph(g, device="h200", latency_limit=1.1, time_budget=5, max_states=1)
     assert not _split(found.report)
+
+
+def test_the_whole_op_floor_of_a_rewritten_root_is_its_own() -> None:
+    """On a host device a memory limit below every whole op names the op; plans from a
+    rewritten root run that root's ops, so the lower floor of the two is the one reported."""
+    torch.manual_seed(0)
+    batch = (torch.randn(32, 3, 128, 128), torch.randint(0, 4, (32, 128, 128)))
+    g = peakcut.capture(Skip(), batch, _loss, peakcut.AdamW())
+    found = optimize_graph(g, device="analytic:cpu", memory_limit=0.3, time_budget=3, max_states=1)
+    assert _split(found.report) and not found.report["feasible"]
+    floor = found.report["whole_op_floor"]
+    captured = whole_op_floor(g, floor["limit_bytes"], "analytic:cpu")
+    assert captured is not None and floor["floor_bytes"] < captured.floor_bytes
+    assert floor["text"].startswith("run whole, after the root rewrites, convolution_backward of module 'dec'")

@@ -312,6 +312,10 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         report["peak_standing"] = peak_standing(best.program, at_peak, best.tree).as_dict()
     if unreachable is None and objective.mode == "memory" and not report["feasible"]:
         whole = whole_op_floor(g, int(objective.limit), named.name, workspace)
+        if whole is not None and root is not untransformed:   # plans from the rewritten root: their floor
+            rewritten = whole_op_floor(root.base.with_order(root.base_order), int(objective.limit), named.name,
+                                       workspace, as_run="after the root rewrites")
+            whole = rewritten if rewritten is None or rewritten.floor_bytes < whole.floor_bytes else whole
         if whole is not None:
             report["whole_op_floor"] = whole.as_dict()
     return Optimized(result, objective, report, cost, eager, deriver, eager_ratio)

@@ -21,7 +21,9 @@ below that for some op, only a plan that splits the op (a fission region around 
 which op and by how much. Medium U-Net on the development CPU at memory_limit=0.5: the
 first convolution backward of the last decoder block reads a 48 MiB concatenation and a
 24 MiB gradient and writes a 48 MiB gradient, with 72 MiB of scratch, beside 357 MiB held:
-550 MiB against a 451 MiB limit (simulated).
+550 MiB against a 451 MiB limit (simulated). Where the search's root was rewritten
+(optimizer.root_rewrites) its plans have the root's floor, when lower: split_conv_cat runs that
+backward once per concatenated tensor, 120 MiB each with 48 MiB of scratch, so 478 MiB.
 """
 
 from __future__ import annotations
@@ -99,9 +101,10 @@ class WholeOpFloor:
 
 
 def whole_op_floor(g: Graph, memory_limit: float | int | str | None, device_name: str,
-                   workspace: WorkspaceSpec = "cpu") -> WholeOpFloor | None:
+                   workspace: WorkspaceSpec = "cpu", as_run: str = "as captured") -> WholeOpFloor | None:
     """Why no plan that runs every op of `g` whole can meet `memory_limit` on `device_name`
-    (module doc), or None when one may (or the device is not the host)."""
+    (module doc), or None when one may (or the device is not the host). as_run: what g is, for
+    the sentence (the captured step, or the search's root after its rewrites)."""
     if memory_limit is None or device_name not in HOST_DEVICES:
         return None
     eager = simulate(g, g.order, workspace)
@@ -113,7 +116,7 @@ def whole_op_floor(g: Graph, memory_limit: float | int | str | None, device_name
     node = g.nodes[largest.node]
     op = node.op.removeprefix("aten.").removesuffix(".default")
     name = f"{op} of module {node.module!r}" if node.module else op
-    text = (f"run whole, as captured, {name} needs {format_bytes(largest.bytes)} at once (its inputs, outputs "
+    text = (f"run whole, {as_run}, {name} needs {format_bytes(largest.bytes)} at once (its inputs, outputs "
             f"and {format_bytes(largest.scratch_bytes)} of scratch) beside the {format_bytes(held)} the step "
             f"holds: {format_bytes(held + largest.bytes)} against the limit {format_bytes(limit)} (simulated); a "
             "plan must split or rewrite that op (a fission region around it, split_rows, a rewrite rule) to meet "
