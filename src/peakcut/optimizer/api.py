@@ -84,6 +84,13 @@ class Optimized:
     eager: Timeline          # the captured step in capture order, under `cost`
     deriver: Deriver | None = None
     eager_ratio: float = 1.0  # the user's eager step's time / the captured step's (measured)
+    untransformed: State | None = None   # the captured step, where the search's root was rewritten
+
+    @property
+    def captured(self) -> State:
+        """The untransformed step (in its memory-aware order): the plan of last resort and the
+        floor verification measures. The search's root, unless root rewrites made that."""
+        return self.result.root if self.untransformed is None else self.untransformed
 
     @property
     def reference_s(self) -> float:
@@ -101,7 +108,7 @@ class Optimized:
         def ident(s: State) -> tuple[str, tuple[int, ...]]:
             return computation_hash(s.program), tuple(s.order)
 
-        root = self.result.root
+        root = self.captured
         with_root = self.best is not root and (self.objective.mode == "latency"
                                                or self.objective.feasible(root.peak_bytes, root.latency_s))
         found: list[State] = [self.best]
@@ -284,8 +291,6 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     left = max(0.0, time_budget - (time.perf_counter() - t0))
     result = parallel_search(root, deriver, planned, jobs=jobs, time_budget=left, seed=seed,
                              max_states=max_states, settings=settings, progress=progress, exact_front=pareto)
-    if root is not untransformed:   # the search started from root rewrites: a plan like any other (its first
-        result.root = untransformed   # best); the plan of last resort and the floor stay the captured step
     memory_method, latency_method = _methods(cost, workspace)
     best = result.best
     report = {
@@ -327,7 +332,8 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
             whole = rewritten if rewritten is None or rewritten.floor_bytes < whole.floor_bytes else whole
         if whole is not None:
             report["whole_op_floor"] = whole.as_dict()
-    return Optimized(result, objective, report, cost, eager, deriver, eager_ratio)
+    return Optimized(result, objective, report, cost, eager, deriver, eager_ratio,
+                     None if root is untransformed else untransformed)
 
 
 def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | None = None,
@@ -468,13 +474,13 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
                       "its limit is met as predicted only", stacklevel=6)
         return found.best, found.feasible, ""
     candidates = found.candidates(programs_for(predicted, seconds, VERIFY_CANDIDATES))
-    state, verdict = choose(candidates, found.result.root, found.objective, predicted,
+    state, verdict = choose(candidates, found.captured, found.objective, predicted,
                             model, batch, eager, opt, max(0.0, seconds - (time.perf_counter() - t0)))
     report["verification"] = dict(verdict.report(mode), seconds=round(time.perf_counter() - t0, 3))
     if state is not found.best:
         report.update(_plan_entries(state, found.eager, found.eager_ratio),
                       search=dict(report["search"], compact_estimate=_estimate(state)))
-    root = found.result.root
+    root = found.captured
     refitted = refit(state.latency_s / root.latency_s if root.latency_s > 0 else 0.0, calibration, verdict,
                      candidate_name(root, root))
     if refitted is not None:

@@ -165,9 +165,11 @@ def plan_conv_cat(g: Graph, order: Sequence[int], cat: int, *, checked: bool = F
             return reason
     if writers_of(g, [meta.storage]):
         return f"{describe_tensor(g, out)} is written in place"
-    before_cat = ancestors(g, cat)
+    before_cat: set[int] | None = None      # walked only where a piece is written in place
     for s, writers in writers_of(g, [g.tensors[t].storage for t in pieces]).items():
         for m in writers:
+            if before_cat is None:
+                before_cat = ancestors(g, cat)
             if m in before_cat:
                 continue
             late = next((r for r in readers if m in ancestors(g, r)), None)
