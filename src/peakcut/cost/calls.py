@@ -99,13 +99,16 @@ def node_work(g: Graph, nid: int) -> NodeWork:
     kwargs = map_refs(node.kwargs, to_meta)
     out_metas = [g.tensors[t] for t in node.output_ids()]
     outputs = [m.to_meta() for m in out_metas]
+    # per output position, None where the call makes none (a convolution backward's masked-off
+    # gradients): FLOP rules index their results by position
+    placed = [None if t is None else g.tensors[t].to_meta() for t in node.outputs]
     in_metas = [g.tensors[t] for t in node.input_ids()]
     inputs = [m.to_meta() for m in in_metas]
     info = lookup(node.op)
     kind = info.kind if info is not None else None
     return NodeWork(
         kind=kind,
-        flops=flops(node.op, tuple(args), kwargs, outputs),
+        flops=flops(node.op, tuple(args), kwargs, placed),
         bytes=bytes_moved(inputs, outputs) + reread_bytes(node.op, tuple(args)) - unread_bytes(node.op, tuple(args)),
         dtype=_compute_dtype(in_metas, out_metas),
     )

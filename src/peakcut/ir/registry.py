@@ -194,8 +194,10 @@ _MORE_FLOP_RULES: Mapping[str, Callable[[list[tuple[int, ...]]], int]] = Mapping
 
 
 def flops(op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any],
-          outputs: Sequence[torch.Tensor]) -> int:
-    """FLOPs of one call; tensors in args/outputs are meta tensors."""
+          outputs: Sequence[torch.Tensor | None]) -> int:
+    """FLOPs of one call; tensors in args/outputs are meta tensors. outputs: per output
+    position (None where the call makes none, as a convolution backward's masked-off
+    gradients: FLOP rules index results by position)."""
     more = _MORE_FLOP_RULES.get(op)
     if more is not None:
         return int(more(_shapes(args)))
@@ -212,7 +214,7 @@ def flops(op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any],
         return 0
     if info.kind is OpKind.REDUCTION:
         return sum(int(a.numel()) for a in args if isinstance(a, torch.Tensor))
-    return sum(int(o.numel()) for o in outputs)
+    return sum(int(o.numel()) for o in outputs if o is not None)
 
 
 def bytes_moved(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> int:
@@ -248,9 +250,21 @@ _OVERWRITES_FIRST = frozenset({"aten.copy_.default", "aten.zero_.default", "aten
                                "aten.fill_.Tensor"})
 
 
+_CONV_BACKWARD = "aten.convolution_backward.default"
+
+
 def unread_bytes(op: str, args: Sequence[Any]) -> int:
-    """Bytes bytes_moved counts as read that the call only writes: the destination of an
-    overwriting in-place op (module constant _OVERWRITES_FIRST)."""
+    """Bytes bytes_moved counts as read that the call does not read: the destination of an
+    overwriting in-place op (module constant _OVERWRITES_FIRST), which it only writes; a
+    convolution backward's input when it makes no weight or bias gradient, and its weight
+    when it makes no input gradient (only their shapes are used)."""
+    if op == _CONV_BACKWARD:
+        mask = args[10] if len(args) > 10 else None
+        if not isinstance(mask, (list, tuple)) or len(mask) != 3:
+            return 0
+        unread = [] if mask[1] or mask[2] else [args[1]]
+        unread += [] if mask[0] else [args[2]]
+        return sum(t.numel() * t.element_size() for t in unread if isinstance(t, torch.Tensor))
     if op not in _OVERWRITES_FIRST or not args or not isinstance(args[0], torch.Tensor):
         return 0
     return args[0].numel() * args[0].element_size()
