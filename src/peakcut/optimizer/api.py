@@ -40,6 +40,7 @@ from peakcut.optimizer.held_floor import HOST_DEVICES, held_floor_refusal, whole
 from peakcut.optimizer.objective import Objective, parse_latency_limit, parse_memory_limit
 from peakcut.optimizer.parallel import parallel_search
 from peakcut.optimizer.plan import LimitNotMet, Plan, Program
+from peakcut.optimizer.polish import polished
 from peakcut.optimizer.root_rewrites import with_root_rewrites
 from peakcut.optimizer.search import Progress, SearchResult
 from peakcut.optimizer.state import State, computation_hash
@@ -55,7 +56,7 @@ from peakcut.optimizer.verify import runs_here as verify_runs_here
 from peakcut.report.baselines import zero_offload
 from peakcut.report.floors import Floors, step_floors
 from peakcut.report.peak_standing import peak_standing
-from peakcut.rules import RULES
+from peakcut.rules import REWRITE_MOVES, RULES
 from peakcut.runtime.host_allocator import keep_freed_host_memory
 from peakcut.schedule import schedule
 from peakcut.simulate import Timeline, simulate_timeline
@@ -289,8 +290,13 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     if time_budget > 0:
         root = with_root_rewrites(root, deriver, settings)
     left = max(0.0, time_budget - (time.perf_counter() - t0))
+    polishing = time_budget > 0 and not pareto and (settings is None or settings.uses(REWRITE_MOVES))
     result = parallel_search(root, deriver, planned, jobs=jobs, time_budget=left, seed=seed,
                              max_states=max_states, settings=settings, progress=progress, exact_front=pareto)
+    polish_s = time.perf_counter()
+    if polishing:
+        result = polished(result, deriver, planned, deadline=t0 + time_budget)
+    polish_s = time.perf_counter() - polish_s
     memory_method, latency_method = _methods(cost, workspace)
     best = result.best
     report = {
@@ -313,7 +319,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    "failed": result.failed, "seconds": round(result.seconds, 3),
                    "states_per_minute": round(result.states_per_minute, 1), "stopped": result.stopped,
                    "jobs": result.jobs, "plan_margin": plan_margin if planned is not objective else 0.0,
-                   "compact_estimate": _estimate(best),
+                   "compact_estimate": _estimate(best), "polish_s": round(polish_s, 3),
                    "time_budget_s": time_budget, "seed": seed, "total_seconds": round(time.perf_counter() - t0, 3)},
         "front": [{"peak_bytes": s.peak_bytes, "latency_s": s.latency_s, "applied": len(s.applied),
                    "exact": s.exact} for s in result.front],

@@ -197,6 +197,12 @@ class RewriteRule(Protocol):
         """One line for the search's report."""
         ...
 
+    def at_peak(self, g: Graph, order: Sequence[int], nid: int) -> TasoCandidate | None:
+        """A site at node `nid` of (g, order), where a plan peaks, for the polish after the search
+        (optimizer.polish); None where the rule has none there (the default: the rule takes no
+        part in the polish)."""
+        return None
+
 
 class RegionRule(Protocol):
     """A change of the F-Tree: which regions run in parts (see module doc)."""

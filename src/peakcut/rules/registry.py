@@ -24,6 +24,7 @@ from peakcut.rules.batch_norm_rule import SplitBatchNormsRule
 from peakcut.rules.checkpoint_rule import CheckpointBlocksRule, UncheckpointBlocksRule
 from peakcut.rules.checkpoint_segments_rule import CheckpointSegmentsRule
 from peakcut.rules.conv_cat_rule import SplitConvCatRule
+from peakcut.rules.conv_grads_rule import SplitConvGradsRule
 from peakcut.rules.fission_rule import FissionRule
 from peakcut.rules.host_update_rule import HostUpdateRule
 from peakcut.rules.hotspot import Hotspot
@@ -246,6 +247,7 @@ RULES = Registry(
         CancelTransposesRule(),
         FoldViewsRule(),
         SplitRowsRule(),
+        SplitConvGradsRule(),    # mostly at the plan's peak after the search (optimizer/polish.py)
         SplitBatchNormsRule(),   # last: it saves transients only and costs latency (docs/fission.md)
     ),
 )

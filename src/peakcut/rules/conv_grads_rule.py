@@ -1,0 +1,60 @@
+"""split_conv_grads: a convolution's backward runs as two calls, the weight (and bias) gradient
+first, then the input gradient, so the input gradient is not held while the weight gradient's
+scratch is taken (peakcut.transform.taso.conv_grads).
+
+Sites: the convolution backward with the most bytes live while it runs in the base's order
+(where the base peaks, if it peaks at one). The rule's main use is `at_peak`: after the search,
+the plan's peak, where it sits at a convolution's backward (optimizer.polish); the search
+itself meets the base's peak only. There is no inverse rule."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from peakcut.ir.graph import Graph
+from peakcut.memory import simulate
+from peakcut.rules.protocol import RewriteRule
+from peakcut.transform.rewrite import Rewrite
+from peakcut.transform.taso.conv_grads import (
+    RULE,
+    conv_grads_sites,
+    split_conv_grads,
+    why_not_split_conv_grads,
+)
+from peakcut.transform.taso.find import TasoCandidate
+
+
+class SplitConvGradsRule(RewriteRule):
+    """A convolution's backward as a weight-gradient call, then an input-gradient call."""
+
+    kind = RULE
+
+    def _site(self, g: Graph, nid: int) -> TasoCandidate:
+        return TasoCandidate(self.kind, (nid,), f"{g.nodes[nid].name or nid} runs as two calls: weight "
+                                                "gradient, then input gradient")
+
+    def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+        found = conv_grads_sites(g, order)
+        if not found:
+            return
+        timeline = simulate(g, order).timeline
+        at = {v: i for i, v in enumerate(order)}
+        yield self._site(g, max(found, key=lambda v: int(timeline[at[v]])))
+
+    def at_peak(self, g: Graph, order: Sequence[int], nid: int) -> TasoCandidate | None:
+        """The site at node `nid` where a plan peaks, if it is a convolution backward the rule
+        splits."""
+        return self._site(g, nid) if why_not_split_conv_grads(g, order, nid, checked=True) is None else None
+
+    def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
+        for nid in site.nodes:
+            reason = why_not_split_conv_grads(g, order, nid)
+            if reason:
+                return reason
+        return None
+
+    def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
+        return split_conv_grads(g, order, site.nodes)
+
+    def describe(self, site: TasoCandidate) -> str:
+        return f"{self.kind}: {site.description}"
