@@ -6,6 +6,8 @@ swapping and re-ordering, under a memory or a latency limit.
 - derive.py: building a child state (expand fission, replay recipes, reschedule, simulate);
 - children.py: a state's children, the registered rules (peakcut.rules) applied to it;
 - search.py: Algorithm 3;
+- root_rewrites.py: rewrites made on the root before the search; polish.py: rewrites made
+  where the best plan peaks after it;
 - plan.py: the runnable result (step, report, source, save/load);
 - api.py: peakcut.optimize() and optimize_graph().
 """

@@ -2,8 +2,9 @@
 first, then the input gradient, so the input gradient is not held while the weight gradient's
 scratch is taken (peakcut.transform.taso.conv_grads).
 
-Sites: the convolution backward with the most bytes live while it runs in the base's order
-(where the base peaks, if it peaks at one). The rule's main use is `at_peak`: after the search,
+Sites: the convolution backward with the largest input gradient (the first in the order among
+equals; no simulation, since sites are listed for every base the search makes: ranking them by
+the base's timeline halved the search's states per minute on paper U-Net++). The rule's main use is `at_peak`: after the search,
 the plan's peak, where it sits at a convolution's backward (optimizer.polish); the search
 itself meets the base's peak only. There is no inverse rule."""
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from peakcut.ir.graph import Graph
-from peakcut.memory import simulate
 from peakcut.rules.protocol import RewriteRule
 from peakcut.transform.rewrite import Rewrite
 from peakcut.transform.taso.conv_grads import (
@@ -35,11 +35,8 @@ class SplitConvGradsRule(RewriteRule):
 
     def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
         found = conv_grads_sites(g, order)
-        if not found:
-            return
-        timeline = simulate(g, order).timeline
-        at = {v: i for i, v in enumerate(order)}
-        yield self._site(g, max(found, key=lambda v: int(timeline[at[v]])))
+        if found:       # no simulation: sites are listed for every base the search makes
+            yield self._site(g, max(found, key=lambda v: g.tensors[g.nodes[v].outputs[0]].nbytes))
 
     def at_peak(self, g: Graph, order: Sequence[int], nid: int) -> TasoCandidate | None:
         """The site at node `nid` where a plan peaks, if it is a convolution backward the rule
