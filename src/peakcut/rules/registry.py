@@ -247,8 +247,8 @@ RULES = Registry(
         CancelTransposesRule(),
         FoldViewsRule(),
         SplitRowsRule(),
-        SplitConvGradsRule(),    # mostly at the plan's peak after the search (optimizer/polish.py)
-        SplitBatchNormsRule(),   # last: it saves transients only and costs latency (docs/fission.md)
+        SplitBatchNormsRule(),   # it saves transients only and costs latency (docs/fission.md)
+        SplitConvGradsRule(),    # last: mostly at the plan's peak after the search (optimizer/polish.py)
     ),
 )
 """Every rule the search uses, in the order it tries them (see Registry)."""
