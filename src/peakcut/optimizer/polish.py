@@ -10,10 +10,11 @@ the recipes stay as they were applied, reading what they read), again at the new
 POLISH_ROUNDS times, and keeps each step only where the objective prefers it (lower peak
 within a latency limit; under a memory limit the plan keeps its latency unless it misses the
 limit). It runs in what the search left of the time budget, and its first round in any case
-(one rewrite and one simulation of the plan: about a second at paper size). Only nodes of the base outside every enabled fission region are sites (a part copy runs
-inside a loop the code generator writes from the region). Only split_conv_grads has `at_peak`:
-a CNN's plans peak at a convolution's backward, where the input gradient is held beside the
-weight gradient's scratch.
+(one rewrite and one simulation of the plan: about a second at paper size). Only nodes of the
+base outside every enabled fission region are sites (a part copy runs inside a loop the code
+generator writes from the region). Only split_conv_grads has `at_peak`: a CNN's plans peak at
+a convolution's backward, where the input gradient is held beside the weight gradient's
+scratch.
 
 The polished plan becomes the search's best and the newest of its bests, so verification runs
 it first; the plan it was made from stays among the bests. Its program is not its base with
