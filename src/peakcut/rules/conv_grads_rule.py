@@ -34,9 +34,13 @@ class SplitConvGradsRule(RewriteRule):
                                                 "gradient, then input gradient")
 
     def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+        def input_gradient_bytes(v: int) -> int:
+            grad = g.nodes[v].outputs[0]
+            return 0 if grad is None else g.tensors[grad].nbytes
+
         found = conv_grads_sites(g, order)
         if found:       # no simulation: sites are listed for every base the search makes
-            yield self._site(g, max(found, key=lambda v: g.tensors[g.nodes[v].outputs[0]].nbytes))
+            yield self._site(g, max(found, key=input_gradient_bytes))
 
     def at_peak(self, g: Graph, order: Sequence[int], nid: int) -> TasoCandidate | None:
         """The site at node `nid` where a plan peaks, if it is a convolution backward the rule
