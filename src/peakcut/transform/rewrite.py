@@ -120,6 +120,21 @@ def check_order_matches(g: Graph, order: Sequence[int]) -> str | None:
     return None
 
 
+def node_calling(g: Graph, order: Sequence[int], nid: int, op: str, what_it_is: str, *,
+                 checked: bool = False) -> Node | str:
+    """Node `nid` of g when it calls `op` (and `order` is an order of g, unless the caller has
+    `checked` that); else why not: "node ... is not <what_it_is>"."""
+    stale = None if checked else check_order_matches(g, order)
+    if stale:
+        return stale
+    if nid not in g.nodes:
+        return f"no node {nid}"
+    node = g.nodes[nid]
+    if node.op != op:
+        return f"{describe_node(g, nid)} is not {what_it_is}"
+    return node
+
+
 def check_candidate_query(g: Graph, order: Sequence[int], kinds: Sequence[str],
                           known: Sequence[str], limit: int, what: str) -> None:
     """ValueError for unknown candidate kinds, a negative limit or an order of another graph."""

@@ -39,10 +39,10 @@ from peakcut.transform.rewrite import (
     Rewrite,
     RuleError,
     ancestors,
-    check_order_matches,
     compose_rewrites,
     describe_node,
     describe_tensor,
+    node_calling,
     writers_of,
 )
 from peakcut.transform.taso.edit import Edit
@@ -125,15 +125,10 @@ def _why_not_reader(g: Graph, out: int, nid: int, channels: int) -> str | None:
 def plan_conv_cat(g: Graph, order: Sequence[int], cat: int, *, checked: bool = False) -> ConvCat | str:
     """What split_conv_cat does at the cat node `cat`, or why it does not apply. checked: the
     caller has verified that `order` is an order of g."""
-    stale = None if checked else check_order_matches(g, order)
-    if stale:
-        return stale
-    if cat not in g.nodes:
-        return f"no node {cat}"
-    node = g.nodes[cat]
+    node = node_calling(g, order, cat, CAT, "a concatenation", checked=checked)
+    if isinstance(node, str):
+        return node
     what = describe_node(g, cat)
-    if node.op != CAT:
-        return f"{what} is not a concatenation"
     tensors = node.args[0] if node.args else None
     outs = node.output_ids()
     if not isinstance(tensors, (list, tuple)) or len(outs) != 1:

@@ -32,9 +32,9 @@ from peakcut.ir.tags import TasoTag
 from peakcut.transform.rewrite import (
     Rewrite,
     RuleError,
-    check_order_matches,
     compose_rewrites,
     describe_node,
+    node_calling,
 )
 from peakcut.transform.taso.edit import Edit
 
@@ -47,15 +47,10 @@ _MASK = 10          # convolution_backward(grad_output, input, weight, bias_size
 def why_not_split_conv_grads(g: Graph, order: Sequence[int], nid: int, *, checked: bool = False) -> str | None:
     """Why split_conv_grads does not apply to node `nid` (None when it does). checked: the
     caller has verified that `order` is an order of g."""
-    stale = None if checked else check_order_matches(g, order)
-    if stale:
-        return stale
-    if nid not in g.nodes:
-        return f"no node {nid}"
-    node = g.nodes[nid]
+    node = node_calling(g, order, nid, CONV_BACKWARD, "a convolution's backward", checked=checked)
+    if isinstance(node, str):
+        return node
     what = describe_node(g, nid)
-    if node.op != CONV_BACKWARD:
-        return f"{what} is not a convolution's backward"
     if node.kwargs:
         return f"{what} takes keyword arguments {sorted(node.kwargs)}"
     mask = node.args[_MASK] if len(node.args) > _MASK else None
