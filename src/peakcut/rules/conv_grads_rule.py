@@ -3,10 +3,10 @@ first, then the input gradient, so the input gradient is not held while the weig
 scratch is taken (peakcut.transform.taso.conv_grads).
 
 Sites: the convolution backward with the largest input gradient (the first in the order among
-equals; no simulation, since sites are listed for every base the search makes: ranking them by
-the base's timeline halved the search's states per minute on paper U-Net++). The rule's main use is `at_peak`: after the search,
-the plan's peak, where it sits at a convolution's backward (optimizer.polish); the search
-itself meets the base's peak only. There is no inverse rule."""
+equals; no simulation, since sites are listed for every base the search makes). The rule's
+main use is `at_peak`: after the search, the plan's peak, where it sits at a convolution's
+backward (optimizer.polish); the search itself meets the base's peak only. There is no inverse
+rule."""
 
 from __future__ import annotations
 
