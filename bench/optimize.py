@@ -35,6 +35,7 @@ from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
 BLOCK_REWRITES = ("checkpoint ", "un-checkpoint ", "split ", "split_conv_cat")   # checkpoint_blocks, its inverse,
 # split_batch_norms, split_conv_cat
+POLISH_REWRITES = "split_conv_grads"                                # the polish (optimizer/polish.py)
 ACTIVATION_REWRITES = "saved activations"                         # recompute_activations (its descriptions end so)
 SETTINGS = (("latency", 1.10), ("latency", 1.05), ("memory", 0.8), ("memory", 0.4))
 DEVICES = ("rtx3090", "h200")
@@ -59,8 +60,15 @@ def run_workload(name: str, devices: tuple[str, ...], budget: float, workspace: 
                          "wall": time.perf_counter() - t0, "applied": len(r["applied"]),
                          "fission": r["fission"], "recipes": len(r["recipes"]),
                          "rewrites": [d for d in (*r["rewrites"], *r["recipes"])     # in the plan, not undone
-                                      if d.startswith(BLOCK_REWRITES) or d.endswith(ACTIVATION_REWRITES)]})
+                                      if d.startswith(BLOCK_REWRITES) or d.endswith(ACTIVATION_REWRITES)]
+                         + _polished(r["applied"])})
     return rows
+
+
+def _polished(applied: list[str]) -> list[str]:
+    """What the polish after the search split (optimizer/polish.py), as one entry."""
+    split = [d for d in applied if d.startswith(POLISH_REWRITES)]
+    return [f"polish: {len(split)} convolution backward(s) as two calls"] if split else []
 
 
 def _cell(row: dict) -> str:
