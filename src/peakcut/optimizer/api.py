@@ -40,7 +40,7 @@ from peakcut.optimizer.held_floor import HOST_DEVICES, held_floor_refusal, whole
 from peakcut.optimizer.objective import Objective, parse_latency_limit, parse_memory_limit
 from peakcut.optimizer.parallel import parallel_search
 from peakcut.optimizer.plan import LimitNotMet, Plan, Program
-from peakcut.optimizer.polish import polished
+from peakcut.optimizer.polish import POLISH_SHARE, polished
 from peakcut.optimizer.root_rewrites import with_root_rewrites
 from peakcut.optimizer.search import Progress, SearchResult
 from peakcut.optimizer.state import State, computation_hash
@@ -291,8 +291,9 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         root = with_root_rewrites(root, deriver, settings)
     left = max(0.0, time_budget - (time.perf_counter() - t0))
     polishing = time_budget > 0 and not pareto and (settings is None or settings.uses(REWRITE_MOVES))
-    result = parallel_search(root, deriver, planned, jobs=jobs, time_budget=left, seed=seed,
-                             max_states=max_states, settings=settings, progress=progress, exact_front=pareto)
+    result = parallel_search(root, deriver, planned, jobs=jobs, seed=seed, max_states=max_states,
+                             time_budget=left * (1 - POLISH_SHARE) if polishing else left,
+                             settings=settings, progress=progress, exact_front=pareto)
     polish_s = time.perf_counter()
     if polishing:
         result = polished(result, deriver, planned, deadline=t0 + time_budget)

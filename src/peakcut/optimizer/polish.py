@@ -9,8 +9,10 @@ the node where a plan peaks; the polish applies it to the best plan's program (n
 the recipes stay as they were applied, reading what they read), again at the new peak, up to
 POLISH_ROUNDS times, and keeps each step only where the objective prefers it (lower peak
 within a latency limit; under a memory limit the plan keeps its latency unless it misses the
-limit). It runs in what the search left of the time budget, and its first round in any case
-(one rewrite and one simulation of the plan: about a second at paper size). Only nodes of the
+limit). It has POLISH_SHARE of the time the search is given (optimizer.api), and its first
+round in any case (one rewrite and one simulation of the plan: about half a second at paper
+size; with only what a 60 s search left, paper U-Net's polish got one round of the two it
+takes). Only nodes of the
 base outside every enabled fission region are sites (a part copy runs inside a loop the code
 generator writes from the region). Only split_conv_grads has `at_peak`: a CNN's plans peak at
 a convolution's backward, where the input gradient is held beside the weight gradient's
@@ -36,6 +38,7 @@ from peakcut.transform.rewrite import RuleError
 from peakcut.transform.taso.find import TasoCandidate
 
 POLISH_ROUNDS = 8          # rewrites tried at the plan's successive peaks
+POLISH_SHARE = 0.03        # of the search's time, kept for the polish
 
 
 def _at_peak(state: State, deriver: Deriver) -> tuple[RewriteRule, TasoCandidate] | None:
