@@ -146,6 +146,18 @@ def test_refusals_name_the_node() -> None:
     assert "not in the graph" in why_not_split_rows(g, g.order, [10**9], 2)
 
 
+def test_a_convolution_with_its_own_backward_is_not_convex() -> None:
+    """The loss between a convolution and its backward depends on the one and feeds the other:
+    the region's last node reads what the region's first makes, through outside nodes."""
+    model, batch, loss_fn = _problem("unet")
+    g = peakcut.capture(model, batch, loss_fn, peakcut.AdamW())
+    backward = next(v for v in reversed(g.order) if g.nodes[v].op == CONV_BACKWARD)
+    x = g.nodes[backward].args[1].id
+    forward = next(u for u in g.users(x) if g.nodes[u].op == CONV and g.nodes[u].args[1] == g.nodes[backward].args[2])
+    reason = why_not_split_rows(g, g.order, [forward, backward], 2)
+    assert reason is not None and "not convex" in reason and g.nodes[backward].name in reason
+
+
 def test_rule_sites_apply() -> None:
     model, batch, loss_fn = _problem("unetpp")
     g = peakcut.capture(model, batch, loss_fn, peakcut.AdamW())

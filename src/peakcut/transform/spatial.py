@@ -233,7 +233,7 @@ def _why_not_convex(g: Graph, seq: Sequence[int], inside: set[int]) -> str | Non
     after = set(_downstream(g, seq, inside))
     read = {g.tensors[t].storage for v in inside for t in g.nodes[v].input_ids()}
     at = [i for i, v in enumerate(seq) if v in inside]
-    for u in seq[at[0]:at[-1]]:
+    for u in seq[at[0]:at[-1] + 1]:           # the last node's inputs too
         if u in inside:
             if after.intersection(g.predecessors(u)):
                 p = next(iter(after.intersection(g.predecessors(u))))
