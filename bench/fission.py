@@ -1,4 +1,4 @@
-"""F-Tree of the batch dimension on the paper-size workloads, and the root enabled at n = 2.
+"""The F-Trees of the batch and of the rows on the paper-size workloads, roots enabled alone.
 
     python -m bench.fission > bench/fission.md
 
@@ -14,10 +14,14 @@ The loss's gradient seed and target count are first computed without the loss
 A workload with training-mode batch norms gets a second row, "batch norms split": the same
 on the step with every batch norm rewritten as batch-splittable ops
 (peakcut.transform.batch_norm; its eager peak is that step's in capture order).
-A second table: spatial fission (peakcut.transform.spatial, the split_rows rule) of the
-convolutions nearest the peak (the rule's sites: the convolutions, forward or backward, with
-the most bytes live while they run), each alone at n = 2, 4 and 8: the simulated peak of the
-captured step with that one node split, against eager's.
+A second table: the F-Tree of the rows (peakcut.fission.spatial_tree: Algorithm 1 over the
+ops spatial fission splits, joined along their rows; a region splits with halos, split_rows)
+of the three CNNs: as captured, with the batch norms split (regions then span a normalize, its
+ReLU and the next convolution), and with the convolution backward at the peak run as two
+calls (split_conv_grads, as the optimizer's polish does: the input-gradient call's parts then
+read a shape-only view of the input). Per step: the rows' components, the tree's build time,
+levels, nodes per level, the step's own peak, and the root that lowers the peak most when
+enabled alone at n = 2, 4 and 8 (its simulated peak against the captured step's).
 All peaks are simulated (capture order, CPU workspace model); nothing runs.
 """
 
@@ -31,11 +35,15 @@ import torch
 import peakcut
 from peakcut.fission import batch_fission_bound, best_root_at_two, find_ftree
 from peakcut.fission.loss import detach_loss
+from peakcut.fission.spatial_tree import best_spatial_root, find_spatial_ftree, rows_components
 from peakcut.ir.graph import Graph
 from peakcut.memory import simulate
-from peakcut.rules import RULES
 from peakcut.transform.batch_norm import split_batch_norms_everywhere
+from peakcut.transform.rewrite import Rewrite
+from peakcut.transform.taso.conv_grads import split_conv_grads, why_not_split_conv_grads
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
+
+SPATIAL_WORKLOADS = ("resnet50", "unet", "unetpp")     # the CNNs
 
 
 def _gib(n: int) -> str:
@@ -68,24 +76,45 @@ def _row(description: str, g: Graph, eager: int) -> str:
             f"{peak / eager - 1:+.1%} | {expand_s:.1f} | {bound_cell} |")
 
 
-def _spatial_rows(description: str, g: Graph) -> list[str]:
-    """Rows of the spatial table: each split_rows site of g (capture order) and its peak."""
-    eager = simulate(g)
-    rule = RULES.rewrite_rule("split_rows")
-    at = g.nodes[eager.peak_node]
-    peak_at = f"{at.op.removeprefix('aten.').removesuffix('.default')} {at.module}"
-    by_node: dict[int, dict[int, int]] = {}
-    for site in rule.sites(g, g.order):
-        r = rule.apply(g, g.order, site)
-        by_node.setdefault(site.nodes[0], {})[site.parts[0]] = simulate(r.graph, r.order).peak_bytes
-    rows = []
-    for v, peaks in by_node.items():
-        node = g.nodes[v]
-        cells = " | ".join(f"{_gib(peaks[n])} ({peaks[n] / eager.peak_bytes - 1:+.1%})" if n in peaks else "-"
-                           for n in (2, 4, 8))
-        rows.append(f"| {description} | {_gib(eager.peak_bytes)} ({peak_at}) | {node.name} "
-                    f"{node.op.removeprefix('aten.').removesuffix('.default')} {node.module} | {cells} |")
-    return rows or [f"| {description} | {_gib(eager.peak_bytes)} ({peak_at}) | no 2-D convolution | - | - | - |"]
+def _op(g: Graph, v: int) -> str:
+    node = g.nodes[v]
+    return f"{node.op.removeprefix('aten.').removesuffix('.default')} {node.module}"
+
+
+def _spatial_row(description: str, g: Graph, eager: int, order: list[int] | None = None) -> str:
+    """One row of the spatial table: the rows' F-Tree of g (in `order`, capture order by
+    default) and its best root at n = 2, 4 and 8; changes against `eager` (the captured
+    step's peak)."""
+    order = list(g.order if order is None else order)
+    base = simulate(g, order)
+    t0 = time.perf_counter()
+    tree = find_spatial_ftree(g, order)
+    build_s = time.perf_counter() - t0
+    components = len(rows_components(g))
+    head = (f"| {description} | {components} | {build_s:.1f} | {tree.levels()} | {tree.nodes_per_level()} "
+            f"| {_gib(base.peak_bytes)} ({_op(g, base.peak_node)}) |")
+    if not tree.nodes:
+        return head + " - | - | - |"
+    cells = []
+    for n in (2, 4, 8):
+        best = best_spatial_root(g, tree, n, order)
+        if best is None:
+            cells.append("-")
+            continue
+        root, peak = best
+        ops = sorted(tree.nodes[root].nodes, key=order.index)
+        what = _op(g, ops[0]) if len(ops) == 1 else f"{len(ops)} ops from {_op(g, ops[0])}"
+        cells.append(f"{_gib(peak)} ({peak / eager - 1:+.2%}; {what})")
+    return head + " " + " | ".join(cells) + " |"
+
+
+def _grads_split_at_peak(g: Graph) -> Rewrite | None:
+    """g with the convolution backward at its simulated peak run as two calls
+    (split_conv_grads), as the optimizer's polish does; None where the peak is elsewhere."""
+    peak = simulate(g).peak_node
+    if peak is None or why_not_split_conv_grads(g, g.order, peak) is not None:
+        return None
+    return split_conv_grads(g, g.order, [peak])
 
 
 def main() -> None:
@@ -94,7 +123,8 @@ def main() -> None:
     rows = ["| workload | ops | F-Tree s | levels | nodes per level | root region ops | eager peak GiB | "
             "root n=2 peak GiB | change | expand s (all roots) | batch-fission bound GiB (vs eager, at) |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    spatial = ["| workload | eager peak GiB (at) | node split | n=2 | n=4 | n=8 |", "|---|---|---|---|---|---|"]
+    spatial = ["| step | rows components | F-Tree s | levels | nodes per level | its peak GiB (at) | "
+               "best root at n=2 GiB (vs eager) | at n=4 | at n=8 |", "|---|---|---|---|---|---|---|---|---|"]
     for name in WORKLOAD_NAMES:
         inst = get_workload(name).build("paper")
         captured = peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw")
@@ -103,10 +133,17 @@ def main() -> None:
         split = split_batch_norms_everywhere(g)
         if split is not None:
             rows.append(_row(f"{inst.description}, batch norms split", split.graph, simulate(g).peak_bytes))
-        if any(n.op == "aten.convolution.default" for n in captured.nodes.values()):
-            spatial += _spatial_rows(inst.description, captured)
+        if name in SPATIAL_WORKLOADS:
+            eager = simulate(captured).peak_bytes
+            spatial.append(_spatial_row(inst.description, captured, eager))
+            if split is not None:
+                spatial.append(_spatial_row(f"{inst.description}, batch norms split", split.graph, eager))
+            grads = _grads_split_at_peak(captured)
+            if grads is not None:
+                spatial.append(_spatial_row(f"{inst.description}, the backward at the peak as two calls",
+                                            grads.graph, eager, list(grads.order)))
     print("\n".join(rows))
-    print("\nSpatial fission (split_rows) of one convolution near the peak, simulated peak (vs eager):\n")
+    print("\nThe F-Tree of the rows (spatial fission, split_rows), simulated peak (vs the captured step's):\n")
     print("\n".join(spatial))
 
 

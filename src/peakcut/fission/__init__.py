@@ -8,6 +8,8 @@
 - build.py: Algorithm 1 on a captured step (find_ftree: hot-spots from the simulation), and
   the batch dimension's components (cut by training-mode batch norms);
 - bound.py: the peak no exact batch fission goes below;
+- spatial_tree.py: the F-Tree of the rows (Algorithm 1 over what spatial fission splits,
+  peakcut.transform.spatial), its roots split with halos;
 - loss.py: exact rewrites of the captured loss that let regions span it;
 - expand.py: the plain graph that runs what the fission loops run (memory, latency, codegen),
   with expanded.py (its result), region.py (one region into its parts), boundary.py (what a

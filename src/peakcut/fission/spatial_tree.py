@@ -1,0 +1,193 @@
+"""The F-Tree of the rows: Algorithm 1 over the regions spatial fission can split.
+
+    tree = find_spatial_ftree(g)                    # FTree, every node disabled
+    r = split_spatial(g, order, tree.with_n(k, 2))  # a Rewrite: the enabled nodes split
+    best = best_spatial_root(g, tree, n=2)          # (root, simulated peak), or None
+
+The batch F-Tree (build.py) follows a D-Graph label through every op. Rows cannot be followed
+that way: a convolution's output rows read a window of its input rows (a halo), which no axis
+label says. So the rows' "D-Graph" here is built from what peakcut.transform.spatial can split
+(`why_not_node`): convolutions (forward and backward, 2-D, not transposed) and element-wise
+ops on [N, C, H, W] images, joined where one reads the other's image along its rows (an
+element-wise op's same-height inputs, a convolution's input, a backward's grad_output and
+input). A convolution's backward ends a component: its gradients are added up over the parts,
+never read inside a region. Each connected component is a ComponentView; its length is the
+gcd of its images' heights, so every divisor of it is a valid number of parts.
+
+Algorithm 1 (peakcut.fission.analyzer) then picks regions as for the batch: memory hot-spots of
+the simulated step, dominator subtrees of each component, the score intervals; plus the op at
+the peak alone, when it is in a component (a convolution's backward often is the hot-spot
+itself). A region is kept if split_rows accepts it at n = 2 (its convex core otherwise).
+
+Enabling an F-Tree node is split_rows on its region (halos recomputed, the program written out
+per part); nested enabled nodes are not supported: split_spatial refuses them, naming both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+
+import rustworkx as rx
+
+from peakcut.fission.analyzer import DEFAULT_LEVELS, ComponentView, ftree_from_components
+from peakcut.fission.build import memory_view
+from peakcut.fission.ftree import FNode, FTree
+from peakcut.fission.trans import convex_core
+from peakcut.ir.graph import Graph
+from peakcut.memory import simulate
+from peakcut.memory.workspace import WorkspaceSpec
+from peakcut.transform.rewrite import Rewrite, RuleError, compose_rewrites
+from peakcut.transform.spatial import (
+    CONV,
+    CONV_BACKWARD,
+    ROWS,
+    split_inputs,
+    split_rows,
+    why_not_node,
+    why_not_split_rows,
+)
+
+LABEL = "rows"
+
+
+def _row_inputs(g: Graph, v: int) -> list[int]:
+    """The tensors node v reads along its rows (v can be in a spatial region)."""
+    node = g.nodes[v]
+    if node.op == CONV:
+        return [node.args[0].id]
+    if node.op == CONV_BACKWARD:
+        return [node.args[0].id, node.args[1].id]
+    split = split_inputs(g, node)
+    return split if isinstance(split, list) else []
+
+
+def _row_edges(g: Graph, members: set[int]) -> Iterator[tuple[int, int]]:
+    """(producer, reader) pairs of members joined along the rows."""
+    for v in members:
+        for t in _row_inputs(g, v):
+            u = g.producer(t)
+            if u is not None and u in members and g.nodes[u].op != CONV_BACKWARD:
+                yield u, v
+
+
+def _heights(g: Graph, nodes: Sequence[int]) -> list[int]:
+    """The rows of every image the nodes make or read along their rows (of a convolution's
+    backward: its grad_output, input and grad_input, not its weight's gradient)."""
+    out = []
+    for v in nodes:
+        node = g.nodes[v]
+        made = node.outputs[:1] if node.op == CONV_BACKWARD else node.output_ids()
+        for t in (*(t for t in made if t is not None), *_row_inputs(g, v)):
+            shape = g.tensors[t].shape
+            if len(shape) == 4:
+                out.append(shape[ROWS])
+    return out
+
+
+def rows_components(g: Graph) -> list[ComponentView]:
+    """The connected pieces of the ops spatial fission can split, joined along their rows
+    (module doc), as Algorithm 1's component views (label "rows", length: the gcd of their
+    images' heights; a region's own
+    length is the gcd of its own images', find_spatial_ftree)."""
+    members = {v for v in g.order if why_not_node(g, v) is None}
+    graph = rx.PyGraph()
+    index = {v: graph.add_node(v) for v in members}
+    preds: dict[int, list[int]] = {v: [] for v in members}
+    for u, v in _row_edges(g, members):
+        graph.add_edge(index[u], index[v], None)
+        preds[v].append(u)
+    position = {v: i for i, v in enumerate(g.order)}
+    views = []
+    pieces = sorted((sorted((graph[i] for i in piece), key=position.__getitem__)
+                     for piece in rx.connected_components(graph)), key=lambda nodes: position[nodes[0]])
+    for k, nodes in enumerate(pieces):
+        length = math.gcd(*_heights(g, nodes)) or 1
+        views.append(ComponentView(tuple(nodes), {v: tuple(preds[v]) for v in nodes},
+                                   dict.fromkeys(nodes, LABEL), length, k))
+    return views
+
+
+def find_spatial_ftree(g: Graph, order: Sequence[int] | None = None, levels: int = DEFAULT_LEVELS,
+                       workspace: WorkspaceSpec = "cpu") -> FTree:
+    """Algorithm 1 over the rows' components (module doc), hot-spots from the simulated step
+    under `workspace`; every node disabled."""
+    order = list(g.order if order is None else order)
+    views = rows_components(g)
+    profile = simulate(g, order, workspace)
+    mem = memory_view(g, order, profile)
+
+    def valid(region: frozenset[int], view: ComponentView) -> frozenset[int] | None:
+        if why_not_split_rows(g, order, sorted(region), 2) is None:
+            return region
+        core = convex_core(g, region)
+        return core if core and why_not_split_rows(g, order, sorted(core), 2) is None else None
+
+    peak = order[profile.peak_index] if order else None
+    extra = [(frozenset({peak}), view, peak) for view in views if peak in view.labels]
+    tree = ftree_from_components(views, mem, levels, valid=valid, extra=extra)
+    return _with_region_lengths(g, tree)
+
+
+def _with_region_lengths(g: Graph, tree: FTree) -> FTree:
+    """The tree with each node's length the gcd of its own region's heights (a component's
+    deepest layers can be 1 row high where its other regions are not), nodes of length 1
+    dropped, ids and parents renumbered."""
+    kept = []
+    for f in tree.nodes:
+        length = math.gcd(*_heights(g, sorted(f.nodes))) or 1
+        if length > 1:
+            kept.append(replace(f, length=length))
+    nodes = [replace(f, id=k, parent=None) for k, f in enumerate(kept)]
+    return FTree(tuple(
+        replace(f, parent=next((p.id for p in sorted(nodes, key=lambda p: len(p.nodes))
+                                if len(p.nodes) > len(f.nodes) and f.nodes < p.nodes), None))
+        for f in nodes))
+
+
+def why_not_split_spatial(tree: FTree) -> str | None:
+    """Why the enabled nodes of `tree` cannot be split together (None: they can)."""
+    enabled = tree.enabled()
+    for a in enabled:
+        for b in enabled:
+            if a.id < b.id and a.nodes & b.nodes:
+                return (f"spatial F-Tree nodes {a.id} and {b.id} are both enabled and share graph nodes: "
+                        "nested spatial regions are not split")
+    return None
+
+
+def split_spatial(g: Graph, order: Sequence[int], tree: FTree) -> Rewrite:
+    """Every enabled node of the spatial F-Tree run in its n parts along the rows (split_rows,
+    one region after the other). Raises RuleError naming what does not apply."""
+    reason = why_not_split_spatial(tree)
+    if reason:
+        raise RuleError(reason)
+    enabled: list[FNode] = tree.enabled()
+    if not enabled:
+        raise RuleError("no spatial F-Tree node is enabled")
+    steps: list[Rewrite] = []
+    h, seq = g, list(order)
+    for f in enabled:
+        r = split_rows(h, seq, sorted(f.nodes), f.n)
+        steps.append(r)
+        h, seq = r.graph, list(r.order)
+    if len(steps) == 1:
+        return steps[0]
+    return compose_rewrites(g, steps, "; ".join(s.description for s in steps))
+
+
+def best_spatial_root(g: Graph, tree: FTree, n: int, order: Sequence[int] | None = None,
+                      workspace: WorkspaceSpec = "cpu") -> tuple[int, int] | None:
+    """(root, simulated peak) of the root that, enabled alone at `n` parts, gives the lowest
+    peak; None when no root's length has `n` as a divisor."""
+    order = list(g.order if order is None else order)
+    best: tuple[int, int] | None = None
+    for root in tree.roots():
+        if tree.nodes[root].length % n:
+            continue
+        r = split_spatial(g, order, tree.with_n(root, n))
+        peak = simulate(r.graph, r.order, workspace).peak_bytes
+        if best is None or peak < best[1]:
+            best = (root, peak)
+    return best
