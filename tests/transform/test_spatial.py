@@ -292,3 +292,23 @@ def test_an_input_gradient_call_does_not_read_its_input_values(dtype: torch.dtyp
         args = (w, None, [s, s], [p, p], [d, d], False, [0, 0], 1, [True, False, False])
         want = torch.ops.aten.convolution_backward(gy, x, *args)[0]
         assert torch.equal(torch.ops.aten.convolution_backward(gy, other, *args)[0], want), (k, s, p, d)
+
+
+def test_at_peak_splits_an_input_gradient_call_not_its_parts() -> None:
+    """The polish's site (rules/spatial_rule.py): a backward that makes only the input
+    gradient, in 4 parts; not a backward that makes the weight gradient, not a part."""
+    model, batch, loss_fn = _problem("unetpp")
+    g = peakcut.capture(model, batch, loss_fn, peakcut.AdamW())
+    rule = RULES.rewrite_rule("split_rows")
+    backward = max((v for v in g.order if g.nodes[v].op == CONV_BACKWARD and not g.nodes[v].args[7]
+                    and g.nodes[v].outputs[0] is not None), key=lambda v: _rows(g, v))
+    assert rule.at_peak(g, g.order, backward) is None
+    grads = split_conv_grads(g, g.order, [backward])
+    h = grads.graph
+    calls = {bool(h.nodes[v].args[10][0]): v for v in grads.added if h.nodes[v].op == CONV_BACKWARD}
+    assert rule.at_peak(h, grads.order, calls[False]) is None          # the weight gradient's call
+    site = rule.at_peak(h, grads.order, calls[True])
+    assert site is not None and site.parts == (4,)
+    r = rule.apply(h, grads.order, site)
+    parts = [v for v in r.added if r.graph.nodes[v].op == CONV_BACKWARD]
+    assert len(parts) == 4 and all(rule.at_peak(r.graph, r.order, v) is None for v in parts)

@@ -13,10 +13,11 @@ limit). It has POLISH_SHARE of the time the search is given (optimizer.api), and
 round in any case (one rewrite and one simulation of the plan: about half a second at paper
 size; with only what a 60 s search left, paper U-Net's polish got one round of the two it
 takes). Only nodes of the
-base outside every enabled fission region are sites (a part copy runs inside a loop the code
-generator writes from the region). Only split_conv_grads has `at_peak`: a CNN's plans peak at
-a convolution's backward, where the input gradient is held beside the weight gradient's
-scratch.
+base outside every enabled fission region, and nodes an earlier round made, are sites (a part
+copy runs inside a loop the code generator writes from the region). Two rules have `at_peak`:
+split_conv_grads (a CNN's plans peak at a convolution's backward, where the input gradient is
+held beside the weight gradient's scratch), then split_rows (the input-gradient call that
+split made, when the plan peaks there next, in 4 parts along the rows).
 
 The polished plan becomes the search's best and the newest of its bests, so verification runs
 it first; the plan it was made from stays among the bests. Its program is not its base with
@@ -41,11 +42,12 @@ POLISH_ROUNDS = 8          # rewrites tried at the plan's successive peaks
 POLISH_SHARE = 0.03        # of the search's time, kept for the polish
 
 
-def _at_peak(state: State, deriver: Deriver) -> tuple[RewriteRule, TasoCandidate] | None:
+def _at_peak(state: State, deriver: Deriver, made: set[int]) -> tuple[RewriteRule, TasoCandidate] | None:
     """The first at_peak site of the registry's rewrite rules at the node where `state`'s
-    program peaks, when that node is a base node outside every enabled region."""
+    program peaks, when that node is a base node outside every enabled region or one the
+    polish made (`made`)."""
     peak = simulate(state.program, state.order, deriver.workspace).peak_node
-    if peak is None or peak not in state.base.nodes or peak in region_nodes(state.tree):
+    if peak is None or peak in region_nodes(state.tree) or (peak not in state.base.nodes and peak not in made):
         return None
     for rule in deriver.rules.rewrites:
         at_peak = getattr(rule, "at_peak", None)     # a rule written to the protocol without subclassing it
@@ -60,10 +62,11 @@ def polish(best: State, deriver: Deriver, objective: Objective, deadline: float)
     objective prefers them (module doc); None where none was kept."""
     state = deriver.exact(best)
     kept = False
+    made: set[int] = set()
     for round_ in range(POLISH_ROUNDS):
         if round_ > 0 and time.perf_counter() >= deadline:     # the first round runs in any case
             break
-        found = _at_peak(state, deriver)
+        found = _at_peak(state, deriver, made)
         if found is None:
             break
         rule, site = found
@@ -78,6 +81,7 @@ def polish(best: State, deriver: Deriver, objective: Objective, deadline: float)
                                 objective.key(state.peak_bytes, state.latency_s)):
             break
         state, kept = child, True
+        made.update(rw.added)
     return state if kept else None
 
 

@@ -7,21 +7,33 @@ shrinks; a base with SITES or fewer takes them all, in order, without simulating
 patch embedding), each at n = 4, 8 and 2 where the rows allow. A split at n = 2 can raise the peak (a
 part's padded input and gradient beside the whole one); the search keeps a site only where
 the simulated step pays for it. There is no inverse rule (the search starts again from the
-unrewritten base instead)."""
+unrewritten base instead).
+
+at_peak (the polish after the search, optimizer.polish): where the best plan peaks at a
+convolution's backward that makes only the input gradient (split_conv_grads made it), that
+call in 4 parts."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
 from peakcut.ir.graph import Graph
+from peakcut.ir.node import TensorRef
 from peakcut.memory import simulate
 from peakcut.rules.protocol import RewriteRule
 from peakcut.transform.rewrite import Rewrite, RuleError
-from peakcut.transform.spatial import CONV, CONV_BACKWARD, split_rows, why_not_split_rows
+from peakcut.transform.spatial import (
+    CONV,
+    CONV_BACKWARD,
+    reads_input_shape_only,
+    split_rows,
+    why_not_split_rows,
+)
 from peakcut.transform.taso.find import TasoCandidate
 
 SITES = 3
 PARTS = (4, 8, 2)
+AT_PEAK_PARTS = 4
 
 
 def _parts(site: TasoCandidate) -> int | str:
@@ -46,6 +58,24 @@ class SplitRowsRule(RewriteRule):
                 if why_not_split_rows(g, order, [v], n) is None:
                     name = g.nodes[v].name or str(v)
                     yield TasoCandidate(self.kind, (v,), f"split {name} in {n} parts along the rows", parts=(n,))
+
+    def at_peak(self, g: Graph, order: Sequence[int], nid: int) -> TasoCandidate | None:
+        """Where a plan peaks at a convolution's backward that makes only the input gradient
+        (after split_conv_grads) and reads whole tensors (not a part of an earlier split): that
+        call in AT_PEAK_PARTS parts. Its parts read a shape-only view of the input, so only
+        their gradient and scratch are live (peakcut.transform.spatial)."""
+        node = g.nodes[nid]
+        if node.op != CONV_BACKWARD or not reads_input_shape_only(g, node):
+            return None
+        go = node.args[0]
+        made_by = g.producer(go.id) if isinstance(go, TensorRef) else None
+        if made_by is not None and g.nodes[made_by].op == "aten.slice.Tensor":
+            return None
+        if why_not_split_rows(g, order, [nid], AT_PEAK_PARTS) is not None:
+            return None
+        name = g.nodes[nid].name or str(nid)
+        return TasoCandidate(self.kind, (nid,), f"split {name} in {AT_PEAK_PARTS} parts along the rows",
+                             parts=(AT_PEAK_PARTS,))
 
     def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
         n = _parts(site)
