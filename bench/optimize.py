@@ -36,6 +36,7 @@ from peakcut.workloads import WORKLOAD_NAMES, get_workload
 BLOCK_REWRITES = ("checkpoint ", "un-checkpoint ", "split ", "split_conv_cat")   # checkpoint_blocks, its inverse,
 # split_batch_norms, split_conv_cat
 POLISH_REWRITES = "split_conv_grads"                                # the polish (optimizer/polish.py)
+POLISH_ROWS = "parts along the rows"                                # split_rows at the plan's peak
 ACTIVATION_REWRITES = "saved activations"                         # recompute_activations (its descriptions end so)
 SETTINGS = (("latency", 1.10), ("latency", 1.05), ("memory", 0.8), ("memory", 0.4))
 DEVICES = ("rtx3090", "h200")
@@ -61,14 +62,19 @@ def run_workload(name: str, devices: tuple[str, ...], budget: float, workspace: 
                          "fission": r["fission"], "recipes": len(r["recipes"]),
                          "rewrites": [d for d in (*r["rewrites"], *r["recipes"])     # in the plan, not undone
                                       if d.startswith(BLOCK_REWRITES) or d.endswith(ACTIVATION_REWRITES)]
-                         + _polished(r["applied"])})
+                         + _polished(r["applied"], r["rewrites"])})
     return rows
 
 
-def _polished(applied: list[str]) -> list[str]:
-    """What the polish after the search split (optimizer/polish.py), as one entry."""
+def _polished(applied: list[str], rewrites: list[str]) -> list[str]:
+    """What the polish after the search split (optimizer/polish.py), as one entry: backwards
+    run as two calls, and input-gradient calls split along the rows (in `applied` but not
+    among the base's rewrites, where the search's own split_rows sites are)."""
     split = [d for d in applied if d.startswith(POLISH_REWRITES)]
-    return [f"polish: {len(split)} convolution backward(s) as two calls"] if split else []
+    rows = [d for d in applied if d.endswith(POLISH_ROWS) and d not in rewrites]
+    what = [f"{len(split)} convolution backward(s) as two calls"] if split else []
+    what += [f"{len(rows)} input-gradient call(s) in parts along the rows"] if rows else []
+    return [f"polish: {', '.join(what)}"] if what else []
 
 
 def _cell(row: dict) -> str:

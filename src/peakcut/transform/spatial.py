@@ -487,9 +487,9 @@ def reads_input_shape_only(g: Graph, node: Node) -> bool:
     passes `input.sizes()` to every backend's backward-data); it still makes the input
     contiguous first, so a row slice of it would be copied whole for nothing."""
     mask = node.args[10] if len(node.args) > 10 else None
-    x = g.tensors[node.args[1].id]
+    x = node.args[1] if len(node.args) > 1 else None
     return (isinstance(mask, (list, tuple)) and [bool(m) for m in mask] == [True, False, False]
-            and x.stride == contiguous_strides(x.shape))
+            and isinstance(x, TensorRef) and g.tensors[x.id].stride == contiguous_strides(g.tensors[x.id].shape))
 
 
 def _shape_only(b: _Parts, x: int, rows: Rows, height: int, like: Node) -> tuple[int, int]:
