@@ -36,6 +36,7 @@ from peakcut.fission.build import memory_view
 from peakcut.fission.ftree import FNode, FTree
 from peakcut.fission.trans import convex_core
 from peakcut.ir.graph import Graph
+from peakcut.ir.node import TensorRef
 from peakcut.memory import simulate
 from peakcut.memory.workspace import WorkspaceSpec
 from peakcut.transform.rewrite import Rewrite, RuleError, compose_rewrites
@@ -55,10 +56,9 @@ LABEL = "rows"
 def _row_inputs(g: Graph, v: int) -> list[int]:
     """The tensors node v reads along its rows (v can be in a spatial region)."""
     node = g.nodes[v]
-    if node.op == CONV:
-        return [node.args[0].id]
-    if node.op == CONV_BACKWARD:
-        return [node.args[0].id, node.args[1].id]
+    if node.op in (CONV, CONV_BACKWARD):
+        images = node.args[:2] if node.op == CONV_BACKWARD else node.args[:1]
+        return [a.id for a in images if isinstance(a, TensorRef)]
     split = split_inputs(g, node)
     return split if isinstance(split, list) else []
 
@@ -141,8 +141,8 @@ def _with_region_lengths(g: Graph, tree: FTree) -> FTree:
             kept.append(replace(f, length=length))
     nodes = [replace(f, id=k, parent=None) for k, f in enumerate(kept)]
     return FTree(tuple(
-        replace(f, parent=next((p.id for p in sorted(nodes, key=lambda p: len(p.nodes))
-                                if len(p.nodes) > len(f.nodes) and f.nodes < p.nodes), None))
+        replace(f, parent=next((p.id for p in sorted(nodes, key=lambda p: len(p.nodes)) if f.nodes < p.nodes),
+                               None))
         for f in nodes))
 
 
@@ -152,8 +152,8 @@ def why_not_split_spatial(tree: FTree) -> str | None:
     for a in enabled:
         for b in enabled:
             if a.id < b.id and a.nodes & b.nodes:
-                return (f"spatial F-Tree nodes {a.id} and {b.id} are both enabled and share graph nodes: "
-                        "nested spatial regions are not split")
+                return (f"spatial F-Tree nodes {a.id} and {b.id} are both enabled and overlap: "
+                        "overlapping (or nested) spatial regions are not split together")
     return None
 
 
@@ -180,13 +180,17 @@ def split_spatial(g: Graph, order: Sequence[int], tree: FTree) -> Rewrite:
 def best_spatial_root(g: Graph, tree: FTree, n: int, order: Sequence[int] | None = None,
                       workspace: WorkspaceSpec = "cpu") -> tuple[int, int] | None:
     """(root, simulated peak) of the root that, enabled alone at `n` parts, gives the lowest
-    peak; None when no root's length has `n` as a divisor."""
+    peak; None when no root splits at `n` (its length has no such divisor, or split_rows
+    refuses it in `order`)."""
     order = list(g.order if order is None else order)
     best: tuple[int, int] | None = None
     for root in tree.roots():
         if tree.nodes[root].length % n:
             continue
-        r = split_spatial(g, order, tree.with_n(root, n))
+        try:
+            r = split_spatial(g, order, tree.with_n(root, n))
+        except RuleError:
+            continue
         peak = simulate(r.graph, r.order, workspace).peak_bytes
         if best is None or peak < best[1]:
             best = (root, peak)

@@ -288,7 +288,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
             root.applied = ("re-order (memory-aware schedule)",)
     untransformed = root
     if time_budget > 0:
-        root = with_root_rewrites(root, deriver, settings, planned)
+        root = with_root_rewrites(root, deriver, settings, None if pareto else planned)   # the front's fast end stays
     left = max(0.0, time_budget - (time.perf_counter() - t0))
     polishing = time_budget > 0 and not pareto and (settings is None or settings.uses(REWRITE_MOVES))
     result = parallel_search(root, deriver, planned, jobs=jobs, seed=seed, max_states=max_states,

@@ -81,7 +81,7 @@ def polish(best: State, deriver: Deriver, objective: Objective, deadline: float)
                                 objective.key(state.peak_bytes, state.latency_s)):
             break
         state, kept = child, True
-        made.update(rw.added)
+        made = (made | set(rw.added)) & state.program.nodes.keys()
     return state if kept else None
 
 

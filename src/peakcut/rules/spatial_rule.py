@@ -25,6 +25,7 @@ from peakcut.transform.rewrite import Rewrite, RuleError
 from peakcut.transform.spatial import (
     CONV,
     CONV_BACKWARD,
+    ROWS,
     reads_input_shape_only,
     split_rows,
     why_not_split_rows,
@@ -69,8 +70,8 @@ class SplitRowsRule(RewriteRule):
             return None
         go = node.args[0]
         made_by = g.producer(go.id) if isinstance(go, TensorRef) else None
-        if made_by is not None and g.nodes[made_by].op == "aten.slice.Tensor":
-            return None
+        if made_by is not None and g.nodes[made_by].op == "aten.slice.Tensor" and g.nodes[made_by].args[1] == ROWS:
+            return None          # a part of an earlier split along the rows
         if why_not_split_rows(g, order, [nid], AT_PEAK_PARTS) is not None:
             return None
         name = g.nodes[nid].name or str(nid)

@@ -449,7 +449,7 @@ def _conv_backward_part(b: _Parts, node: Node, k: int, n: int, part: dict[int, t
     mine = owned(g.tensors[go.id].shape[ROWS], k, n)
     reads = w.reads(mine)
     go_k = b.rows_of(go.id, mine, part, node)
-    if reads_input_shape_only(g, node) and len(reads) <= height:
+    if reads_input_shape_only(g, node) and x.id not in part and len(reads) <= height:
         x_k, top = _shape_only(b, x.id, reads, height, node)
     else:
         x_k, top = b.padded(x.id, reads, height, part, node)
@@ -493,9 +493,11 @@ def reads_input_shape_only(g: Graph, node: Node) -> bool:
 
 
 def _shape_only(b: _Parts, x: int, rows: Rows, height: int, like: Node) -> tuple[int, int]:
-    """A contiguous tensor of the padded shape of `x`'s rows `rows` (unclipped), viewing the
-    start of x's storage: a grad_input-only backward reads its shape, not its values
-    (reads_input_shape_only). The rows of padding on top, as `_Parts.padded` gives them."""
+    """A contiguous tensor of the padded shape of `x`'s rows `rows` (unclipped), viewing x's
+    own elements from its first one (x is contiguous and at least that large): a
+    grad_input-only backward reads its shape, not its values (reads_input_shape_only). The
+    rows of padding on top, as `_Parts.padded` gives them. Only for an x made outside the
+    region (one made inside exists per part, not whole)."""
     meta = b.g.tensors[x]
     shape = [*meta.shape[:ROWS], len(rows), *meta.shape[ROWS + 1:]]
     name = f"{meta.name or x}_rows{rows.start}_{rows.stop}_shape_only"
