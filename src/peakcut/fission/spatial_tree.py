@@ -124,8 +124,9 @@ def find_spatial_ftree(g: Graph, order: Sequence[int] | None = None, levels: int
         core = convex_core(g, region)
         return core if core and why_not_split_rows(g, order, sorted(core), 2) is None else None
 
-    peak = order[profile.peak_index] if order else None
-    extra = [(frozenset({peak}), view, peak) for view in views if peak in view.labels]
+    peak = profile.peak_node if order else None
+    extra = ([] if peak is None else
+             [(frozenset({peak}), view, peak) for view in views if peak in view.labels])
     tree = ftree_from_components(views, mem, levels, valid=valid, extra=extra)
     return _with_region_lengths(g, tree)
 
