@@ -250,7 +250,8 @@ _OVERWRITES_FIRST = frozenset({"aten.copy_.default", "aten.zero_.default", "aten
                                "aten.fill_.Tensor"})
 
 
-_CONV_BACKWARD = "aten.convolution_backward.default"
+CONV = "aten.convolution.default"                       # the op names the convolution rules share
+CONV_BACKWARD = "aten.convolution_backward.default"
 
 
 def unread_bytes(op: str, args: Sequence[Any]) -> int:
@@ -258,7 +259,7 @@ def unread_bytes(op: str, args: Sequence[Any]) -> int:
     overwriting in-place op (module constant _OVERWRITES_FIRST), which it only writes; a
     convolution backward's input when it makes no weight or bias gradient, and its weight
     when it makes no input gradient (only their shapes are used)."""
-    if op == _CONV_BACKWARD:
+    if op == CONV_BACKWARD:
         mask = args[10] if len(args) > 10 else None
         if not isinstance(mask, (list, tuple)) or len(mask) != 3:
             return 0

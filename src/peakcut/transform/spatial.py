@@ -50,13 +50,11 @@ import torch
 from peakcut.ir.edit import GraphEditor, rewired
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
-from peakcut.ir.registry import OpKind, draws_random, lookup
+from peakcut.ir.registry import CONV, CONV_BACKWARD, OpKind, draws_random, lookup
 from peakcut.ir.tensor import contiguous_strides
 from peakcut.transform.rewrite import Rewrite, RuleError, describe_node, describe_tensor, positions
 
 ROWS = 2                                   # the height dimension of NCHW
-CONV = "aten.convolution.default"
-CONV_BACKWARD = "aten.convolution_backward.default"
 
 
 @dataclass(frozen=True)

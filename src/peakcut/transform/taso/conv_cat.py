@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
+from peakcut.ir.registry import CONV, CONV_BACKWARD
 from peakcut.ir.tags import TasoTag
 from peakcut.transform.rewrite import (
     Rewrite,
@@ -49,8 +50,6 @@ from peakcut.transform.taso.edit import Edit
 from peakcut.transform.taso.matmul import ADD, CAT, SLICE
 
 RULE = "split_conv_cat"
-CONV = "aten.convolution.default"
-CONV_BACKWARD = "aten.convolution_backward.default"
 # argument positions: convolution(input, weight, bias, stride, padding, dilation, transposed,
 # output_padding, groups); convolution_backward(grad_output, input, weight, bias_sizes, stride,
 # padding, dilation, transposed, output_padding, groups, output_mask)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from peakcut.ir.graph import Graph
+from peakcut.ir.registry import CONV_BACKWARD
 from peakcut.ir.tags import TasoTag
 from peakcut.transform.rewrite import (
     Rewrite,
@@ -39,7 +40,6 @@ from peakcut.transform.rewrite import (
 from peakcut.transform.taso.edit import Edit
 
 RULE = "split_conv_grads"
-CONV_BACKWARD = "aten.convolution_backward.default"
 _MASK = 10          # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding,
 #                     dilation, transposed, output_padding, groups, output_mask)
 
