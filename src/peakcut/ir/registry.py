@@ -254,14 +254,23 @@ CONV = "aten.convolution.default"                       # the op names the convo
 CONV_BACKWARD = "aten.convolution_backward.default"
 
 
+def conv_backward_mask(args: Sequence[Any]) -> tuple[bool, bool, bool] | None:
+    """The output mask (grad_input, grad_weight, grad_bias) of a convolution_backward call's
+    arguments, or None where it has no mask of three."""
+    mask = args[10] if len(args) > 10 else None
+    if not isinstance(mask, (list, tuple)) or len(mask) != 3:
+        return None
+    return bool(mask[0]), bool(mask[1]), bool(mask[2])
+
+
 def unread_bytes(op: str, args: Sequence[Any]) -> int:
     """Bytes bytes_moved counts as read that the call does not read: the destination of an
     overwriting in-place op (module constant _OVERWRITES_FIRST), which it only writes; a
     convolution backward's input when it makes no weight or bias gradient, and its weight
     when it makes no input gradient (only their shapes are used)."""
     if op == CONV_BACKWARD:
-        mask = args[10] if len(args) > 10 else None
-        if not isinstance(mask, (list, tuple)) or len(mask) != 3:
+        mask = conv_backward_mask(args)
+        if mask is None:
             return 0
         unread = [] if mask[1] or mask[2] else [args[1]]
         unread += [] if mask[0] else [args[2]]

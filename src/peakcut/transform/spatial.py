@@ -50,7 +50,14 @@ import torch
 from peakcut.ir.edit import GraphEditor, rewired
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
-from peakcut.ir.registry import CONV, CONV_BACKWARD, OpKind, draws_random, lookup
+from peakcut.ir.registry import (
+    CONV,
+    CONV_BACKWARD,
+    OpKind,
+    conv_backward_mask,
+    draws_random,
+    lookup,
+)
 from peakcut.ir.tensor import contiguous_strides
 from peakcut.transform.rewrite import Rewrite, RuleError, describe_node, describe_tensor, positions
 
@@ -484,10 +491,11 @@ def reads_input_shape_only(g: Graph, node: Node) -> bool:
     """A backward that makes only grad_input reads its input's shape, never its values (ATen
     passes `input.sizes()` to every backend's backward-data); it still makes the input
     contiguous first, so a row slice of it would be copied whole for nothing."""
-    mask = node.args[10] if len(node.args) > 10 else None
     x = node.args[1] if len(node.args) > 1 else None
-    return (isinstance(mask, (list, tuple)) and [bool(m) for m in mask] == [True, False, False]
-            and isinstance(x, TensorRef) and g.tensors[x.id].stride == contiguous_strides(g.tensors[x.id].shape))
+    if conv_backward_mask(node.args) != (True, False, False) or not isinstance(x, TensorRef):
+        return False
+    meta = g.tensors[x.id]
+    return meta.stride == contiguous_strides(meta.shape)
 
 
 def _shape_only(b: _Parts, x: int, rows: Rows, height: int, like: Node) -> tuple[int, int]:

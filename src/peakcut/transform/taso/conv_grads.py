@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from peakcut.ir.graph import Graph
-from peakcut.ir.registry import CONV_BACKWARD
+from peakcut.ir.registry import CONV_BACKWARD, conv_backward_mask
 from peakcut.ir.tags import TasoTag
 from peakcut.transform.rewrite import (
     Rewrite,
@@ -53,8 +53,8 @@ def why_not_split_conv_grads(g: Graph, order: Sequence[int], nid: int, *, checke
     what = describe_node(g, nid)
     if node.kwargs:
         return f"{what} takes keyword arguments {sorted(node.kwargs)}"
-    mask = node.args[_MASK] if len(node.args) > _MASK else None
-    if not isinstance(mask, (list, tuple)) or len(mask) != 3:
+    mask = conv_backward_mask(node.args)
+    if mask is None:
         return f"{what} has no output mask of three"
     outs = (list(node.outputs) + [None, None, None])[:3]
     if not (mask[0] and outs[0] is not None):
