@@ -24,7 +24,7 @@ from functools import partial
 
 from peakcut.ir.graph import Graph
 from peakcut.memory import MemoryProfile, simulate
-from peakcut.optimizer.derive import Deriver, region_nodes
+from peakcut.optimizer.derive import Deriver, recomputed, region_nodes
 from peakcut.optimizer.state import Recipe, State
 from peakcut.rules import REWRITE_MOVES, UNDO_MOVES, Candidate, Registry
 from peakcut.rules.hotspot import Hotspot
@@ -81,7 +81,7 @@ def make_key(state: State, tree_n: tuple[tuple[int, int], ...] | None = None,
     tree_n = state.fission() if tree_n is None else tree_n
     recipes = state.recipes if recipes is None else recipes
     return (state.base_digest, tuple(sorted(tree_n)),
-            tuple(sorted((r.kind, r.tensor, r.node, r.users) for r in recipes)))
+            tuple(sorted((r.kind, r.tensor, r.node, r.users, r.copies_of) for r in recipes)))
 
 
 def children(state: State, deriver: Deriver, settings: MoveSettings, rng: random.Random) -> Iterator[Move]:
@@ -187,18 +187,28 @@ def _recipe(rule: ProgramRule, site: Site, program: Graph, base: Graph, regions:
     touches a region (a region node or a part copy: the rule would cross a region boundary)
     or names what the base does not have. A batched rule's sites are their tensors (its
     apply reads no node of the site), so nodes other recipes added (a host update's copies
-    reading a parameter) are left out of its recipe instead of ruling the site out."""
+    reading a parameter) are left out of its recipe instead of ruling the site out. Another
+    rule's users may be recomputes (remat copies) of base nodes: the recipe names the nodes
+    they recompute (Recipe.copies_of). Without them a ReLU output that a recomputed
+    convolution reads could never be swapped: paper U-Net at <= 10% on RTX 3090 kept two
+    512 MiB encoder ReLUs in device memory across its whole step (simulated)."""
     if site.tensor not in base.tensors:
         return None
     touched = (site.node, *site.users)
-    if any(v in regions or (v not in base.nodes and (not rule.batched or _part_copy(program, v)))
-           for v in touched):
+    if any(v in regions or (v not in base.nodes and _part_copy(program, v)) for v in touched):
         return None
     if rule.batched:
         touched = tuple(v for v in touched if v in base.nodes)
         if not touched:
             return None
-    return Recipe(rule.kind, site.tensor, touched[0], tuple(touched[1:]), rule.describe(program, site))
+        return Recipe(rule.kind, site.tensor, touched[0], tuple(touched[1:]), rule.describe(program, site))
+    if site.node not in base.nodes:
+        return None
+    copies = [recomputed(program, v) for v in site.users if v not in base.nodes]
+    if any(v is None or v not in base.nodes for v in copies):
+        return None
+    return Recipe(rule.kind, site.tensor, site.node, tuple(v for v in site.users if v in base.nodes),
+                  rule.describe(program, site), tuple(sorted({v for v in copies if v is not None})))
 
 
 def _part_copy(program: Graph, nid: int) -> bool:

@@ -225,25 +225,30 @@ class Deriver:
     def why_not_recipe(self, program: Graph, order: list[int], r: Recipe,
                        regions: frozenset[int]) -> str | None:
         """Why recipe r does not apply to (program, order) with these region nodes (None: it does)."""
-        return self._why_not_here(program, r, regions) or self.rules.program_rule(r.kind).why_not(program, order, r)
+        reason = self._why_not_here(program, r, regions)
+        if reason is not None:
+            return reason
+        return self.rules.program_rule(r.kind).why_not(program, order, resolved(program, r))
 
     @staticmethod
     def _why_not_here(program: Graph, r: Recipe, regions: frozenset[int]) -> str | None:
         """Why recipe r cannot apply to `program` whatever its rule says: it would cross a
         region's boundary, or what it names is gone."""
-        touched = (r.node, *r.users)
+        touched = (r.node, *r.users, *r.copies_of)
         inside = [v for v in touched if v in regions]
         if inside:
             return f"it would cross the boundary of an enabled fission region (node {inside[0]})"
         missing = [v for v in touched if v not in program.nodes]
         if missing or r.tensor not in program.tensors:
             return "a node or tensor it names is gone"
+        if r.copies_of and set(r.copies_of) - {recomputed(program, u) for u in _copies(program, r)}:
+            return "a recompute it names is gone"
         return None
 
     def apply_recipe(self, program: Graph, order: list[int], r: Recipe) -> Rewrite:
         """Recipe r applied to (program, order); DeriveError where its rule refuses."""
         try:
-            return self.rules.program_rule(r.kind).apply(program, order, r)
+            return self.rules.program_rule(r.kind).apply(program, order, resolved(program, r))
         except RuleError as e:
             raise DeriveError(f"{r.description}: {e}") from None
 
@@ -442,10 +447,29 @@ class Deriver:
         return rw.order
 
 
+def resolved(program: Graph, r: Recipe) -> Recipe:
+    """Recipe r as its rule sees it in `program`: its users with the program's recomputes of
+    r.copies_of that read r.tensor (Recipe doc) added; r itself when it names none."""
+    return replace(r, users=(*r.users, *_copies(program, r))) if r.copies_of else r
+
+
+def _copies(program: Graph, r: Recipe) -> tuple[int, ...]:
+    """The program's recomputes of r.copies_of (outside every region) that read r.tensor."""
+    wanted = set(r.copies_of)
+    return tuple(sorted(u for u in program.users(r.tensor)
+                        if recomputed(program, u) in wanted and program.nodes[u].tags.fission is None))
+
+
+def recomputed(program: Graph, nid: int) -> int | None:
+    """The node that program node `nid` recomputes, or None where it is not a recompute."""
+    tag = program.nodes[nid].tags.remat
+    return None if tag is None else tag.of
+
+
 def _outside(parent: State, rw: Rewrite) -> bool:
     """Whether a rewrite of parent's program is one the base takes alike (_alike), touching
     no recipe's nodes or tensor."""
-    held = {v for r in parent.recipes for v in (r.node, *r.users)}
+    held = {v for r in parent.recipes for v in (r.node, *r.users, *r.copies_of)}
     return _alike(parent.program, parent.base, rw, held, {r.tensor for r in parent.recipes})
 
 

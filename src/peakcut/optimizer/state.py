@@ -34,13 +34,18 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Recipe:
     """One application of a program rule (peakcut.rules.ProgramRule) at a site: the tensor,
-    the node that makes it and the users the rule redirects, and what it does in words."""
+    the node that makes it and the users the rule redirects (base ids), and what it does in
+    words. `copies_of` names base nodes whose recomputes (remat copies, which the base does not
+    have) are users too: a swap of a ReLU's output that a recomputed convolution reads in the
+    backward. Their ids are looked up in the program each time the recipe is applied
+    (Deriver.resolved), since a replay after a fission change gives the copies other ids."""
 
     kind: str                  # the rule's kind: "swap", "remat", ...
     tensor: int
     node: int
     users: tuple[int, ...]
     description: str
+    copies_of: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
