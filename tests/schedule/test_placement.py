@@ -61,3 +61,42 @@ def test_load_runs_right_before_its_user_when_copies_do_not_overlap():
     load = next(n for n in placed if g.nodes[n].op == LOAD_OP)
     nxt = placed[placed.index(load) + 1]
     assert set(g.nodes[load].output_ids()) & set(g.nodes[nxt].input_ids())
+
+
+class _SizedCost(_Cost):
+    """Like _Cost, but the loads named in `seconds` take their own time."""
+
+    def __init__(self, seconds: dict[int, float]) -> None:
+        super().__init__(overlap=True, copy=1e-4)
+        self.seconds = seconds
+
+    def node_seconds(self, g, nid):
+        return self.seconds.get(nid, super().node_seconds(g, nid))
+
+
+def test_loads_sharing_the_stream_are_issued_by_need():
+    """A long load hidden far ahead of a late reader would be issued before a short one whose
+    reader comes first, and the short one would wait behind it on the copy stream."""
+    torch.manual_seed(0)
+    g = peakcut.capture(SmallCNN(), (torch.randn(2, 3, 8, 8), torch.randint(0, 5, (2,))), cnn_loss, "sgd")
+    order = g.order
+    for _ in range(2):
+        done = {g.nodes[n].input_ids()[0] for n in g.order if g.nodes[n].op == STORE_OP}
+        cand = next(c for c in RULES.hotspot_candidates(g, order, limit=8, kinds=["swap"]) if c.tensor not in done)
+        rw = cand.apply(g, order)
+        g, order = rw.graph, rw.order
+    loads = [n for n in order if g.nodes[n].op == LOAD_OP]
+    assert len(loads) == 2
+
+    def first_reader(order, load):
+        outs = set(g.nodes[load].output_ids())
+        return next(i for i, n in enumerate(order) if outs & set(g.nodes[n].input_ids()))
+
+    early, late = sorted(loads, key=lambda n: first_reader(order, n))
+    assert first_reader(order, early) < first_reader(order, late)
+    cost = _SizedCost({late: 10e-3})     # hidden behind the ten compute nodes before its reader
+    placed = place(g, order, cost, placements=RULES.placements(g))
+    assert placed.index(early) < placed.index(late)
+    timeline = simulate_timeline(g, placed, cost)
+    i_early, i_late = timeline.order.index(early), timeline.order.index(late)
+    assert timeline.start[i_early] <= timeline.start[i_late]

@@ -7,7 +7,12 @@ The rules say where each of their nodes goes (peakcut.rules: Registry.placements
   nodes between it and its first successor take at least its time (when copies overlap
   compute; on CPU they do not, so it runs right before the successor) (a swap's load).
 All EARLY nodes are placed first, then the LATE ones, then the HIDDEN ones, each group in
-the order's sequence.
+the order's sequence. Where copies overlap compute, the HIDDEN copies of one direction then
+share a stream that runs them first come first served, so they are issued by need (earliest
+first reader first): a small copy placed right before its reader is moved ahead of a larger
+one issued before it for a later reader, instead of waiting behind it. Paper U-Net at 40% of
+eager's memory on RTX 3090 waited 51 ms (of a 426 ms step, simulated) for three parameter
+loads queued behind 512 MiB swap-ins.
 
 Every move keeps the order topological: a node never passes one of its
 predecessors or successors.
@@ -20,7 +25,7 @@ from enum import Enum
 
 from peakcut.cost.protocol import CostModel
 from peakcut.ir.graph import Graph, GraphError
-from peakcut.ir.ops import is_host_copy
+from peakcut.ir.ops import COPY_DIRECTION, is_host_copy
 
 
 class Placement(Enum):
@@ -43,9 +48,13 @@ def place(g: Graph, order: list[int], cost: CostModel | None = None, *,
         placing.move_early(nid)
     for nid in placing.in_order(Placement.LATE):
         placing.move_late(nid, 0.0, cost)
-    for nid in placing.in_order(Placement.HIDDEN):
+    hidden = placing.in_order(Placement.HIDDEN)
+    for nid in hidden:
         seconds = cost.node_seconds(g, nid) if cost is not None and cost.overlap_copies else 0.0
         placing.move_late(nid, seconds, cost)
+    if cost is not None and cost.overlap_copies:
+        for direction in ("h2d", "d2h"):
+            placing.issue_by_need([n for n in hidden if COPY_DIRECTION.get(g.nodes[n].op) == direction])
     return placing.order
 
 
@@ -129,6 +138,29 @@ class _Placing:
         """Right after the last of its predecessors."""
         at = self.pos[nid]
         self._insert(nid, at, self._after_preds(nid, at))
+
+    def _first_successor(self, nid: int) -> int:
+        """The index of nid's first successor in the order (its length when it has none)."""
+        pos = self.pos
+        return min((pos[s] for s in self._successors(nid) if s in pos), default=len(self.order))
+
+    def issue_by_need(self, copies: list[int]) -> None:
+        """Copies that share a stream issued earliest first reader first (module doc): each copy
+        issued after another whose first reader comes later moves to just before that one,
+        never before its own predecessors."""
+        pos = self.pos
+        copies = sorted(copies, key=pos.__getitem__)
+        # a move shifts only nodes between the copy's new and old places, by one: every
+        # comparison of two first readers, or of one with a copy after it, stays the same
+        need = {c: self._first_successor(c) for c in copies}
+        for k, nid in enumerate(copies):
+            later = [b for b in copies[:k] if need[b] > need[nid]]
+            if not later:
+                continue
+            at = pos[nid]
+            index = max(min(pos[b] for b in later), self._after_preds(nid, at))
+            if index < at:
+                self._insert(nid, at, index)
 
     def move_late(self, nid: int, hide_seconds: float, cost: CostModel | None) -> None:
         """Before its first successor, early enough that `hide_seconds` of compute precede it."""
