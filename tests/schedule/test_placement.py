@@ -74,9 +74,10 @@ class _SizedCost(_Cost):
         return self.seconds.get(nid, super().node_seconds(g, nid))
 
 
-def test_loads_sharing_the_stream_are_issued_by_need():
+def test_loads_sharing_the_stream_are_placed_as_a_queue():
     """A long load hidden far ahead of a late reader would be issued before a short one whose
-    reader comes first, and the short one would wait behind it on the copy stream."""
+    reader comes first, and the short one would wait behind it on the copy stream: placed as
+    a queue, the short one is issued first and done before the long one starts."""
     torch.manual_seed(0)
     g = peakcut.capture(SmallCNN(), (torch.randn(2, 3, 8, 8), torch.randint(0, 5, (2,))), cnn_loss, "sgd")
     order = g.order
@@ -99,4 +100,6 @@ def test_loads_sharing_the_stream_are_issued_by_need():
     assert placed.index(early) < placed.index(late)
     timeline = simulate_timeline(g, placed, cost)
     i_early, i_late = timeline.order.index(early), timeline.order.index(late)
-    assert timeline.start[i_early] <= timeline.start[i_late]
+    assert timeline.end[i_early] <= timeline.start[i_late]
+    reader = timeline.order.index(placed[first_reader(placed, early)])
+    assert timeline.end[i_early] <= timeline.start[reader]
