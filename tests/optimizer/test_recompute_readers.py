@@ -95,3 +95,35 @@ def test_the_recipe_survives_a_replay_and_goes_with_its_recompute(case) -> None:
     without = deriver.without_recipes(swapped, (remat,))
     assert without.recipes == ()
     assert any("a recompute it names is gone" in line for line in without.applied)
+
+
+def test_no_recipe_names_fewer_copies_than_its_site(case) -> None:
+    """A node recomputed twice (for two sets of readers): a site that reads one copy has no
+    recipe, since the recipe would reach the other copy too; a site reading both has one."""
+    _inst, root, deriver = case
+    g, order = root.program, root.order
+    regions = region_nodes(root.tree)
+    remat_rule, swap_rule = RULES.program_rule("remat"), RULES.program_rule("swap")
+    for nid in order:
+        node = g.nodes[nid]
+        if not node.input_ids() or g.producer(node.input_ids()[0]) is None or len(node.output_ids()) != 1:
+            continue
+        (out,) = node.output_ids()
+        readers = _later_readers(g, order, out, nid)[1:]
+        halves = (_site(g, out, readers[:1]), _site(g, out, readers[1:]))
+        if len(readers) < 2 or any(remat_rule.why_not(g, order, h) is not None for h in halves):
+            continue
+        twice = deriver.with_recipe(root, _recipe(remat_rule, halves[0], g, root.base, regions))
+        twice = deriver.with_recipe(twice, _recipe(remat_rule, halves[1], g, root.base, regions))
+        copies = [v for v, n in twice.program.nodes.items() if n.tags.remat is not None and n.tags.remat.of == nid]
+        x = node.input_ids()[0]
+        users = _later_readers(twice.program, twice.order, x, nid)
+        if len(copies) != 2 or not set(copies) <= set(users) or \
+                swap_rule.why_not(twice.program, twice.order, _site(twice.program, x, users)) is not None:
+            continue
+        one = tuple(u for u in users if u != copies[0])
+        assert _recipe(swap_rule, _site(twice.program, x, one), twice.program, root.base, regions) is None
+        both = _recipe(swap_rule, _site(twice.program, x, users), twice.program, root.base, regions)
+        assert both is not None and both.copies_of == (nid,)
+        return
+    raise AssertionError("no node recomputed twice whose input a swap can take")

@@ -24,7 +24,7 @@ from functools import partial
 
 from peakcut.ir.graph import Graph
 from peakcut.memory import MemoryProfile, simulate
-from peakcut.optimizer.derive import Deriver, recomputed, region_nodes
+from peakcut.optimizer.derive import Deriver, recomputed, region_nodes, resolved
 from peakcut.optimizer.state import Recipe, State
 from peakcut.rules import REWRITE_MOVES, UNDO_MOVES, Candidate, Registry
 from peakcut.rules.hotspot import Hotspot
@@ -207,8 +207,11 @@ def _recipe(rule: ProgramRule, site: Site, program: Graph, base: Graph, regions:
     copies = [recomputed(program, v) for v in site.users if v not in base.nodes]
     if any(v is None or v not in base.nodes for v in copies):
         return None
-    return Recipe(rule.kind, site.tensor, site.node, tuple(v for v in site.users if v in base.nodes),
-                  rule.describe(program, site), tuple(sorted({v for v in copies if v is not None})))
+    recipe = Recipe(rule.kind, site.tensor, site.node, tuple(v for v in site.users if v in base.nodes),
+                    rule.describe(program, site), tuple(sorted({v for v in copies if v is not None})))
+    # the recipe must name no more and no fewer readers than the site: not where a node is
+    # recomputed twice and the site reads one copy, nor where a copy reads a view of the tensor
+    return recipe if set(resolved(program, recipe).users) == set(site.users) else None
 
 
 def _part_copy(program: Graph, nid: int) -> bool:

@@ -454,10 +454,9 @@ def resolved(program: Graph, r: Recipe) -> Recipe:
 
 
 def _copies(program: Graph, r: Recipe) -> tuple[int, ...]:
-    """The program's recomputes of r.copies_of (outside every region) that read r.tensor."""
+    """The program's recomputes of r.copies_of that read r.tensor."""
     wanted = set(r.copies_of)
-    return tuple(sorted(u for u in program.users(r.tensor)
-                        if recomputed(program, u) in wanted and program.nodes[u].tags.fission is None))
+    return tuple(sorted(u for u in program.users(r.tensor) if recomputed(program, u) in wanted))
 
 
 def recomputed(program: Graph, nid: int) -> int | None:

@@ -38,7 +38,7 @@ class Recipe:
     words. `copies_of` names base nodes whose recomputes (remat copies, which the base does not
     have) are users too: a swap of a ReLU's output that a recomputed convolution reads in the
     backward. Their ids are looked up in the program each time the recipe is applied
-    (Deriver.resolved), since a replay after a fission change gives the copies other ids."""
+    (optimizer.derive.resolved), since a replay after a fission change gives the copies other ids."""
 
     kind: str                  # the rule's kind: "swap", "remat", ...
     tensor: int

@@ -6,11 +6,11 @@ The rules say where each of their nodes goes (peakcut.rules: Registry.placements
 - HIDDEN: as late as its transfer can still be hidden: issued early enough that the compute
   nodes between it and its first successor take at least its time (when copies overlap
   compute; on CPU they do not, so it runs right before the successor) (a swap's load).
-All EARLY nodes are placed first, then the LATE ones, then the HIDDEN ones, each group in
-the order's sequence. Where copies overlap compute, the HIDDEN copies of one direction
-share a stream that runs them first come first served, so they are placed as a queue, the
-latest first reader first: each is hidden before its first reader or before the copy issued
-after it, whichever comes first. Placed one by one, a small load right before its reader
+All EARLY nodes are placed first, in the order's sequence, then the LATE ones, then the
+HIDDEN ones. Where copies overlap compute, the HIDDEN copies of one direction (h2d, then
+d2h) share a stream that runs them first come first served, so they are placed as a queue,
+the latest first reader first: each is hidden before its first reader or before the copies
+already placed, whichever comes first. Placed one by one, a small load right before its reader
 waited behind a large one issued before it for a later reader: paper U-Net at 40% of
 eager's memory on RTX 3090 waited 51 ms (of a 426 ms step, simulated) for three parameter
 loads queued behind 512 MiB swap-ins.
@@ -149,27 +149,30 @@ class _Placing:
         return min((pos[s] for s in self._successors(nid) if s in pos), default=len(self.order))
 
     def queue_late(self, copies: list[int], cost: CostModel) -> None:
-        """HIDDEN copies that share a stream (module doc), latest first reader first: each is
-        hidden behind the compute before its first reader or before the copy issued after it,
-        whichever comes first, so the stream has run it when that one is due."""
-        need = {c: self._first_successor(c) for c in copies}
-        issued_after: int | None = None
+        """HIDDEN copies of one direction (module doc), latest first reader first (then the
+        later placed first): each is hidden behind the compute before its first reader or
+        before the earliest of the copies already placed, whichever comes first, so the
+        stream has run it when those are due."""
+        pos = self.pos
+        need = {c: (self._first_successor(c), pos[c]) for c in copies}
+        earliest_placed: int | None = None
         for nid in sorted(copies, key=need.__getitem__, reverse=True):
-            self.move_late(nid, cost.node_seconds(self.g, nid), cost, before=issued_after)
-            issued_after = nid
+            self.move_late(nid, cost.node_seconds(self.g, nid), cost, before=earliest_placed)
+            if earliest_placed is None or pos[nid] < pos[earliest_placed]:
+                earliest_placed = nid
 
     def move_late(self, nid: int, hide_seconds: float, cost: CostModel | None, before: int | None = None) -> None:
-        """Before its first successor (and before node `before`), early enough that
-        `hide_seconds` of compute precede it."""
+        """Before its first successor (and before node `before`, where its predecessors
+        allow), early enough that `hide_seconds` of compute precede it."""
         g = self.g
         order = self.order
         at = self.pos[nid]
+        earliest = self._after_preds(nid, at)
         succ_at = [i for s in self._successors(nid) if (i := self._rest_index(s, at)) is not None]
-        if before is not None and (i := self._rest_index(before, at)) is not None:
+        if before is not None and (i := self._rest_index(before, at)) is not None and i >= earliest:
             succ_at.append(i)
         first_succ = min(succ_at, default=len(order) - 1)
-        earliest = self._after_preds(nid, at)
-        index = max(first_succ, earliest)
+        index = first_succ
         covered = 0.0
         while index > earliest and covered < hide_seconds:
             prev = order[index - 1] if index - 1 < at else order[index]   # rest[index - 1]
