@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
-from peakcut.ir.registry import CONV, CONV_BACKWARD
+from peakcut.ir.registry import CONV, CONV_BACKWARD, conv_backward_mask
 from peakcut.ir.tags import TasoTag
 from peakcut.transform.rewrite import (
     Rewrite,
@@ -265,8 +265,8 @@ def _split_backward(g: Graph, order: Sequence[int], plan: ConvCat, nid: int) -> 
     node = g.nodes[nid]
     label = node.name or str(nid)
     edit = Edit(g, order, RULE)
-    weight, mask = node.args[_BW_WEIGHT], _arg(node, _BW_MASK)
-    if not isinstance(weight, TensorRef) or not isinstance(mask, (list, tuple)) or len(mask) != 3:
+    weight, mask = node.args[_BW_WEIGHT], conv_backward_mask(node.args)
+    if not isinstance(weight, TensorRef) or mask is None:
         raise RuleError(f"internal: {describe_node(g, nid)} changed")
     grad_in, grad_w, grad_b = (list(node.outputs) + [None, None, None])[:3]
     sliced, others = input_gradient_readers(g, nid, plan)
@@ -278,7 +278,7 @@ def _split_backward(g: Graph, order: Sequence[int], plan: ConvCat, nid: int) -> 
     read = {i for r, i in sliced.items() if g.users(g.nodes[r].output_ids()[0])}
     for i, (x, w) in enumerate(zip(plan.pieces, weights, strict=True)):
         wanted = grad_in is not None and (others or i in read)
-        piece_mask = [bool(mask[0]) and wanted, bool(mask[1]), bool(mask[2]) and i == 0]
+        piece_mask = [mask[0] and wanted, mask[1], mask[2] and i == 0]
         if not any(piece_mask):
             grads.append(None)
             continue
