@@ -24,6 +24,7 @@ from peakcut.transform.spatial import (
     CONV,
     CONV_BACKWARD,
     ROWS,
+    is_pointwise,
     owned,
     split_rows,
     why_not_split_rows,
@@ -141,7 +142,8 @@ def test_refusals_name_the_node() -> None:
     norm = next(v for v in g.order if g.nodes[v].op == "aten.native_batch_norm.default")
     reason = why_not_split_rows(g, g.order, [norm], 2)
     assert "native_batch_norm" in reason and "does not split it" in reason
-    backward = next(v for v in g.order if g.nodes[v].op == CONV_BACKWARD and not g.nodes[v].args[7])
+    backward = next(v for v in g.order if g.nodes[v].op == CONV_BACKWARD and not g.nodes[v].args[7]
+                    and not is_pointwise(g, g.nodes[v]))
     readers = [u for t in g.nodes[backward].output_ids() for u in g.users(t)]
     assert "only add up to" in why_not_split_rows(g, g.order, [backward, readers[0]], 2)
     assert "not in the graph" in why_not_split_rows(g, g.order, [10**9], 2)

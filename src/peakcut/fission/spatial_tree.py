@@ -43,7 +43,11 @@ from peakcut.transform.rewrite import Rewrite, RuleError, compose_rewrites
 from peakcut.transform.spatial import (
     CONV,
     CONV_BACKWARD,
+    NLL_BACKWARD,
+    NLL_FORWARD,
+    ROW_LOCAL_VIEWS,
     ROWS,
+    is_pointwise,
     split_inputs,
     split_rows,
     why_not_node,
@@ -59,6 +63,9 @@ def _row_inputs(g: Graph, v: int) -> list[int]:
     if node.op in (CONV, CONV_BACKWARD):
         images = node.args[:2] if node.op == CONV_BACKWARD else node.args[:1]
         return [a.id for a in images if isinstance(a, TensorRef)]
+    if node.op in (NLL_FORWARD, NLL_BACKWARD):
+        scores = node.args[1 if node.op == NLL_BACKWARD else 0]
+        return [scores.id] if isinstance(scores, TensorRef) else []
     split = split_inputs(g, node)
     return split if isinstance(split, list) else []
 
@@ -68,7 +75,10 @@ def _row_edges(g: Graph, members: set[int]) -> Iterator[tuple[int, int]]:
     for v in members:
         for t in _row_inputs(g, v):
             u = g.producer(t)
-            if u is not None and u in members and g.nodes[u].op != CONV_BACKWARD:
+            if u is None or u not in members:
+                continue
+            back = g.nodes[u]
+            if back.op != CONV_BACKWARD or (t == back.outputs[0] and is_pointwise(g, back)):
                 yield u, v
 
 
@@ -119,9 +129,11 @@ def find_spatial_ftree(g: Graph, order: Sequence[int] | None = None, levels: int
     mem = memory_view(g, order, profile)
 
     def valid(region: frozenset[int], view: ComponentView) -> frozenset[int] | None:
+        region = trimmed(g, region)
         if why_not_split_rows(g, order, sorted(region), 2) is None:
             return region
         core = convex_core(g, region)
+        core = trimmed(g, core) if core else core
         return core if core and why_not_split_rows(g, order, sorted(core), 2) is None else None
 
     peak = profile.peak_node if order else None
@@ -129,6 +141,47 @@ def find_spatial_ftree(g: Graph, order: Sequence[int] | None = None, levels: int
              [(frozenset({peak}), view, peak) for view in views if peak in view.labels])
     tree = ftree_from_components(views, mem, levels, valid=valid, extra=extra)
     return _with_region_lengths(g, tree)
+
+
+def trimmed(g: Graph, region: frozenset[int]) -> frozenset[int]:
+    """The region without the element-wise ends that only make it hand on more: a node no
+    region node reads, whose output the region would hand on whole (preallocated before the
+    parts), is left to run after the parts when the tensors it reads from the region are
+    handed on anyway (or are no larger than its output). A view (a detach) leaves the region
+    when nothing in it reads the view (a view is not handed on) or when it views a tensor made
+    outside (its readers in the region then slice the view itself). Algorithm 1's candidates are
+    dominator subtrees, which run on past the op at the peak into what the step reads next
+    (a batch norm's backward after U-Net's last convolution backward: `x - mean` and
+    `dy * (x - mean)`, two whole images handed on for nothing)."""
+    region = set(region)
+    position = {v: i for i, v in enumerate(g.order)}
+    while True:
+        for v in sorted(region, key=lambda u: -position[u]):
+            if _trimmable(g, v, region):
+                region.discard(v)
+                break
+        else:
+            return frozenset(region)
+
+
+def _trimmable(g: Graph, v: int, region: set[int]) -> bool:
+    """Whether region node v is an end the region is better without (trimmed)."""
+    node = g.nodes[v]
+    if node.op in (CONV, CONV_BACKWARD, NLL_FORWARD, NLL_BACKWARD):
+        return False
+    outs = node.output_ids()
+    read_inside = any(u in region for t in outs for u in g.users(t))
+    if node.op in ROW_LOCAL_VIEWS:     # a view is never handed on; one of an outside tensor splits as well there
+        return not read_inside or all(g.producer(t) not in region for t in node.input_ids())
+    if read_inside:
+        return False
+    handed_now = sum(g.tensors[t].nbytes for t in outs)
+    newly = 0
+    for t in set(node.input_ids()):
+        u = g.producer(t)
+        if u in region and all(r == v or r in region for r in g.users(t)) and t not in g.outputs:
+            newly += g.tensors[t].nbytes
+    return newly <= handed_now
 
 
 def _with_region_lengths(g: Graph, tree: FTree) -> FTree:

@@ -62,6 +62,15 @@ from peakcut.ir.tensor import contiguous_strides
 from peakcut.transform.rewrite import Rewrite, RuleError, describe_node, describe_tensor, positions
 
 ROWS = 2                                   # the height dimension of NCHW
+NLL_FORWARD = "aten.nll_loss2d_forward.default"
+NLL_BACKWARD = "aten.nll_loss2d_backward.default"
+TARGET_ROWS = 1                            # the height dimension of an [N, H, W] target
+REDUCTION_MEAN, REDUCTION_SUM = 1, 2      # ATen's reduction enum
+# Ops that make each output row from the same rows of their inputs, beyond the element-wise
+# kind: a detach (a view of the same shape) and softmax along another dim than the rows.
+ROW_LOCAL_VIEWS = ("aten.detach.default", "aten.alias.default")
+SOFTMAX_DIM_ARG = {"aten._log_softmax.default": 1, "aten._softmax.default": 1,
+                   "aten._log_softmax_backward_data.default": 2, "aten._softmax_backward_data.default": 2}
 
 
 @dataclass(frozen=True)
@@ -153,10 +162,16 @@ def why_not_node(g: Graph, v: int) -> str | None:
     if n.op == CONV_BACKWARD:
         w = _conv_window(g, n, 2, 4)
         return w if isinstance(w, str) else None
+    if n.op in (NLL_FORWARD, NLL_BACKWARD):
+        return _why_not_nll(g, n)
     info = lookup(n.op)
-    if info is None or info.kind is not OpKind.ELEMENTWISE:
-        return (f"{what} is neither a convolution, its backward nor an element-wise op: "
-                "spatial fission does not split it")
+    if n.op in SOFTMAX_DIM_ARG:
+        dim = n.args[SOFTMAX_DIM_ARG[n.op]]
+        if not isinstance(dim, int) or dim % 4 == ROWS:
+            return f"{what} takes its softmax along the rows: its parts would see only their own"
+    elif n.op not in ROW_LOCAL_VIEWS and (info is None or info.kind is not OpKind.ELEMENTWISE):
+        return (f"{what} is neither a convolution, its backward, an element-wise op, a softmax "
+                "along the channels nor a per-pixel loss: spatial fission does not split it")
     if draws_random(n.op, n.args, n.kwargs):
         return f"{what} draws random numbers: its parts would draw other numbers"
     if n.mutated_ids():
@@ -165,6 +180,37 @@ def why_not_node(g: Graph, v: int) -> str | None:
         return f"{what} has {len(n.output_ids())} outputs"
     reason = split_inputs(g, n)
     return reason if isinstance(reason, str) else None
+
+
+def _why_not_nll(g: Graph, n: Node) -> str | None:
+    """Why a per-pixel nll_loss2d (forward or backward) cannot be in a spatial region."""
+    what = describe_node(g, n.id)
+    first = 1 if n.op == NLL_BACKWARD else 0
+    x, target, weight, reduction = n.args[first:first + 4]
+    if not isinstance(x, TensorRef) or not isinstance(target, TensorRef) or len(g.tensors[x.id].shape) != 4:
+        return f"{what} does not read [N, C, H, W] scores and an [N, H, W] target"
+    if weight is not None:
+        return f"{what} weighs its classes: its parts' total weights are not split here"
+    if reduction not in (REDUCTION_MEAN, REDUCTION_SUM):
+        return f"{what} has reduction {reduction!r}: only mean and sum are split"
+    if n.op == NLL_BACKWARD and not (isinstance(n.args[0], TensorRef) and g.tensors[n.args[0].id].numel == 1):
+        return f"{what} reads a grad_output that is not a scalar"
+    return None
+
+
+def is_pointwise(g: Graph, node: Node) -> bool:
+    """A convolution's backward whose grad_input rows are its grad_output rows (kernel 1 along
+    the height, stride 1, no padding): a part's grad_input rows are exact, not partial sums,
+    so the region may read them."""
+    w = _conv_window(g, node, 2, 4)
+    return isinstance(w, Window) and w.stride == 1 and w.padding == 0 and w.dilation * (w.kernel - 1) == 0
+
+
+def reads_grad_input_inside(g: Graph, node: Node, inside: set[int]) -> bool:
+    """Whether a pointwise convolution's backward (is_pointwise) hands its grad_input rows to
+    a reader in the region."""
+    gi = node.outputs[0]
+    return gi is not None and is_pointwise(g, node) and any(u in inside for u in g.users(gi))
 
 
 @dataclass(frozen=True)
@@ -194,16 +240,24 @@ def _region(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> _Re
     added: list[int] = []
     for v in members:
         node = g.nodes[v]
-        for t in node.outputs:     # one output, but a convolution's backward's three
+        for j, t in enumerate(node.outputs):     # one output, a convolution's backward's three, a loss's two
             if t is None:
                 continue
             outside = [u for u in g.users(t) if u not in inside]
-            if node.op == CONV_BACKWARD:
-                inner = [u for u in g.users(t) if u in inside]
+            inner = [u for u in g.users(t) if u in inside]
+            if node.op == CONV_BACKWARD and not (j == 0 and inner and is_pointwise(g, node)):
                 if inner:
                     return (f"{describe_node(g, inner[0])} reads {describe_tensor(g, t)}, which the parts of "
                             f"{describe_node(g, v)} only add up to: it must be read outside the region")
                 added.append(t)
+            elif node.op == NLL_FORWARD:
+                if inner:
+                    return (f"{describe_node(g, inner[0])} reads {describe_tensor(g, t)}, which the parts of "
+                            f"{describe_node(g, v)} only add up to: it must be read outside the region")
+                if outside or t in program:
+                    added.append(t)
+                else:
+                    continue
             elif outside or t in program:
                 rows.append(t)
             else:
@@ -219,11 +273,33 @@ def _region(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> _Re
             go = g.nodes[v].args[0]
             if isinstance(go, TensorRef) and g.tensors[go.id].shape[ROWS] < n:
                 return f"the grad_output of {describe_node(g, v)} has fewer rows than n={n} parts"
+    for v in members:
+        if g.nodes[v].op == NLL_FORWARD and g.tensors[g.nodes[v].args[0].id].shape[ROWS] < n:
+            return f"the scores {describe_node(g, v)} reads have fewer rows than n={n} parts"
     for seq in (order, g.order):
         reason = _why_not_convex(g, seq, inside)
         if reason:
             return reason
-    return _Region(members, tuple(rows), tuple(added))
+    region = _Region(members, tuple(rows), tuple(added))
+    return _why_not_exact(g, region, n) or region
+
+
+def _why_not_exact(g: Graph, region: _Region, n: int) -> str | None:
+    """Why some part would need rows of a tensor that it cannot make exactly: a pointwise
+    backward's grad_input rows beyond its own grad_output rows (a halo of it)."""
+    inside = set(region.nodes)
+    backs = [g.nodes[v] for v in region.nodes
+             if g.nodes[v].op == CONV_BACKWARD and reads_grad_input_inside(g, g.nodes[v], inside)]
+    for k in range(n if backs else 0):
+        need = _needs(g, region, k, n)
+        for node in backs:
+            mine = owned(g.tensors[node.args[0].id].shape[ROWS], k, n)
+            rows = need.get(node.outputs[0])
+            if rows is not None and (rows.start < mine.start or rows.stop > mine.stop):
+                return (f"part {k} of {n} would need rows {rows.start}..{rows.stop} of the grad_input of "
+                        f"{describe_node(g, node.id)}, beyond the rows {mine.start}..{mine.stop} it makes: "
+                        "a halo of a gradient is not recomputed")
+    return None
 
 
 def _downstream(g: Graph, seq: Sequence[int], inside: set[int]) -> list[int]:
@@ -282,6 +358,7 @@ class _Parts:
         self.edit = GraphEditor(g)
         self.made: list[int] = []
         self.inside = set(region.nodes)
+        self.handed = set(region.rows) | set(region.added)
 
     def add(self, op: str, args: tuple[Any, ...], like: Node, name: str, multi_output: bool = False,
             kwargs: dict[str, Any] | None = None) -> Node:
@@ -290,16 +367,16 @@ class _Parts:
         self.made.append(node.id)
         return node
 
-    def rows_of(self, t: int, rows: Rows, part: dict[int, tuple[int, Rows]], like: Node) -> int:
-        """Tensor `t` cut to `rows` (within its height): its part tensor or a slice of it."""
+    def rows_of(self, t: int, rows: Rows, part: dict[int, tuple[int, Rows]], like: Node, dim: int = ROWS) -> int:
+        """Tensor `t` cut to `rows` (within its height, dim `dim`): its part tensor or a slice of it."""
         if t in part:
             tensor, have = part[t]
         else:
-            tensor, have = t, Rows(0, self.g.tensors[t].shape[ROWS])
+            tensor, have = t, Rows(0, self.g.tensors[t].shape[dim])
         if rows == have:
             return tensor
         name = f"{self.g.tensors[t].name or t}_rows{rows.start}_{rows.stop}"
-        view = self.add("aten.slice.Tensor", (TensorRef(tensor), ROWS, rows.start - have.start,
+        view = self.add("aten.slice.Tensor", (TensorRef(tensor), dim, rows.start - have.start,
                                               rows.stop - have.start), like, name)
         return view.output_ids()[0]
 
@@ -338,9 +415,16 @@ def _needs(g: Graph, region: _Region, k: int, n: int) -> dict[int, Rows]:
                 want(go.id, mine)
                 want(x.id, w.reads(mine))
             continue
+        if node.op == NLL_FORWARD:       # its sum counts each row once: the part's own rows
+            x = node.args[0].id
+            want(x, owned(g.tensors[x].shape[ROWS], k, n))
+            continue
         (out,) = node.output_ids()
         rows = need.get(out)
         if rows is None:
+            continue
+        if node.op == NLL_BACKWARD:
+            want(node.args[1].id, rows)
             continue
         if node.op == CONV:
             w = _conv_window(g, node, 1, 3)
@@ -377,6 +461,20 @@ def split_rows(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> 
         if zeroed and not dense:      # a channels-last gradient: zeroed in its own layout
             allocs.append(b.edit.add_op("aten.zero_.default", (TensorRef(t),), {}, name=f"{meta.name or t}_zero",
                                         phase=producer.phase, module=producer.module).id)
+    totals = {}           # per loss: the tensor its parts' total weights add into
+    for v in region.nodes:
+        node = g.nodes[v]
+        if node.op == NLL_FORWARD:
+            tw = node.outputs[1]
+            if tw in region.added:
+                totals[v] = tw
+            else:
+                meta = g.tensors[tw]
+                scratch = b.edit.add_op("aten.zeros.default", ([],), {"dtype": meta.torch_dtype,
+                                        "device": torch.device(g.device)}, name=f"{node.name or v}_total_weight",
+                                        phase=node.phase, module=node.module)
+                allocs.append(scratch.id)
+                totals[v] = scratch.output_ids()[0]
     writes: list[int] = []
     for k in range(n):
         need = _needs(g, region, k, n)
@@ -384,12 +482,21 @@ def split_rows(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> 
         for v in region.nodes:
             node = g.nodes[v]
             if node.op == CONV_BACKWARD:
-                writes += _conv_backward_part(b, node, k, n, part, node.outputs[0] in tiled)
+                writes += _conv_backward_part(b, node, k, n, part, node.outputs[0] in tiled,
+                                              reads_grad_input_inside(g, node, b.inside), region.rows)
+                continue
+            if node.op == NLL_FORWARD:
+                writes += _nll_forward_part(b, node, k, n, part, totals[v])
                 continue
             (out,) = node.output_ids()
             rows = need[out]
             tag = f"_rows{rows.start}_{rows.stop}"
-            if node.op == CONV:
+            if node.op == NLL_BACKWARD:
+                x, target = node.args[1], node.args[2]
+                args = (node.args[0], TensorRef(b.rows_of(x.id, rows, part, node)),
+                        TensorRef(b.rows_of(target.id, rows, {}, node, TARGET_ROWS)), *node.args[3:])
+                kwargs = dict(node.kwargs)
+            elif node.op == CONV:
                 w = _conv_window(g, node, 1, 3)
                 x = node.args[0]
                 if not isinstance(w, Window) or not isinstance(x, TensorRef):
@@ -412,7 +519,37 @@ def split_rows(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> 
                 value = b.rows_of(out, mine, part, node)
                 writes.append(b.add("aten.copy_.default", (TensorRef(into), TensorRef(value)), node,
                                     f"{g.tensors[out].name or out}_write{tag}").id)
+    for v, total in totals.items():       # a mean: the summed loss over the summed weight
+        node = g.nodes[v]
+        loss = node.outputs[0]
+        if node.args[3] == REDUCTION_MEAN and loss in region.added:
+            counted = [w for w in writes if b.edit.graph.nodes[w].args[0] == TensorRef(total)]
+            mean = b.add("aten.div_.Tensor", (TensorRef(loss), TensorRef(total)), node,
+                         f"{g.tensors[loss].name or loss}_mean")
+            b.edit.add_control(mean.id, counted)       # after every part's count
+            writes.append(mean.id)
     return _finish(g, order, region, b, allocs, writes, first)
+
+
+def _nll_forward_part(b: _Parts, node: Node, k: int, n: int, part: dict[int, tuple[int, Rows]],
+                      total: int) -> list[int]:
+    """Part k of a per-pixel nll_loss2d: the summed loss of its own rows added into the loss,
+    their count (total weight) into `total`; a mean divides after the last part."""
+    g = b.g
+    x, target = node.args[0], node.args[1]
+    mine = owned(g.tensors[x.id].shape[ROWS], k, n)
+    x_k = b.rows_of(x.id, mine, part, node)
+    target_k = b.rows_of(target.id, mine, {}, node, TARGET_ROWS)
+    tag = f"_rows{mine.start}_{mine.stop}"
+    made = b.add(NLL_FORWARD, (TensorRef(x_k), TensorRef(target_k), None, REDUCTION_SUM, *node.args[4:]), node,
+                 f"{node.name or node.id}_sum{tag}", multi_output=True)
+    loss_k, weight_k = made.outputs
+    writes = []
+    for into, value, what in ((node.outputs[0], loss_k, "sum"), (total, weight_k, "total_weight")):
+        if value is not None and (into == total or into in b.handed):
+            writes.append(b.add("aten.add_.Tensor", (TensorRef(into), TensorRef(value)), node,
+                                f"{node.name or node.id}_{what}_add{tag}").id)
+    return writes
 
 
 def _grad_input_rows(g: Graph, node: Node, k: int, n: int) -> Rows:
@@ -441,10 +578,12 @@ def _tiles(g: Graph, node: Node, n: int) -> bool:
 
 
 def _conv_backward_part(b: _Parts, node: Node, k: int, n: int, part: dict[int, tuple[int, Rows]],
-                        tiled: bool) -> list[int]:
+                        tiled: bool, local: bool = False, rows: Sequence[int] = ()) -> list[int]:
     """Part k of a convolution's backward: its own grad_output rows, the input rows they read;
     grad_input rows added into the whole gradient (where `tiled`, _tiles: copied past the
-    previous part's rows, added on the overlap), grad_weight and grad_bias added up."""
+    previous part's rows, added on the overlap), grad_weight and grad_bias added up. Where
+    `local` (reads_grad_input_inside), the part's grad_input rows are the region's to read,
+    and copied into the whole gradient only where it is handed on (in `rows`)."""
     g = b.g
     go, x = node.args[0], node.args[1]
     w = _conv_window(g, node, 2, 4)
@@ -465,6 +604,12 @@ def _conv_backward_part(b: _Parts, node: Node, k: int, n: int, part: dict[int, t
     inner = reads.clip(height)
     for j, (t, t_k) in enumerate(zip(node.outputs, made.outputs, strict=True)):
         if t is None or t_k is None:
+            continue
+        if j == 0 and local:
+            part[t] = (t_k, mine)
+            if t in rows:
+                writes.append(b.add("aten.copy_.default", (TensorRef(b.rows_of(t, mine, {}, node)), TensorRef(t_k)),
+                                    node, f"{g.tensors[t].name or t}_write{tag}").id)
             continue
         if j > 0:
             writes.append(b.add("aten.add_.Tensor", (TensorRef(t), TensorRef(t_k)), node,
