@@ -16,8 +16,10 @@ on the step with every batch norm rewritten as batch-splittable ops
 (peakcut.transform.batch_norm; its eager peak is that step's in capture order).
 A second table: the F-Tree of the rows (peakcut.fission.spatial_tree: Algorithm 1 over the
 ops spatial fission splits, joined along their rows; a region splits with halos, split_rows)
-of the three CNNs: as captured, with the batch norms split (regions then span a normalize, its
-ReLU and the next convolution), and with the convolution backward at the peak run as two
+of the three CNNs, on the same step with the loss detached (a region may then span the
+per-pixel loss of a segmentation network, forward and backward): as captured, with the batch
+norms split (regions then span a normalize, its ReLU and the next convolution, or U-Net's last
+normalize through the loss to the ReLU's backward), and with the convolution backward at the peak run as two
 calls (split_conv_grads, as the optimizer's polish does: the input-gradient call's parts then
 read a shape-only view of the input). Per step: the rows' components, the tree's build time,
 levels, nodes per level, the step's own peak, and the root that lowers the peak most when
@@ -134,11 +136,11 @@ def main() -> None:
         if split is not None:
             rows.append(_row(f"{inst.description}, batch norms split", split.graph, simulate(g).peak_bytes))
         if name in SPATIAL_WORKLOADS:
-            eager = simulate(captured).peak_bytes
-            spatial.append(_spatial_row(inst.description, captured, eager))
+            eager = simulate(g).peak_bytes
+            spatial.append(_spatial_row(inst.description, g, eager))
             if split is not None:
                 spatial.append(_spatial_row(f"{inst.description}, batch norms split", split.graph, eager))
-            grads = _grads_split_at_peak(captured)
+            grads = _grads_split_at_peak(g)
             if grads is not None:
                 spatial.append(_spatial_row(f"{inst.description}, the backward at the peak as two calls",
                                             grads.graph, eager, list(grads.order)))
