@@ -35,7 +35,13 @@ from peakcut.ir.graph import Graph
 from peakcut.memory import simulate
 from peakcut.transform.batch_norm import split_batch_norms_everywhere
 from peakcut.transform.rewrite import RuleError
-from peakcut.transform.spatial import CONV_BACKWARD, ROWS, is_pointwise, why_not_node, why_not_split_rows
+from peakcut.transform.spatial import (
+    CONV_BACKWARD,
+    ROWS,
+    is_pointwise,
+    why_not_node,
+    why_not_split_rows,
+)
 from peakcut.workloads import get_workload
 from tests.helpers import in_float64, tiny_densenet
 

@@ -7,17 +7,19 @@
 The batch F-Tree (build.py) follows a D-Graph label through every op. Rows cannot be followed
 that way: a convolution's output rows read a window of its input rows (a halo), which no axis
 label says. So the rows' "D-Graph" here is built from what peakcut.transform.spatial can split
-(`why_not_node`): convolutions (forward and backward, 2-D, not transposed) and element-wise
-ops on [N, C, H, W] images, joined where one reads the other's image along its rows (an
-element-wise op's same-height inputs, a convolution's input, a backward's grad_output and
-input). A convolution's backward ends a component: its gradients are added up over the parts,
-never read inside a region. Each connected component is a ComponentView; its length is the
+(`why_not_node`): convolutions (forward and backward, 2-D, not transposed), element-wise ops
+on [N, C, H, W] images, softmax along the channels, detaches and a per-pixel loss, joined where
+one reads the other's image along its rows (an element-wise op's same-height inputs, a
+convolution's input, a backward's grad_output and input, a loss's scores). A convolution's
+backward ends a component: its gradients are added up over the parts, never read inside a
+region; a pointwise one's grad_input joins its readers (its rows are exact). Each connected component is a ComponentView; its length is the
 gcd of its images' heights, so every divisor of it is a valid number of parts.
 
 Algorithm 1 (peakcut.fission.analyzer) then picks regions as for the batch: memory hot-spots of
 the simulated step, dominator subtrees of each component, the score intervals; plus the op at
 the peak alone, when it is in a component (a convolution's backward often is the hot-spot
-itself). A region is kept if split_rows accepts it at n = 2 (its convex core otherwise).
+itself). A candidate is trimmed of the ends that only make it hand on whole images
+(`trimmed`), then kept if split_rows accepts it at n = 2 (its convex core otherwise).
 
 Enabling an F-Tree node is split_rows on its region (halos recomputed, the program written out
 per part); nested enabled nodes are not supported: split_spatial refuses them, naming both.
@@ -153,15 +155,15 @@ def trimmed(g: Graph, region: frozenset[int]) -> frozenset[int]:
     dominator subtrees, which run on past the op at the peak into what the step reads next
     (a batch norm's backward after U-Net's last convolution backward: `x - mean` and
     `dy * (x - mean)`, two whole images handed on for nothing)."""
-    region = set(region)
+    kept = set(region)
     position = {v: i for i, v in enumerate(g.order)}
     while True:
-        for v in sorted(region, key=lambda u: -position[u]):
-            if _trimmable(g, v, region):
-                region.discard(v)
+        for v in sorted(kept, key=lambda u: -position[u]):
+            if _trimmable(g, v, kept):
+                kept.discard(v)
                 break
         else:
-            return frozenset(region)
+            return frozenset(kept)
 
 
 def _trimmable(g: Graph, v: int, region: set[int]) -> bool:

@@ -11,6 +11,13 @@ What a region may hold (why_not_split_rows refuses the rest, naming the node):
   zeros itself (aten.constant_pad_nd) and the part's convolution pads the height by 0;
 - element-wise ops (the registry's kind, not random, nothing written in place) on [N, C, H, W]
   tensors; an input of height 1, or of one element, is broadcast, not split;
+- a softmax or log-softmax (and their backwards) along another dim than the rows, and a
+  detach of an image: like element-wise ops;
+- aten.nll_loss2d_forward / _backward (unweighted, reduction mean or sum), a per-pixel loss:
+  part k sums the loss of its own rows (reduction sum) into the loss and their count into a
+  total; a mean divides once after the last part (`<loss>_mean`). The backward runs per part
+  on the whole count, which must not be made in the region (peakcut.fission.loss computes it
+  up front from the targets); a region through the loss needs that first;
 - aten.convolution_backward (2-D, not transposed): a part takes the rows of grad_output it
   owns and the input rows they read (with halos, padded as above); its grad_input rows add
   into the whole gradient (rows two parts read get both parts' sums): where the parts' rows
@@ -18,7 +25,10 @@ What a region may hold (why_not_split_rows refuses the rest, naming the node):
   the previous part's and adds only the overlap, into a gradient never zeroed (a zeroed
   gradient and whole-part adds cost U-Net's top convolution's backward at n = 4 +6.0 ms on
   the RTX 3090 profile, the copies +3.7 ms); its grad_weight and grad_bias add up over the
-  parts. Its outputs are not read inside the region. A backward that makes only grad_input
+  parts. Its outputs are not read inside the region, except a pointwise backward's grad_input
+  (kernel 1, stride 1, no padding along the height: its rows are exactly its grad_output
+  rows', not partial sums), which a part reads as its own rows (a part needing more of them,
+  a gradient's halo, is refused). A backward that makes only grad_input
   (after split_conv_grads) reads its input's shape, never its values, yet ATen makes the input
   contiguous first: its parts get a contiguous view of that shape on the input's storage
   (`<tensor>_rows<a>_<b>_shape_only`) instead of a row slice ATen would copy (paper U-Net++'s
@@ -50,168 +60,33 @@ import torch
 from peakcut.ir.edit import GraphEditor, rewired
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
-from peakcut.ir.registry import (
-    CONV,
-    CONV_BACKWARD,
-    OpKind,
-    conv_backward_mask,
-    draws_random,
-    lookup,
-)
 from peakcut.ir.tensor import contiguous_strides
 from peakcut.transform.rewrite import Rewrite, RuleError, describe_node, describe_tensor, positions
+from peakcut.transform.spatial_ops import (
+    CONV,
+    CONV_BACKWARD,
+    NLL_BACKWARD,
+    NLL_FORWARD,
+    REDUCTION_MEAN,
+    REDUCTION_SUM,
+    ROW_LOCAL_VIEWS,
+    ROWS,
+    TARGET_ROWS,
+    Rows,
+    Window,
+    conv_window,
+    is_pointwise,
+    owned,
+    reads_grad_input_inside,
+    reads_input_shape_only,
+    split_inputs,
+    why_not_node,
+    with_height_padding,
+)
 
-ROWS = 2                                   # the height dimension of NCHW
-NLL_FORWARD = "aten.nll_loss2d_forward.default"
-NLL_BACKWARD = "aten.nll_loss2d_backward.default"
-TARGET_ROWS = 1                            # the height dimension of an [N, H, W] target
-REDUCTION_MEAN, REDUCTION_SUM = 1, 2      # ATen's reduction enum
-# Ops that make each output row from the same rows of their inputs, beyond the element-wise
-# kind: a detach (a view of the same shape) and softmax along another dim than the rows.
-ROW_LOCAL_VIEWS = ("aten.detach.default", "aten.alias.default")
-SOFTMAX_DIM_ARG = {"aten._log_softmax.default": 1, "aten._softmax.default": 1,
-                   "aten._log_softmax_backward_data.default": 2, "aten._softmax_backward_data.default": 2}
-
-
-@dataclass(frozen=True)
-class Rows:
-    """Rows [start, stop) of an image; start may be negative and stop past the height where a
-    window reaches into the padding."""
-
-    start: int
-    stop: int
-
-    def hull(self, other: Rows | None) -> Rows:
-        return self if other is None else Rows(min(self.start, other.start), max(self.stop, other.stop))
-
-    def clip(self, height: int) -> Rows:
-        return Rows(max(0, self.start), min(height, self.stop))
-
-    def __len__(self) -> int:
-        return max(0, self.stop - self.start)
-
-
-def owned(height: int, k: int, n: int) -> Rows:
-    """The rows part k of n owns of a tensor of `height` rows."""
-    return Rows(k * height // n, (k + 1) * height // n)
-
-
-@dataclass(frozen=True)
-class Window:
-    """A 2-D convolution's geometry along the height."""
-
-    stride: int
-    padding: int
-    dilation: int
-    kernel: int
-
-    def reads(self, rows: Rows) -> Rows:
-        """The input rows (unclipped) that output rows `rows` read."""
-        first = rows.start * self.stride - self.padding
-        return Rows(first, (rows.stop - 1) * self.stride - self.padding + self.dilation * (self.kernel - 1) + 1)
-
-
-def _int_list(value: Any, n: int = 2) -> list[int]:
-    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)] * n
-
-
-def _conv_window(g: Graph, n: Node, weight_arg: int, first: int) -> Window | str:
-    """The height geometry of a convolution (forward args from `first` = stride), or why none."""
-    weight = n.args[weight_arg]
-    if not isinstance(weight, TensorRef) or len(g.tensors[weight.id].shape) != 4:
-        return f"{describe_node(g, n.id)} is not a 2-D convolution"
-    stride, padding, dilation = (_int_list(n.args[first + i]) for i in range(3))
-    if n.args[first + 3]:
-        return f"{describe_node(g, n.id)} is a transposed convolution: its rows are not split"
-    return Window(stride[0], padding[0], dilation[0], g.tensors[weight.id].shape[2])
-
-
-def _with_height_padding(value: Any) -> list[int]:
-    padding = _int_list(value)
-    return [0, *padding[1:]]
-
-
-def split_inputs(g: Graph, n: Node) -> list[int] | str:
-    """The tensor inputs of an element-wise node split along its rows (the others broadcast),
-    or why it cannot be split."""
-    (out,) = n.output_ids()
-    shape = g.tensors[out].shape
-    if len(shape) != 4:
-        return f"{describe_node(g, n.id)} makes a rank-{len(shape)} tensor: only [N, C, H, W] images are split"
-    split = []
-    for t in n.input_ids():
-        s = g.tensors[t].shape
-        if len(s) == 4 and s[ROWS] == shape[ROWS]:
-            split.append(t)
-        elif not (len(s) == 4 and s[ROWS] == 1) and g.tensors[t].numel > 1:
-            return (f"{describe_node(g, n.id)} reads {describe_tensor(g, t)} of shape {list(s)}, "
-                    "which broadcasts along the rows in a way the split does not follow")
-    return split
-
-
-def why_not_node(g: Graph, v: int) -> str | None:
-    """Why node `v` cannot be in a spatial region (None: it can)."""
-    n = g.nodes[v]
-    what = describe_node(g, v)
-    if n.op == CONV:
-        x = n.args[0]
-        if not isinstance(x, TensorRef) or len(g.tensors[x.id].shape) != 4:
-            return f"{what} does not read a 4-D image"
-        w = _conv_window(g, n, 1, 3)
-        return w if isinstance(w, str) else None
-    if n.op == CONV_BACKWARD:
-        w = _conv_window(g, n, 2, 4)
-        return w if isinstance(w, str) else None
-    if n.op in (NLL_FORWARD, NLL_BACKWARD):
-        return _why_not_nll(g, n)
-    info = lookup(n.op)
-    if n.op in SOFTMAX_DIM_ARG:
-        dim = n.args[SOFTMAX_DIM_ARG[n.op]]
-        if not isinstance(dim, int) or dim % 4 == ROWS:
-            return f"{what} takes its softmax along the rows: its parts would see only their own"
-    elif n.op not in ROW_LOCAL_VIEWS and (info is None or info.kind is not OpKind.ELEMENTWISE):
-        return (f"{what} is neither a convolution, its backward, an element-wise op, a softmax "
-                "along the channels nor a per-pixel loss: spatial fission does not split it")
-    if draws_random(n.op, n.args, n.kwargs):
-        return f"{what} draws random numbers: its parts would draw other numbers"
-    if n.mutated_ids():
-        return f"{what} writes a tensor in place"
-    if len(n.output_ids()) != 1:
-        return f"{what} has {len(n.output_ids())} outputs"
-    reason = split_inputs(g, n)
-    return reason if isinstance(reason, str) else None
-
-
-def _why_not_nll(g: Graph, n: Node) -> str | None:
-    """Why a per-pixel nll_loss2d (forward or backward) cannot be in a spatial region."""
-    what = describe_node(g, n.id)
-    first = 1 if n.op == NLL_BACKWARD else 0
-    x, target, weight, reduction = n.args[first:first + 4]
-    if not isinstance(x, TensorRef) or not isinstance(target, TensorRef) or len(g.tensors[x.id].shape) != 4:
-        return f"{what} does not read [N, C, H, W] scores and an [N, H, W] target"
-    if weight is not None:
-        return f"{what} weighs its classes: its parts' total weights are not split here"
-    if reduction not in (REDUCTION_MEAN, REDUCTION_SUM):
-        return f"{what} has reduction {reduction!r}: only mean and sum are split"
-    if n.op == NLL_BACKWARD and not (isinstance(n.args[0], TensorRef) and g.tensors[n.args[0].id].numel == 1):
-        return f"{what} reads a grad_output that is not a scalar"
-    return None
-
-
-def is_pointwise(g: Graph, node: Node) -> bool:
-    """A convolution's backward whose grad_input rows are its grad_output rows (kernel 1 along
-    the height, stride 1, no padding): a part's grad_input rows are exact, not partial sums,
-    so the region may read them."""
-    w = _conv_window(g, node, 2, 4)
-    return isinstance(w, Window) and w.stride == 1 and w.padding == 0 and w.dilation * (w.kernel - 1) == 0
-
-
-def reads_grad_input_inside(g: Graph, node: Node, inside: set[int]) -> bool:
-    """Whether a pointwise convolution's backward (is_pointwise) hands its grad_input rows to
-    a reader in the region."""
-    gi = node.outputs[0]
-    return gi is not None and is_pointwise(g, node) and any(u in inside for u in g.users(gi))
-
+__all__ = ["CONV", "CONV_BACKWARD", "NLL_BACKWARD", "NLL_FORWARD", "ROW_LOCAL_VIEWS", "ROWS", "Rows",
+           "is_pointwise", "owned", "reads_input_shape_only", "split_inputs", "split_rows", "why_not_node",
+           "why_not_split_rows"]
 
 @dataclass(frozen=True)
 class _Region:
@@ -294,7 +169,8 @@ def _why_not_exact(g: Graph, region: _Region, n: int) -> str | None:
         need = _needs(g, region, k, n)
         for node in backs:
             mine = owned(g.tensors[node.args[0].id].shape[ROWS], k, n)
-            rows = need.get(node.outputs[0])
+            gi = node.outputs[0]
+            rows = None if gi is None else need.get(gi)
             if rows is not None and (rows.start < mine.start or rows.stop > mine.stop):
                 return (f"part {k} of {n} would need rows {rows.start}..{rows.stop} of the grad_input of "
                         f"{describe_node(g, node.id)}, beyond the rows {mine.start}..{mine.stop} it makes: "
@@ -409,7 +285,7 @@ def _needs(g: Graph, region: _Region, k: int, n: int) -> dict[int, Rows]:
         node = g.nodes[v]
         if node.op == CONV_BACKWARD:
             go, x = node.args[0], node.args[1]
-            w = _conv_window(g, node, 2, 4)
+            w = conv_window(g, node, 2, 4)
             if isinstance(go, TensorRef) and isinstance(x, TensorRef) and isinstance(w, Window):
                 mine = owned(g.tensors[go.id].shape[ROWS], k, n)
                 want(go.id, mine)
@@ -427,7 +303,7 @@ def _needs(g: Graph, region: _Region, k: int, n: int) -> dict[int, Rows]:
             want(node.args[1].id, rows)
             continue
         if node.op == CONV:
-            w = _conv_window(g, node, 1, 3)
+            w = conv_window(g, node, 1, 3)
             if isinstance(node.args[0], TensorRef) and isinstance(w, Window):
                 want(node.args[0].id, w.reads(rows))
             continue
@@ -466,11 +342,11 @@ def split_rows(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> 
         node = g.nodes[v]
         if node.op == NLL_FORWARD:
             tw = node.outputs[1]
-            if tw in region.added:
+            if tw is not None and tw in region.added:
                 totals[v] = tw
             else:
-                meta = g.tensors[tw]
-                scratch = b.edit.add_op("aten.zeros.default", ([],), {"dtype": meta.torch_dtype,
+                dtype = g.tensors[node.output_ids()[-1]].torch_dtype   # the loss's and its total's
+                scratch = b.edit.add_op("aten.zeros.default", ([],), {"dtype": dtype,
                                         "device": torch.device(g.device)}, name=f"{node.name or v}_total_weight",
                                         phase=node.phase, module=node.module)
                 allocs.append(scratch.id)
@@ -497,12 +373,12 @@ def split_rows(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> 
                         TensorRef(b.rows_of(target.id, rows, {}, node, TARGET_ROWS)), *node.args[3:])
                 kwargs = dict(node.kwargs)
             elif node.op == CONV:
-                w = _conv_window(g, node, 1, 3)
+                w = conv_window(g, node, 1, 3)
                 x = node.args[0]
                 if not isinstance(w, Window) or not isinstance(x, TensorRef):
                     raise RuleError(f"internal: {describe_node(g, v)} changed")
                 xp, _ = b.padded(x.id, w.reads(rows), g.tensors[x.id].shape[ROWS], part, node)
-                args = (TensorRef(xp), *node.args[1:4], _with_height_padding(node.args[4]), *node.args[5:])
+                args = (TensorRef(xp), *node.args[1:4], with_height_padding(node.args[4]), *node.args[5:])
                 kwargs = dict(node.kwargs)
             else:
                 split = split_inputs(g, node)
@@ -555,7 +431,7 @@ def _nll_forward_part(b: _Parts, node: Node, k: int, n: int, part: dict[int, tup
 def _grad_input_rows(g: Graph, node: Node, k: int, n: int) -> Rows:
     """The input rows (within the image) whose gradient part k of a convolution's backward makes."""
     go, x = node.args[0], node.args[1]
-    w = _conv_window(g, node, 2, 4)
+    w = conv_window(g, node, 2, 4)
     if not isinstance(go, TensorRef) or not isinstance(x, TensorRef) or not isinstance(w, Window):
         raise RuleError(f"internal: {describe_node(g, node.id)} changed")
     return w.reads(owned(g.tensors[go.id].shape[ROWS], k, n)).clip(g.tensors[x.id].shape[ROWS])
@@ -578,15 +454,15 @@ def _tiles(g: Graph, node: Node, n: int) -> bool:
 
 
 def _conv_backward_part(b: _Parts, node: Node, k: int, n: int, part: dict[int, tuple[int, Rows]],
-                        tiled: bool, local: bool = False, rows: Sequence[int] = ()) -> list[int]:
+                        tiled: bool, local: bool = False, handed_rows: Sequence[int] = ()) -> list[int]:
     """Part k of a convolution's backward: its own grad_output rows, the input rows they read;
     grad_input rows added into the whole gradient (where `tiled`, _tiles: copied past the
     previous part's rows, added on the overlap), grad_weight and grad_bias added up. Where
     `local` (reads_grad_input_inside), the part's grad_input rows are the region's to read,
-    and copied into the whole gradient only where it is handed on (in `rows`)."""
+    and copied into the whole gradient only where it is handed on (in `handed_rows`)."""
     g = b.g
     go, x = node.args[0], node.args[1]
-    w = _conv_window(g, node, 2, 4)
+    w = conv_window(g, node, 2, 4)
     if not isinstance(go, TensorRef) or not isinstance(x, TensorRef) or not isinstance(w, Window):
         raise RuleError(f"internal: {describe_node(g, node.id)} changed")
     height = g.tensors[x.id].shape[ROWS]
@@ -597,7 +473,7 @@ def _conv_backward_part(b: _Parts, node: Node, k: int, n: int, part: dict[int, t
         x_k, top = _shape_only(b, x.id, reads, height, node)
     else:
         x_k, top = b.padded(x.id, reads, height, part, node)
-    args = (TensorRef(go_k), TensorRef(x_k), *node.args[2:5], _with_height_padding(node.args[5]), *node.args[6:])
+    args = (TensorRef(go_k), TensorRef(x_k), *node.args[2:5], with_height_padding(node.args[5]), *node.args[6:])
     tag = f"_rows{mine.start}_{mine.stop}"
     made = b.add(node.op, args, node, f"{node.name or node.id}{tag}", multi_output=node.multi_output)
     writes = []
@@ -607,7 +483,7 @@ def _conv_backward_part(b: _Parts, node: Node, k: int, n: int, part: dict[int, t
             continue
         if j == 0 and local:
             part[t] = (t_k, mine)
-            if t in rows:
+            if t in handed_rows:
                 writes.append(b.add("aten.copy_.default", (TensorRef(b.rows_of(t, mine, {}, node)), TensorRef(t_k)),
                                     node, f"{g.tensors[t].name or t}_write{tag}").id)
             continue
@@ -630,17 +506,6 @@ def _conv_backward_part(b: _Parts, node: Node, k: int, n: int, part: dict[int, t
             writes.append(b.add(op, (TensorRef(into), TensorRef(value)), node,
                                 f"{g.tensors[t].name or t}_{verb}_rows{rows.start}_{rows.stop}").id)
     return writes
-
-
-def reads_input_shape_only(g: Graph, node: Node) -> bool:
-    """A backward that makes only grad_input reads its input's shape, never its values (ATen
-    passes `input.sizes()` to every backend's backward-data); it still makes the input
-    contiguous first, so a row slice of it would be copied whole for nothing."""
-    x = node.args[1] if len(node.args) > 1 else None
-    if conv_backward_mask(node.args) != (True, False, False) or not isinstance(x, TensorRef):
-        return False
-    meta = g.tensors[x.id]
-    return meta.stride == contiguous_strides(meta.shape)
 
 
 def _shape_only(b: _Parts, x: int, rows: Rows, height: int, like: Node) -> tuple[int, int]:
