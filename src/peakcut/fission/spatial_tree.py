@@ -12,8 +12,9 @@ on [N, C, H, W] images, softmax along the channels, detaches and a per-pixel los
 one reads the other's image along its rows (an element-wise op's same-height inputs, a
 convolution's input, a backward's grad_output and input, a loss's scores). A convolution's
 backward ends a component: its gradients are added up over the parts, never read inside a
-region; a pointwise one's grad_input joins its readers (its rows are exact). Each connected component is a ComponentView; its length is the
-gcd of its images' heights, so every divisor of it is a valid number of parts.
+region; a pointwise one's grad_input joins its readers (its rows are exact). Each connected
+component is a ComponentView; its length is the gcd of its images' heights, so every divisor
+of it is a valid number of parts.
 
 Algorithm 1 (peakcut.fission.analyzer) then picks regions as for the batch: memory hot-spots of
 the simulated step, dominator subtrees of each component, the score intervals; plus the op at
@@ -148,8 +149,9 @@ def find_spatial_ftree(g: Graph, order: Sequence[int] | None = None, levels: int
 def trimmed(g: Graph, region: frozenset[int]) -> frozenset[int]:
     """The region without the element-wise ends that only make it hand on more: a node no
     region node reads, whose output the region would hand on whole (preallocated before the
-    parts), is left to run after the parts when the tensors it reads from the region are
-    handed on anyway (or are no larger than its output). A view (a detach) leaves the region
+    parts), is left to run after the parts when every tensor it reads from the region is
+    handed on anyway (an end that would make the region hand on its input instead stays: run
+    whole after the parts it would hold input and output at once). A view (a detach) leaves the region
     when nothing in it reads the view (a view is not handed on) or when it views a tensor made
     outside (its readers in the region then slice the view itself). Algorithm 1's candidates are
     dominator subtrees, which run on past the op at the peak into what the step reads next
@@ -177,13 +179,8 @@ def _trimmable(g: Graph, v: int, region: set[int]) -> bool:
         return not read_inside or all(g.producer(t) not in region for t in node.input_ids())
     if read_inside:
         return False
-    handed_now = sum(g.tensors[t].nbytes for t in outs)
-    newly = 0
-    for t in set(node.input_ids()):
-        u = g.producer(t)
-        if u in region and all(r == v or r in region for r in g.users(t)) and t not in g.outputs:
-            newly += g.tensors[t].nbytes
-    return newly <= handed_now
+    return not any(g.producer(t) in region and t not in g.outputs and all(r == v or r in region for r in g.users(t))
+                   for t in node.input_ids())
 
 
 def _with_region_lengths(g: Graph, tree: FTree) -> FTree:

@@ -1,6 +1,7 @@
-"""Spatial fission: a region of convolutions and element-wise ops runs in n parts along the
-height of its images (NCHW dim 2), one after another, each part reading the rows its outputs
-need (halos), so only one part's intermediates and kernel scratch are live at a time.
+"""Spatial fission: a region of convolutions, element-wise ops and a per-pixel loss runs in n
+parts along the height of its images (NCHW dim 2), one after another, each part reading the
+rows its outputs need (halos), so only one part's intermediates and kernel scratch are live at
+a time. What ops a region may hold and their row geometry: peakcut.transform.spatial_ops.
 
     r = split_rows(g, order, nodes, n)          # a Rewrite; why_not_split_rows says why not
 
@@ -17,7 +18,8 @@ What a region may hold (why_not_split_rows refuses the rest, naming the node):
   part k sums the loss of its own rows (reduction sum) into the loss and their count into a
   total; a mean divides once after the last part (`<loss>_mean`). The backward runs per part
   on the whole count, which must not be made in the region (peakcut.fission.loss computes it
-  up front from the targets); a region through the loss needs that first;
+  up front from the targets, for a mean only); a region through the loss needs that first
+  (a summed loss's backward still reads the forward's total weight: a region holds one of them);
 - aten.convolution_backward (2-D, not transposed): a part takes the rows of grad_output it
   owns and the input rows they read (with halos, padded as above); its grad_input rows add
   into the whole gradient (rows two parts read get both parts' sums): where the parts' rows
@@ -45,8 +47,10 @@ program reads as the parts it runs (written out, not as a loop: the parts at the
 differ from the inner ones).
 
 Numbers: each output row is computed from the same input rows by the same op; what changes is
-the summation order of the convolution's grad_input rows at part borders and of grad_weight
-and grad_bias (summed over the parts), as in batch fission.
+the summation order of the convolution's grad_input rows at part borders, of grad_weight and
+grad_bias (summed over the parts), and of a loss's sum and pixel count (summed per part, then
+added in the loss's dtype: in bfloat16 a few units of the last place from eager's), as in
+batch fission.
 """
 
 from __future__ import annotations
@@ -128,7 +132,8 @@ def _region(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> _Re
             elif node.op == NLL_FORWARD:
                 if inner:
                     return (f"{describe_node(g, inner[0])} reads {describe_tensor(g, t)}, which the parts of "
-                            f"{describe_node(g, v)} only add up to: it must be read outside the region")
+                            f"{describe_node(g, v)} only add up to: it must be read outside the region "
+                            "(peakcut.fission.loss.detach_loss computes a mean loss's count up front)")
                 if outside or t in program:
                     added.append(t)
                 else:
@@ -160,13 +165,24 @@ def _region(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> _Re
 
 
 def _why_not_exact(g: Graph, region: _Region, n: int) -> str | None:
-    """Why some part would need rows of a tensor that it cannot make exactly: a pointwise
-    backward's grad_input rows beyond its own grad_output rows (a halo of it)."""
+    """Why some part could not make what it needs: a tensor made in the region that no part
+    needs rows of, though it is read there (as a whole: a convolution's weight, a broadcast
+    [N, C, 1, 1] input), or a pointwise backward's grad_input rows beyond its own grad_output
+    rows (a halo of it)."""
     inside = set(region.nodes)
+    first = _needs(g, region, 0, n)      # the same tensors get rows in every part
+    for v in region.nodes:
+        node = g.nodes[v]
+        if node.op in (CONV_BACKWARD, NLL_FORWARD):
+            continue
+        (out,) = node.output_ids()
+        if out not in first and any(u in inside for u in g.users(out)):
+            return (f"{describe_tensor(g, out)} of {describe_node(g, v)} is read in the region only whole "
+                    "(not along its rows): make it outside the region")
     backs = [g.nodes[v] for v in region.nodes
              if g.nodes[v].op == CONV_BACKWARD and reads_grad_input_inside(g, g.nodes[v], inside)]
     for k in range(n if backs else 0):
-        need = _needs(g, region, k, n)
+        need = first if k == 0 else _needs(g, region, k, n)
         for node in backs:
             mine = owned(g.tensors[node.args[0].id].shape[ROWS], k, n)
             gi = node.outputs[0]

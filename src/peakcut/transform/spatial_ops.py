@@ -41,7 +41,8 @@ NLL_BACKWARD = "aten.nll_loss2d_backward.default"
 TARGET_ROWS = 1                            # the height dimension of an [N, H, W] target
 REDUCTION_MEAN, REDUCTION_SUM = 1, 2      # ATen's reduction enum
 # Ops that make each output row from the same rows of their inputs, beyond the element-wise
-# kind: a detach (a view of the same shape) and softmax along another dim than the rows.
+# kind: views of the same shape (a detach), and a softmax along another dim than the rows
+# (the position of its dim argument).
 ROW_LOCAL_VIEWS = ("aten.detach.default", "aten.alias.default")
 SOFTMAX_DIM_ARG = {"aten._log_softmax.default": 1, "aten._softmax.default": 1,
                    "aten._log_softmax_backward_data.default": 2, "aten._softmax_backward_data.default": 2}
