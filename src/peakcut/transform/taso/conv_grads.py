@@ -71,10 +71,12 @@ def _split_one(g: Graph, order: Sequence[int], nid: int) -> Rewrite:
     node = g.nodes[nid]
     label = node.name or str(nid)
     edit = Edit(g, order, RULE)
-    mask = node.args[_MASK]
+    mask = conv_backward_mask(node.args)
+    if mask is None:
+        raise RuleError(f"{describe_node(g, nid)} has no output mask of three")
     grad_in, grad_w, grad_b = (list(node.outputs) + [None, None, None])[:3]
-    keep_w = bool(mask[1]) and grad_w is not None
-    keep_b = bool(mask[2]) and grad_b is not None
+    keep_w = mask[1] and grad_w is not None
+    keep_b = mask[2] and grad_b is not None
     head = node.args[:_MASK]
     weights = edit.add(CONV_BACKWARD, (*head, [False, keep_w, keep_b]), name=f"{label}_weight",
                        phase=node.phase, module=node.module, multi_output=True,
