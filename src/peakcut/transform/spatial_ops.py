@@ -25,7 +25,7 @@ from peakcut.ir.registry import (
     draws_random,
     lookup,
 )
-from peakcut.ir.tensor import contiguous_strides
+from peakcut.ir.tensor import Role, contiguous_strides
 from peakcut.transform.rewrite import describe_node, describe_tensor
 
 __all__ = [
@@ -144,7 +144,12 @@ def why_not_node(g: Graph, v: int) -> str | None:
         dim = n.args[SOFTMAX_DIM_ARG[n.op]]
         if not isinstance(dim, int) or dim % 4 == ROWS:
             return f"{what} takes its softmax along the rows: its parts would see only their own"
-    elif n.op not in ROW_LOCAL_VIEWS and (info is None or info.kind is not OpKind.ELEMENTWISE):
+    elif n.op in ROW_LOCAL_VIEWS:
+        viewed = [t for t in n.input_ids() if g.tensors[t].role not in (Role.ACTIVATION, Role.INPUT)]
+        if viewed:
+            return (f"{what} views {describe_tensor(g, viewed[0])}, a {g.tensors[viewed[0]].role.value} "
+                    "tensor, not an image the step computes")
+    elif info is None or info.kind is not OpKind.ELEMENTWISE:
         return (f"{what} is neither a convolution, its backward, an element-wise op, a softmax "
                 "along the channels nor a per-pixel loss: spatial fission does not split it")
     if draws_random(n.op, n.args, n.kwargs):
