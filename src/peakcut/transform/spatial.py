@@ -124,20 +124,17 @@ def _region(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> _Re
                 continue
             outside = [u for u in g.users(t) if u not in inside]
             inner = [u for u in g.users(t) if u in inside]
-            if node.op == CONV_BACKWARD and not (j == 0 and inner and is_pointwise(g, node)):
+            summed = node.op == NLL_FORWARD or (node.op == CONV_BACKWARD
+                                                 and not (j == 0 and inner and is_pointwise(g, node)))
+            if summed:                 # the parts add up to it: a gradient, a loss or its count
                 if inner:
+                    hint = (" (peakcut.fission.loss.detach_loss computes a mean loss's count up front)"
+                            if node.op == NLL_FORWARD else "")
                     return (f"{describe_node(g, inner[0])} reads {describe_tensor(g, t)}, which the parts of "
-                            f"{describe_node(g, v)} only add up to: it must be read outside the region")
-                added.append(t)
-            elif node.op == NLL_FORWARD:
-                if inner:
-                    return (f"{describe_node(g, inner[0])} reads {describe_tensor(g, t)}, which the parts of "
-                            f"{describe_node(g, v)} only add up to: it must be read outside the region "
-                            "(peakcut.fission.loss.detach_loss computes a mean loss's count up front)")
-                if outside or t in program:
-                    added.append(t)
-                else:
+                            f"{describe_node(g, v)} only add up to: it must be read outside the region{hint}")
+                if node.op == NLL_FORWARD and not (outside or t in program):
                     continue
+                added.append(t)
             elif outside or t in program:
                 rows.append(t)
             else:
@@ -251,6 +248,7 @@ class _Parts:
         self.made: list[int] = []
         self.inside = set(region.nodes)
         self.handed = set(region.rows) | set(region.added)
+        self.slices: dict[tuple[int, Rows, int], int] = {}   # of whole tensors, in the part being built
 
     def add(self, op: str, args: tuple[Any, ...], like: Node, name: str, multi_output: bool = False,
             kwargs: dict[str, Any] | None = None) -> Node:
@@ -267,9 +265,14 @@ class _Parts:
             tensor, have = t, Rows(0, self.g.tensors[t].shape[dim])
         if rows == have:
             return tensor
+        key = (t, rows, dim)
+        if t not in part and key in self.slices:      # a whole tensor two nodes of the part read
+            return self.slices[key]
         name = f"{self.g.tensors[t].name or t}_rows{rows.start}_{rows.stop}"
         view = self.add("aten.slice.Tensor", (TensorRef(tensor), dim, rows.start - have.start,
                                               rows.stop - have.start), like, name)
+        if t not in part:
+            self.slices[key] = view.output_ids()[0]
         return view.output_ids()[0]
 
     def padded(self, t: int, rows: Rows, height: int, part: dict[int, tuple[int, Rows]], like: Node) -> tuple[int, int]:
@@ -371,6 +374,7 @@ def split_rows(g: Graph, order: Sequence[int], nodes: Sequence[int], n: int) -> 
     for k in range(n):
         need = _needs(g, region, k, n)
         part: dict[int, tuple[int, Rows]] = {}
+        b.slices.clear()
         for v in region.nodes:
             node = g.nodes[v]
             if node.op == CONV_BACKWARD:
