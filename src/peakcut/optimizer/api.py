@@ -31,7 +31,7 @@ from peakcut.fission.analyzer import DEFAULT_LEVELS
 from peakcut.fission.build import find_ftree, random_ftree
 from peakcut.fission.loss import detach_loss
 from peakcut.ir.graph import Graph
-from peakcut.memory.workspace import WorkspaceSpec, describe_workspace
+from peakcut.memory.workspace import CalibratedCudaWorkspace, WorkspaceSpec, describe_workspace
 from peakcut.optimizer.budget import BudgetedCost
 from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.context import ContextCalibration, calibrate, refit
@@ -413,9 +413,9 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         g = capture(model, b, loss_fn, opt, keep_grads=keep_grads, max_grad_norm=max_grad_norm,
                     grad_scaler=use_scaler, accumulate=accumulate > 1)
         check = None
-        searched = search
         calibration = None
         cost = get_cost_model(device) if isinstance(device, str) else device
+        searched = dict(search, workspace=workspace_for(cost))
         if checked and loss_fn is not None and held_floor_refusal(g, memory_limit, cost.name) is None:
             eager = eager_runner(model, b, loss_fn, opt, max_grad_norm)
             if isinstance(cost, MeasuredCostModel):
@@ -424,7 +424,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
                 if calibration.skipped:
                     warnings.warn(f"peakcut: per-op times not calibrated to a whole step: {calibration.skipped}",
                                   stacklevel=3)
-                searched = dict(search, device=cost, eager_ratio=calibration.eager_ratio, plan_margin=PLAN_MARGIN)
+                searched = dict(searched, device=cost, eager_ratio=calibration.eager_ratio, plan_margin=PLAN_MARGIN)
 
             def check(found: Optimized, seconds: float) -> tuple[State, bool, str]:
                 return _verified(found, seconds, model, b, eager, opt, calibration)
@@ -441,7 +441,8 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         micro = None
         if accumulate > 1:
             gm = capture(model, b, loss_fn, None, grad_scaler=use_scaler)
-            micro = _search(gm, budget - (time.perf_counter() - t0), model, search, accumulate)
+            micro = _search(gm, budget - (time.perf_counter() - t0), model,
+                            dict(search, workspace=searched["workspace"]), accumulate)
         return main, micro
 
     main, micro = plan_for(batch, time_budget)
@@ -452,6 +453,15 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         if program is not None and not program.feasible and not pareto:
             raise LimitNotMet(program.why_not, plan, program.report.get("verification"))
     return plan
+
+
+def workspace_for(cost: CostModel) -> WorkspaceSpec:
+    """The memory model of a plan priced by `cost`: the GPU's own, measured per call, when
+    the cost model times calls on a CUDA device (cuDNN's and cuBLAS's scratch are not the CPU
+    kernels'); else the CPU model calibrated on this machine (docs/workspace.md)."""
+    if isinstance(cost, MeasuredCostModel) and cost.device.type == "cuda":
+        return CalibratedCudaWorkspace.for_device(cost.device)
+    return "cpu"
 
 
 def _host_memory(model: torch.nn.Module, keep: bool) -> str:

@@ -8,10 +8,12 @@ hand: each distinct call measured once from the allocator's events and cached pe
 fingerprint (measured.py). The analytic rules ("cpu-rules"; oneDNN / ATen CPU kernels,
 fitted to one AVX-512 CPU) answer where nothing can be measured; they are split by op
 family: pointwise, reductions, norms, indexing, matmul, convolution (with conv_geometry,
-onednn and onednn_wgrad), and rules.py maps families to rules. Everything a rule reads of
+onednn and onednn_wgrad), and rules.py maps families to rules. On a GPU ("cuda") each
+distinct call is measured with torch.cuda's allocator statistics (cuda.py). Everything a rule reads of
 the machine is a CpuMachine (machine.py); each model's key keys every cache (nodes.py).
 """
 
+from peakcut.memory.workspace.cuda import CalibratedCudaWorkspace, measure_cuda_calls
 from peakcut.memory.workspace.machine import CpuMachine, OneDnnFit
 from peakcut.memory.workspace.measured import CalibratedCpuWorkspace, measure_calls
 from peakcut.memory.workspace.nodes import (
@@ -27,7 +29,8 @@ from peakcut.memory.workspace.nodes import (
 from peakcut.memory.workspace.rules import cpu_workspace_bytes, workspace_ops
 
 __all__ = [
-    "WORKSPACE_MODELS", "CalibratedCpuWorkspace", "CpuMachine", "CpuWorkspace", "OneDnnFit",
+    "WORKSPACE_MODELS", "CalibratedCpuWorkspace", "CalibratedCudaWorkspace", "CpuMachine", "CpuWorkspace",
+    "OneDnnFit",
     "WorkspaceModel", "WorkspaceSpec", "cpu_workspace_bytes", "describe_workspace", "measure_calls",
-    "node_workspace", "order_workspace", "workspace_model", "workspace_ops",
+    "measure_cuda_calls", "node_workspace", "order_workspace", "workspace_model", "workspace_ops",
 ]

@@ -145,38 +145,41 @@ def workspace_fingerprint() -> Fingerprint:
     return Fingerprint(device=base.device + extra, torch=base.torch, schema=base.schema)
 
 
-class CalibratedCpuWorkspace:
-    """Workspace of calls measured on this process's CPU (module docstring), cached on disk.
+class CalibratedWorkspace:
+    """Workspace of calls measured on one device, cached on disk per fingerprint: the table,
+    its file and the measuring loop. A subclass says how one batch of calls is measured
+    (_record), whether it can measure now (can_measure) and names itself (describe)."""
 
-    The spec "cpu" resolves to the one instance per (fingerprint, cache file, size cap) of a
-    process: for_this_machine().
-    """
+    machine: CpuMachine | None = None
+    """The CPU whose analytic rules answer where nothing is measured (None: 0 bytes then)."""
+    label = "calibrated"
 
-    def __init__(self, machine: CpuMachine, fingerprint: Fingerprint, path: Path,
-                 max_call_bytes: int = DEFAULT_MAX_CALL_BYTES) -> None:
-        self.machine = machine
+    def __init__(self, fingerprint: Fingerprint, path: Path, max_call_bytes: int, device: torch.device) -> None:
         self.fingerprint = fingerprint
         self.path = path
         self.max_call_bytes = max_call_bytes
-        self.key = ("calibrated", fingerprint, machine, max_call_bytes)
+        self.device = device
+        self.key: tuple[Any, ...] = (self.label, fingerprint, max_call_bytes)
         self._entries: dict[str, WorkspaceEntry] = load_json(
             path, lambda data: _parse(data, fingerprint), dict, "workspace cache")
 
-    @classmethod
-    def for_this_machine(cls, cache_dir: Path | None = None,
-                         max_call_bytes: int = DEFAULT_MAX_CALL_BYTES) -> CalibratedCpuWorkspace:
-        """The model of this process's CPU and settings (one instance per cache file)."""
-        fingerprint = workspace_fingerprint()
-        directory = cache_root() / "workspace" if cache_dir is None else Path(cache_dir)
-        return _instance(CpuMachine.current(), fingerprint, directory / fingerprint.file_name(), max_call_bytes)
-
     def describe(self) -> str:
         """Which model this is, for reports."""
+        raise NotImplementedError
+
+    def can_measure(self) -> bool:
+        """Whether calls can be measured now (else the fallback answers and nothing is kept)."""
+        raise NotImplementedError
+
+    def _record(self, batch: list[tuple[str, Callable[[], Any]]]) -> None:
+        """Measure each (key, call) of `batch` (each has just run once) into the table."""
+        raise NotImplementedError
+
+    def table_summary(self) -> str:
+        """How many calls the table holds, measured and answered otherwise, for describe()."""
         measured = sum(e.measured for e in self._entries.values())
-        return (f"cpu workspace calibrated on this machine ({self.fingerprint.device}): "
-                f"its table holds {measured} measured calls and {len(self._entries) - measured} answered by the "
-                f"analytic rules "
-                f"(over {self.max_call_bytes >> 20} MiB or not runnable)")
+        return (f"its table holds {measured} measured calls and {len(self._entries) - measured} answered "
+                f"otherwise (over {self.max_call_bytes >> 20} MiB or not runnable)")
 
     def applies(self, op: str) -> bool:
         """Whether nodes of `op` can have workspace (others take 0 without a lookup)."""
@@ -200,12 +203,6 @@ class CalibratedCpuWorkspace:
                 self._save()
         return [self._entries[k].nbytes for k in keys]
 
-    def can_measure(self) -> bool:
-        """False while a profile of our own would end the caller's torch.profiler session, or
-        while the process runs on other intra-op threads than the machine modelled (it would
-        measure another machine): then the rules answer, and no cache keeps their answers."""
-        return not torch.autograd.profiler._is_profiler_enabled and torch.get_num_threads() == self.machine.threads
-
     def _save(self) -> None:
         """Write the measured entries, merged with those another process wrote meanwhile (the
         rules' answers stay in this process: a later run with a higher cap, or without the
@@ -218,7 +215,7 @@ class CalibratedCpuWorkspace:
     def _measure(self, g: Graph, new: dict[str, Node], rules: Callable[[Node], int]) -> None:
         batch: list[tuple[str, Callable[[], Any]]] = []
         held = 0
-        with _quiet():
+        with quiet(self.device):
             for key, node in new.items():
                 size = call_bytes(g, node.id)
                 if size > self.max_call_bytes:
@@ -226,7 +223,7 @@ class CalibratedCpuWorkspace:
                         rules(node), False, f"tensors of {size} bytes exceed max_call_bytes")
                     continue
                 try:
-                    call = real_call(g, node.id, torch.device("cpu"))
+                    call = real_call(g, node.id, self.device)
                     call()
                 # Any op may reject synthetic inputs in its own way; the rules answer then.
                 except Exception as e:
@@ -239,6 +236,40 @@ class CalibratedCpuWorkspace:
                 held += size
             if batch:
                 self._record(batch)
+
+
+class CalibratedCpuWorkspace(CalibratedWorkspace):
+    """Workspace of calls measured on this process's CPU (module docstring), cached on disk.
+
+    The spec "cpu" resolves to the one instance per (fingerprint, cache file, size cap) of a
+    process: for_this_machine().
+    """
+
+    def __init__(self, machine: CpuMachine, fingerprint: Fingerprint, path: Path,
+                 max_call_bytes: int = DEFAULT_MAX_CALL_BYTES) -> None:
+        super().__init__(fingerprint, path, max_call_bytes, torch.device("cpu"))
+        self.machine = machine
+        self.threads = machine.threads
+        self.key = ("calibrated", fingerprint, machine, max_call_bytes)
+
+    @classmethod
+    def for_this_machine(cls, cache_dir: Path | None = None,
+                         max_call_bytes: int = DEFAULT_MAX_CALL_BYTES) -> CalibratedCpuWorkspace:
+        """The model of this process's CPU and settings (one instance per cache file)."""
+        fingerprint = workspace_fingerprint()
+        directory = cache_root() / "workspace" if cache_dir is None else Path(cache_dir)
+        return _instance(CpuMachine.current(), fingerprint, directory / fingerprint.file_name(), max_call_bytes)
+
+    def describe(self) -> str:
+        """Which model this is, for reports."""
+        return (f"cpu workspace calibrated on this machine ({self.fingerprint.device}): "
+                f"{self.table_summary()}; the analytic CPU rules answer the others")
+
+    def can_measure(self) -> bool:
+        """False while a profile of our own would end the caller's torch.profiler session, or
+        while the process runs on other intra-op threads than the machine modelled (it would
+        measure another machine): then the rules answer, and no cache keeps their answers."""
+        return not torch.autograd.profiler._is_profiler_enabled and torch.get_num_threads() == self.threads
 
     def _record(self, batch: list[tuple[str, Callable[[], Any]]]) -> None:
         # each call has just run once (the trial in _measure): that was its warm-up
@@ -253,8 +284,9 @@ def _instance(machine: CpuMachine, fingerprint: Fingerprint, path: Path,
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """No autograd (as generated programs run) and a forked RNG state (random ops measured do
-    not move the caller's RNG)."""
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
+def quiet(device: torch.device) -> Iterator[None]:
+    """No autograd (as generated programs run) and a forked RNG state on `device` (random ops
+    measured do not move the caller's RNG)."""
+    forked = torch.random.fork_rng(devices=[device]) if device.type == "cuda" else torch.random.fork_rng(devices=[])
+    with forked, torch.no_grad():
         yield

@@ -9,6 +9,10 @@ A workspace spec names a model:
   (CalibratedCpuWorkspace, measured.py). The default.
 - "cpu-rules": the analytic CPU rules alone, for this process's machine (CpuWorkspace of
   CpuMachine.current()); a CpuWorkspace for another (e.g. re-fitted) machine.
+- "cuda": the GPU this process uses, measured: every distinct call run once on it
+  (torch.cuda's allocator statistics) and cached per GPU fingerprint; 0 bytes where
+  nothing can be measured (CalibratedCudaWorkspace, cuda.py). peakcut.optimize picks it for
+  device="measured" on a CUDA model.
 - None: no workspace.
 Values are cached three times, all keyed by the model's key:
 - per graph, by node id, in g.workspace_cache[key] (Graph.copy copies it; node edits
@@ -37,11 +41,12 @@ from peakcut.ir.node import Node, TensorRef
 from peakcut.ir.node_cache import NodeCache
 from peakcut.ir.registry import resolve_op
 from peakcut.ir.tensor import dtype_from_name
+from peakcut.memory.workspace.cuda import CalibratedCudaWorkspace
 from peakcut.memory.workspace.machine import CpuMachine
 from peakcut.memory.workspace.measured import CalibratedCpuWorkspace
 from peakcut.memory.workspace.rules import cpu_workspace_bytes, workspace_ops
 
-WORKSPACE_MODELS = ("cpu", "cpu-rules")
+WORKSPACE_MODELS = ("cpu", "cpu-rules", "cuda")
 CALL_CACHE_SIZE = 1 << 16
 """Distinct op calls whose workspace is kept (least recently used dropped first)."""
 
@@ -76,19 +81,22 @@ class CpuWorkspace:
         return [_node_bytes(g, n, self.machine) for n in nodes]
 
 
-WorkspaceModel = CpuWorkspace | CalibratedCpuWorkspace
+WorkspaceModel = CpuWorkspace | CalibratedCpuWorkspace | CalibratedCudaWorkspace
 WorkspaceSpec = str | WorkspaceModel | None
-"""A workspace model: "cpu" (calibrated on this machine), "cpu-rules", a model, or None."""
+"""A workspace model: "cpu" (calibrated on this machine), "cpu-rules", "cuda" (measured on this
+process's current GPU), a model, or None."""
 
 
 def workspace_model(spec: WorkspaceSpec) -> WorkspaceModel | None:
     """The model a spec names (None for None); raises ValueError for an unknown name."""
-    if spec is None or isinstance(spec, (CpuWorkspace, CalibratedCpuWorkspace)):
+    if spec is None or isinstance(spec, (CpuWorkspace, CalibratedCpuWorkspace, CalibratedCudaWorkspace)):
         return spec
     if spec == "cpu":
         return CalibratedCpuWorkspace.for_this_machine()
     if spec == "cpu-rules":
         return CpuWorkspace(CpuMachine.current())
+    if spec == "cuda":
+        return CalibratedCudaWorkspace.for_device()
     raise ValueError(f"unknown workspace model {spec!r}; known: {WORKSPACE_MODELS}")
 
 
@@ -153,7 +161,9 @@ def _fill(g: Graph, model: WorkspaceModel, cache: dict[int, int], missing: dict[
     if new:
         machine = model.machine
         keep = model.can_measure()         # answers given instead of a measurement are not kept
-        values = model.nodes_bytes(g, [n for n, _ in new], lambda n: _node_bytes(g, n, machine))
+        # where nothing is measured: the CPU rules of the model's CPU; a GPU model has none (0)
+        values = model.nodes_bytes(g, [n for n, _ in new],
+                                   (lambda n: 0) if machine is None else (lambda n: _node_bytes(g, n, machine)))
         for (node, depends), value in zip(new, values, strict=True):
             if keep:
                 NODE_BYTES.put(node, value, depends)
