@@ -1,4 +1,6 @@
 """The CPU workspace model calibrated on the machine at hand: every distinct call measured.
+(CalibratedWorkspace, the table, its file and the measuring loop, is shared with the GPU's
+model in cuda.py.)
 
     model = CalibratedCpuWorkspace.for_this_machine()     # what the spec "cpu" resolves to
     model.nodes_bytes(g, nodes)                            # measures the calls it has not seen
@@ -30,6 +32,7 @@ import bisect
 import contextlib
 import functools
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,7 +148,7 @@ def workspace_fingerprint() -> Fingerprint:
     return Fingerprint(device=base.device + extra, torch=base.torch, schema=base.schema)
 
 
-class CalibratedWorkspace:
+class CalibratedWorkspace(ABC):
     """Workspace of calls measured on one device, cached on disk per fingerprint: the table,
     its file and the measuring loop. A subclass says how one batch of calls is measured
     (_record), whether it can measure now (can_measure) and names itself (describe)."""
@@ -163,17 +166,17 @@ class CalibratedWorkspace:
         self._entries: dict[str, WorkspaceEntry] = load_json(
             path, lambda data: _parse(data, fingerprint), dict, "workspace cache")
 
+    @abstractmethod
     def describe(self) -> str:
         """Which model this is, for reports."""
-        raise NotImplementedError
 
+    @abstractmethod
     def can_measure(self) -> bool:
         """Whether calls can be measured now (else the fallback answers and nothing is kept)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _record(self, batch: list[tuple[str, Callable[[], Any]]]) -> None:
         """Measure each (key, call) of `batch` (each has just run once) into the table."""
-        raise NotImplementedError
 
     def table_summary(self) -> str:
         """How many calls the table holds, measured and answered otherwise, for describe()."""
