@@ -21,7 +21,10 @@ One workload's process:
    timed on this GPU and verification runs candidate plans against eager for real; the
    plan's step 1 is checked against eager's, then peak and times as for eager.
 
-TF32 is off (matmul and cuDNN) for both, so that the number check is float32's.
+TF32 is off (matmul and cuDNN) for both, so that the number check is float32's. Eager's
+step is also captured and simulated, with the memory model plans made here use (on a GPU each
+call's workspace measured on it, memory/workspace/cuda.py) and with the CPU model, beside
+eager's measured max_memory_allocated; the plan's predicted peak beside its measured one.
 Results: results.json (every figure) and results.md (the table) in --out, rewritten after
 each workload; log.txt, every process's output.
 
@@ -47,6 +50,10 @@ import torch
 import peakcut
 from bench.measured.configs import adamw, eager_step
 from bench.peers.measure import caller_held_bytes
+from peakcut.cost import get_cost_model
+from peakcut.memory import simulate
+from peakcut.memory.workspace import describe_workspace
+from peakcut.optimizer.api import workspace_for
 from peakcut.runtime import profiler_peak
 from peakcut.runtime.equivalence import rounding_tolerance
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
@@ -141,6 +148,16 @@ def _checksum(model: Any) -> float:
     return math.fsum(p.detach().double().sum().item() for p in model.parameters())
 
 
+def _simulated_eager(inst: Any, opt: Any) -> dict[str, Any]:
+    """Eager's step captured and simulated in capture order, with the memory model a plan made
+    here uses (on a GPU: each call's workspace measured on it) and with the CPU model, for the
+    measured peak to be compared with (memory/workspace/cuda.py)."""
+    g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, opt)
+    model = workspace_for(get_cost_model("measured"))
+    return {"peak_bytes": simulate(g, g.order, model).peak_bytes, "method": describe_workspace(model),
+            "cpu_model_peak_bytes": simulate(g, g.order, "cpu").peak_bytes}
+
+
 def run_one(name: str, size: str, batch: int | None, limit: str, budget: float, runs: int) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -167,6 +184,7 @@ def run_one(name: str, size: str, batch: int | None, limit: str, budget: float, 
     print(f"[{name}] eager: {row['eager']['median_s'] * 1e3:.1f} ms, peak "
           f"{row['eager']['max_memory_allocated'] / 2**30:.2f} GiB allocated, "
           f"{row['eager']['max_memory_reserved'] / 2**30:.2f} GiB reserved", flush=True)
+    row["eager"]["simulated"] = _simulated_eager(inst, opt)
     del step, opt
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -212,7 +230,8 @@ def run_one(name: str, size: str, batch: int | None, limit: str, budget: float, 
 
 def _table(rows: list[dict[str, Any]]) -> str:
     lines = ["| workload | limit | eager ms (min-max) | peakcut ms (min-max) | time | allocated GiB eager -> plan | "
-             "reserved GiB eager -> plan | numbers | status |", "|" + " --- |" * 9]
+             "eager simulated GiB: this device's model (CPU model) | plan predicted GiB | "
+             "reserved GiB eager -> plan | numbers | status |", "|" + " --- |" * 11]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['workload']} | {r['limit']} | | | | | | | error: {r['error'][:160]} |")
@@ -223,9 +242,17 @@ def _table(rows: list[dict[str, Any]]) -> str:
             f"| {r['description']} | {r['limit']} | {e['median_s'] * 1e3:.1f} ({e['min_s'] * 1e3:.1f}-{e['max_s'] * 1e3:.1f}) | "
             f"{p['median_s'] * 1e3:.1f} ({p['min_s'] * 1e3:.1f}-{p['max_s'] * 1e3:.1f}) | x{q['time']:.3f} (wall x{q['wall']:.3f}) | "
             f"{e['max_memory_allocated'] / g:.2f} -> {p['max_memory_allocated'] / g:.2f} (x{q['allocated']:.3f}) | "
+            f"{_simulated(e)} | {r['report'].get('peak_bytes', float('nan')) / g:.2f} | "
             f"{e['max_memory_reserved'] / g:.2f} -> {p['max_memory_reserved'] / g:.2f} (x{q['reserved']:.3f}) | "
             f"{'equal' if r['numbers']['equal'] else 'DIFFER'} | {r['status'][:120]} |")
     return "\n".join(lines) + "\n"
+
+
+def _simulated(eager: dict[str, Any]) -> str:
+    sim = eager.get("simulated")
+    if sim is None:
+        return "-"
+    return f"{sim['peak_bytes'] / 2**30:.2f} ({sim['cpu_model_peak_bytes'] / 2**30:.2f})"
 
 
 def _run_child(name: str, limit: str, args: argparse.Namespace, end: float, out: Path) -> dict[str, Any]:

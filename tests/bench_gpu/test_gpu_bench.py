@@ -20,6 +20,9 @@ def test_one_tiny_workload_end_to_end() -> None:
         figures = row[config]
         assert len(figures["times_s"]) == 2 and figures["max_memory_allocated"] > figures["allocated_between_steps"] > 0
     assert row["ratios"]["time"] > 0 and "verification" in row["report"]
+    simulated = row["eager"]["simulated"]      # on a CPU the plan's model is the CPU's own
+    assert simulated["peak_bytes"] == simulated["cpu_model_peak_bytes"] > 0
+    assert "cpu workspace calibrated" in simulated["method"]
 
 
 def test_the_number_check_refuses_a_different_update() -> None:
