@@ -34,6 +34,8 @@ from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results.json"
+PLOTS = HERE.parent.parent / "docs" / "measured"
+"""One Pareto plot per workload (medium-<workload>.png), committed beside the docs."""
 WARMUP = 1
 """Steps before a configuration's peak step (the peak step warms it further before the rounds);
 compile's first step, the compilation, is made when it is built, and a peakcut plan has run
@@ -125,10 +127,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workloads", default=",".join(WORKLOAD_NAMES))
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (>= 7)")
     p.add_argument("--no-write", action="store_true", help="print only; leave results.json and BENCHMARKS.md")
+    p.add_argument("--report-only", action="store_true",
+                   help="measure nothing: the table (BENCHMARKS.md) and the plots again from results.json")
     p.add_argument("--budget-factor", type=float, default=BUDGET_PER_EAGER_SECOND,
                    help=f"peakcut's time budget in eager steps (clamped to {BUDGET_RANGE[0]:g}-{BUDGET_RANGE[1]:g} s)")
     args = p.parse_args(argv)
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if args.report_only:
+        report_from_results()
+        return
     if len(names) > 1 and not args.no_write:
         each_in_its_own_process(names, args.rounds, args.budget_factor)
         return
@@ -145,7 +152,16 @@ def main(argv: list[str] | None = None) -> None:
     text = report.markdown(runs)
     if not args.no_write:
         report.write_benchmarks(text)
-        report.plots(runs, HERE / "plots")
+        report.plots(runs, PLOTS)
+    print(text)
+
+
+def report_from_results() -> None:
+    """The table in BENCHMARKS.md and the plots, from every run saved in results.json."""
+    runs = json.loads(RESULTS.read_text())["runs"] if RESULTS.exists() else []
+    text = report.markdown(runs)
+    report.write_benchmarks(text)
+    report.plots(runs, PLOTS)
     print(text)
 
 
@@ -160,11 +176,7 @@ def each_in_its_own_process(names: list[str], rounds: int, budget_factor: float)
                                "--budget-factor", str(budget_factor)], check=False)
         if done.returncode != 0:
             failed.append(f"{name} (exit {done.returncode})")
-    runs = json.loads(RESULTS.read_text())["runs"] if RESULTS.exists() else []
-    text = report.markdown(runs)
-    report.write_benchmarks(text)
-    report.plots(runs, HERE / "plots")
-    print(text)
+    report_from_results()
     if failed:
         print(f"not measured: {', '.join(failed)}", file=sys.stderr)
 

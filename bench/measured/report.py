@@ -62,7 +62,7 @@ def _environments(runs: list[dict[str, Any]]) -> str:
 def markdown(runs: list[dict[str, Any]]) -> str:
     cells = _cells(runs)
     lines = ["Command: `python -m bench.measured` (bench/measured; raw cells in bench/measured/results.json, "
-             "plots in bench/measured/plots/). All figures measured on this CPU: " + _environments(runs) + ".",
+             "Pareto plots in docs/measured/). All figures measured on this CPU: " + _environments(runs) + ".",
              "",
              "Cell: median over the rounds of time / eager's time in the same round (min-max), and the peak in GiB "
              "(x eager). Eager: its median step time and peak; the noise band (interquartile range / median "

@@ -88,3 +88,17 @@ def test_each_workload_is_saved_as_it_finishes_replacing_its_earlier_cells(tmp_p
     saved = json.loads((tmp_path / "results.json").read_text())["runs"]
     assert saved == runs and [r["workloads"] for r in runs] == [["bert-base"], ["resnet50"]]
     assert runs[1]["cells"][0]["held_bytes"] == 2
+
+
+def test_report_only_rebuilds_the_table_and_one_plot_per_workload_from_results(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(cli, "PLOTS", tmp_path / "plots")
+    bench_md = tmp_path / "BENCHMARKS.md"
+    bench_md.write_text("# Benchmarks\n")
+    monkeypatch.setattr(report.write_benchmarks, "__defaults__", (bench_md,))
+    cli.save(_run("resnet50", held=1))
+    cli.save(_run("bert-base", held=1))
+    cli.main(["--report-only"])
+    assert report.START in bench_md.read_text() and "resnet50" in bench_md.read_text()
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["medium-bert-base.png", "medium-resnet50.png"]
