@@ -17,5 +17,6 @@ plan's first two steps are compared with eager's (loss, parameter updates, AdamW
 Several workloads run one after another in processes of their own (each saves its cells to
 results.json as it ends; a workload killed for memory leaves the others' cells). Results:
 bench/measured/results.json, the table between the markers in BENCHMARKS.md (--no-write:
-stdout only) and a Pareto plot per workload in bench/measured/plots/.
+stdout only) and a Pareto plot per workload in docs/measured/ (committed;
+`--report-only` makes the table and the plots again from results.json).
 """
