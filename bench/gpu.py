@@ -50,10 +50,8 @@ import torch
 import peakcut
 from bench.measured.configs import adamw, eager_step
 from bench.peers.measure import caller_held_bytes
-from peakcut.cost import get_cost_model
 from peakcut.memory import simulate
 from peakcut.memory.workspace import describe_workspace
-from peakcut.optimizer.api import workspace_for
 from peakcut.runtime import profiler_peak
 from peakcut.runtime.equivalence import rounding_tolerance
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
@@ -153,8 +151,7 @@ def _simulated_eager(inst: Any, opt: Any) -> dict[str, Any]:
     here uses (on a GPU: each call's workspace measured on it) and with the CPU model, for the
     measured peak to be compared with (memory/workspace/cuda.py)."""
     g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, opt)
-    model = workspace_for(get_cost_model("measured"))
-    return {"peak_bytes": simulate(g, g.order, model).peak_bytes, "method": describe_workspace(model),
+    return {"peak_bytes": simulate(g, g.order, "auto").peak_bytes, "method": describe_workspace("auto", g.device),
             "cpu_model_peak_bytes": simulate(g, g.order, "cpu").peak_bytes}
 
 
@@ -234,7 +231,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
              "reserved GiB eager -> plan | numbers | status |", "|" + " --- |" * 11]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['workload']} | {r['limit']} | | | | | | | error: {r['error'][:160]} |")
+            lines.append(f"| {r['workload']} | {r['limit']} | | | | | | | | | error: {r['error'][:160]} |")
             continue
         e, p, q = r["eager"], r["peakcut"], r["ratios"]
         g = 2**30

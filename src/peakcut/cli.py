@@ -85,7 +85,7 @@ def profile_facts(name: str, size: str, batch: int | None, optimizer: str, statu
         "opaque_nodes": sum(1 for n in g.nodes if g.is_opaque(n)),
         "param_bytes": g.param_bytes(), "caller_held_bytes": prof.baseline_bytes,
         "eager_peak_bytes": prof.peak_bytes,
-        "eager_peak_method": f"simulated (capture order, {describe_workspace('cpu')})",
+        "eager_peak_method": f"simulated (capture order, {describe_workspace('auto', g.device)})",
         "reordered_peak_bytes": sched.peak_bytes,
         "reorder_lower_bound_bytes": sched.lower_bound_bytes,
         "reorder_method": sched.method,

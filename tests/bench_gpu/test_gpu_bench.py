@@ -3,11 +3,13 @@ number check, peaks, times), and the number check refusing a plan whose update d
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bench.gpu import _number_check, run_one
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run on a CPU (a GPU runs bench.gpu itself)")
 def test_one_tiny_workload_end_to_end() -> None:
     """ResNet-50, not a transformer: AdamW's first update is lr x g / |g|, so a gradient that is
     zero in exact arithmetic (a key bias under softmax) takes the sign of its rounding noise,

@@ -22,6 +22,7 @@ from peakcut.codegen.update_progress import PartialUpdateError, update_begun
 from peakcut.ir.graph import Graph
 from peakcut.ir.tensor import TensorMeta
 from peakcut.memory import simulate
+from peakcut.memory.workspace import model_name, workspace_model
 
 __all__ = ["Step", "StepBindingError", "default_program_dir"]
 
@@ -59,8 +60,10 @@ class Step:
                  title: str = "", optimizer: torch.optim.Optimizer | None = None, scaler: Any = None) -> None:
         self.graph = graph
         self.order = list(graph.order if order is None else order)
-        peak = simulate(graph, self.order).peak_bytes
-        self.source = generate_source(graph, self.order, title=title, peak=f"{peak:,} bytes (simulated, cpu workspace model)")
+        model = workspace_model("auto", graph.device)      # the GPU's own for a graph on a GPU
+        peak = simulate(graph, self.order, model).peak_bytes
+        self.source = generate_source(graph, self.order, title=title,
+                                      peak=f"{peak:,} bytes (simulated, {model_name(model)} workspace model)")
         digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
         target = Path(path) if path is not None else default_program_dir() / f"step_{digest}.py"
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -167,7 +167,7 @@ def batch_component(g: Graph, dgraph: DGraph) -> tuple[Component, set[int]] | No
 
 
 def find_ftree(g: Graph, order: Sequence[int] | None = None, levels: int = DEFAULT_LEVELS,
-               batch_only: bool = False, workspace: WorkspaceSpec = "cpu") -> tuple[FTree, DGraph]:
+               batch_only: bool = False, workspace: WorkspaceSpec = "auto") -> tuple[FTree, DGraph]:
     """Algorithm 1 over the graph's D-Graph components (or only the batch one); the memory
     hot-spots are those of the simulated step under `workspace` (the search's model)."""
     dgraph = build_dgraph(g)
@@ -232,7 +232,7 @@ def _dominated_by(idom: dict[int, int | None], node: int, v: int) -> bool:
 
 
 def best_root_at_two(g: Graph, tree: FTree, dgraph: DGraph, order: Sequence[int] | None = None,
-                     workspace: WorkspaceSpec = "cpu") -> tuple[int, int] | None:
+                     workspace: WorkspaceSpec = "auto") -> tuple[int, int] | None:
     """(root, simulated peak under `workspace`) of the F-Tree root that, enabled alone at
     n = 2, gives the lowest simulated peak (a forest has one root per component or more);
     None if empty."""

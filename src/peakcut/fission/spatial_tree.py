@@ -123,7 +123,7 @@ def rows_components(g: Graph) -> list[ComponentView]:
 
 
 def find_spatial_ftree(g: Graph, order: Sequence[int] | None = None, levels: int = DEFAULT_LEVELS,
-                       workspace: WorkspaceSpec = "cpu") -> FTree:
+                       workspace: WorkspaceSpec = "auto") -> FTree:
     """Algorithm 1 over the rows' components (module doc), hot-spots from the simulated step
     under `workspace`; every node disabled."""
     order = list(g.order if order is None else order)
@@ -231,7 +231,7 @@ def split_spatial(g: Graph, order: Sequence[int], tree: FTree) -> Rewrite:
 
 
 def best_spatial_root(g: Graph, tree: FTree, n: int, order: Sequence[int] | None = None,
-                      workspace: WorkspaceSpec = "cpu") -> tuple[int, int] | None:
+                      workspace: WorkspaceSpec = "auto") -> tuple[int, int] | None:
     """(root, simulated peak) of the root that, enabled alone at `n` parts, gives the lowest
     peak; None when no root splits at `n` (its length has no such divisor, or split_rows
     refuses it in `order`)."""

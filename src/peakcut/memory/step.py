@@ -48,7 +48,7 @@ class MemoryProfile:
         return sorted(acc.items(), key=lambda kv: -kv[1])
 
 
-def simulate(g: Graph, order: Sequence[int] | None = None, workspace: WorkspaceSpec = "cpu") -> MemoryProfile:
+def simulate(g: Graph, order: Sequence[int] | None = None, workspace: WorkspaceSpec = "auto") -> MemoryProfile:
     """Simulate `order` (a topological order of g's node ids; default: capture order).
 
     workspace: the transient-workspace model ("cpu", a WorkspaceModel), or None to ignore

@@ -31,7 +31,7 @@ from peakcut.fission.analyzer import DEFAULT_LEVELS
 from peakcut.fission.build import find_ftree, random_ftree
 from peakcut.fission.loss import detach_loss
 from peakcut.ir.graph import Graph
-from peakcut.memory.workspace import CalibratedCudaWorkspace, WorkspaceSpec, describe_workspace
+from peakcut.memory.workspace import WorkspaceSpec, describe_workspace, workspace_model
 from peakcut.optimizer.budget import BudgetedCost
 from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.context import ContextCalibration, calibrate, refit
@@ -227,7 +227,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    latency_limit: float | str | None = None, time_budget: float = 60.0,
                    device: str | CostModel = "h200", seed: int = 0, max_states: int | None = None,
                    pareto: bool = False, settings: MoveSettings | None = None,
-                   fission_dims: str = "batch", reorder: bool = True, workspace: WorkspaceSpec = "cpu",
+                   fission_dims: str = "batch", reorder: bool = True, workspace: WorkspaceSpec = "auto",
                    levels: int = DEFAULT_LEVELS, naive_fission_seed: int | None = None,
                    progress: Callable[[Progress], None] | None = None, jobs: int = 1,
                    eager_ratio: float = 1.0, plan_margin: float = 0.0) -> Optimized:
@@ -243,6 +243,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     t0 = time.perf_counter()
     _check_arguments(memory_limit, latency_limit, fission_dims, time_budget, jobs, seed, max_states)
     named = get_cost_model(device) if isinstance(device, str) else device
+    workspace = workspace_model(workspace, g.device)     # "auto": the GPU's own for a graph on a GPU
     unreachable = None if pareto else held_floor_refusal(g, memory_limit, named.name, workspace)
     if unreachable is not None:                 # no search: nothing it finds can meet the limit
         time_budget, reorder = 0.0, False
@@ -415,7 +416,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         check = None
         calibration = None
         cost = get_cost_model(device) if isinstance(device, str) else device
-        searched = dict(search, workspace=workspace_for(cost))
+        searched = search
         if checked and loss_fn is not None and held_floor_refusal(g, memory_limit, cost.name) is None:
             eager = eager_runner(model, b, loss_fn, opt, max_grad_norm)
             if isinstance(cost, MeasuredCostModel):
@@ -441,8 +442,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         micro = None
         if accumulate > 1:
             gm = capture(model, b, loss_fn, None, grad_scaler=use_scaler)
-            micro = _search(gm, budget - (time.perf_counter() - t0), model,
-                            dict(search, workspace=searched["workspace"]), accumulate)
+            micro = _search(gm, budget - (time.perf_counter() - t0), model, search, accumulate)
         return main, micro
 
     main, micro = plan_for(batch, time_budget)
@@ -453,15 +453,6 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         if program is not None and not program.feasible and not pareto:
             raise LimitNotMet(program.why_not, plan, program.report.get("verification"))
     return plan
-
-
-def workspace_for(cost: CostModel) -> WorkspaceSpec:
-    """The memory model of a plan priced by `cost`: the GPU's own, measured per call, when
-    the cost model times calls on a CUDA device (cuDNN's and cuBLAS's scratch are not the CPU
-    kernels'); else the CPU model calibrated on this machine (docs/workspace.md)."""
-    if isinstance(cost, MeasuredCostModel) and cost.device.type == "cuda":
-        return CalibratedCudaWorkspace.for_device(cost.device)
-    return "cpu"
 
 
 def _host_memory(model: torch.nn.Module, keep: bool) -> str:

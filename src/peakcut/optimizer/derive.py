@@ -93,7 +93,7 @@ class Deriver:
     """What every derivation needs: the cost model, the rules, how F-Trees are built, timing stats."""
 
     cost: CostModel
-    workspace: WorkspaceSpec = "cpu"
+    workspace: WorkspaceSpec = "auto"
     reschedule: bool = True
     levels: int = DEFAULT_LEVELS
     batch_only: bool = True

@@ -62,7 +62,7 @@ class HeldFloor:
 
 
 def held_floor_refusal(g: Graph, memory_limit: float | int | str | None, device_name: str,
-                       workspace: WorkspaceSpec = "cpu") -> HeldFloor | None:
+                       workspace: WorkspaceSpec = "auto") -> HeldFloor | None:
     """Why `memory_limit` cannot be met on `device_name` (module doc), or None when it may be.
     The limit is read as peakcut.optimize reads it (a fraction of the eager peak, simulated)."""
     if memory_limit is None or device_name not in HOST_DEVICES:
@@ -101,7 +101,7 @@ class WholeOpFloor:
 
 
 def whole_op_floor(g: Graph, memory_limit: float | int | str | None, device_name: str,
-                   workspace: WorkspaceSpec = "cpu", as_run: str = "as captured") -> WholeOpFloor | None:
+                   workspace: WorkspaceSpec = "auto", as_run: str = "as captured") -> WholeOpFloor | None:
     """Why no plan that runs every op of `g` whole can meet `memory_limit` on `device_name`
     (module doc), or None when one may (or the device is not the host). as_run: what g is, for
     the sentence (the captured step, or the search's root after its rewrites)."""

@@ -42,7 +42,7 @@ class Baseline:
         return asdict(self)
 
 
-def zero_offload(g: Graph, cost: CostModel, workspace: WorkspaceSpec = "cpu",
+def zero_offload(g: Graph, cost: CostModel, workspace: WorkspaceSpec = "auto",
                  rules: Registry = RULES) -> Baseline:
     """The ZeRO-Offload-style plan of step `g` (module docstring), simulated under `cost`."""
     rule = rules.program_rule("host_update")

@@ -100,7 +100,7 @@ class WorkingSet:
     node: int | None
 
 
-def largest_working_set(g: Graph, workspace: WorkspaceSpec = "cpu",
+def largest_working_set(g: Graph, workspace: WorkspaceSpec = "auto",
                         leave_out: frozenset[int] = frozenset()) -> WorkingSet:
     """The op of `g` (capture order, host copies aside) whose inputs, outputs (storages in
     `leave_out` not counted, working_set_bytes) and scratch are the most bytes at once."""
@@ -130,7 +130,7 @@ def _state_bytes(g: Graph, role: Role) -> int:
     return sum(g.tensors[t].nbytes for t in g.inputs if g.tensors[t].role is role)
 
 
-def step_floors(g: Graph, profile: DeviceProfile, *, workspace: WorkspaceSpec = "cpu",
+def step_floors(g: Graph, profile: DeviceProfile, *, workspace: WorkspaceSpec = "auto",
                 host_threads: int = DEFAULT_HOST_THREADS, tf32: bool = False) -> Floors:
     """The floors of step `g` on `profile` (module docstring)."""
     if host_threads < 1:

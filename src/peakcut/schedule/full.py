@@ -43,7 +43,7 @@ class Schedule:
         return self.peak_bytes <= self.lower_bound_bytes
 
 
-def schedule(g: Graph, *, time_limit: float = 20.0, workspace: WorkspaceSpec = "cpu",
+def schedule(g: Graph, *, time_limit: float = 20.0, workspace: WorkspaceSpec = "auto",
              settings: IntervalSettings | None = None, problem: Problem | None = None) -> Schedule:
     """Schedule the whole graph for minimum simulated peak memory within `time_limit` seconds."""
     t0 = time.perf_counter()

@@ -37,7 +37,7 @@ Order = Sequence[int] | Int64Array
 class Problem:
     """A graph reduced to what ordering needs: dependencies, storages, sizes, workspaces."""
 
-    def __init__(self, g: Graph, workspace: WorkspaceSpec = "cpu") -> None:
+    def __init__(self, g: Graph, workspace: WorkspaceSpec = "auto") -> None:
         self.graph = g
         self.ids: list[int] = list(g.order)
         self.index: dict[int, int] = {nid: i for i, nid in enumerate(self.ids)}

@@ -83,7 +83,7 @@ class Timeline:
 
 
 def simulate_timeline(
-    g: Graph, order: Sequence[int] | None, cost: CostModel, workspace: WorkspaceSpec = "cpu"
+    g: Graph, order: Sequence[int] | None, cost: CostModel, workspace: WorkspaceSpec = "auto"
 ) -> Timeline:
     """Simulate the step issued in `order` (None: capture order) under `cost`.
 

@@ -22,6 +22,7 @@ from peakcut.memory.workspace.nodes import (
     WorkspaceModel,
     WorkspaceSpec,
     describe_workspace,
+    model_name,
     node_workspace,
     order_workspace,
     workspace_model,
@@ -32,5 +33,5 @@ __all__ = [
     "WORKSPACE_MODELS", "CalibratedCpuWorkspace", "CalibratedCudaWorkspace", "CpuMachine", "CpuWorkspace",
     "OneDnnFit",
     "WorkspaceModel", "WorkspaceSpec", "cpu_workspace_bytes", "describe_workspace", "measure_calls",
-    "measure_cuda_calls", "node_workspace", "order_workspace", "workspace_model", "workspace_ops",
+    "measure_cuda_calls", "model_name", "node_workspace", "order_workspace", "workspace_model", "workspace_ops",
 ]

@@ -178,6 +178,14 @@ class CalibratedWorkspace(ABC):
     def _record(self, batch: list[tuple[str, Callable[[], Any]]]) -> None:
         """Measure each (key, call) of `batch` (each has just run once) into the table."""
 
+    def _why_not_run(self, op: str, size: int) -> str:
+        """Why a call of `op` holding `size` bytes of tensors is not run here ('' to run it)."""
+        return ""
+
+    def _trial(self, call: Callable[[], Any]) -> None:
+        """Run `call` once (its warm-up); raise what running it raises."""
+        call()
+
     def table_summary(self) -> str:
         """How many calls the table holds, measured and answered otherwise, for describe()."""
         measured = sum(e.measured for e in self._entries.values())
@@ -225,9 +233,13 @@ class CalibratedWorkspace(ABC):
                     self._entries[key] = WorkspaceEntry(
                         rules(node), False, f"tensors of {size} bytes exceed max_call_bytes")
                     continue
+                why_not = self._why_not_run(node.op, size)
+                if why_not:
+                    self._entries[key] = WorkspaceEntry(rules(node), False, why_not)
+                    continue
                 try:
                     call = real_call(g, node.id, self.device)
-                    call()
+                    self._trial(call)
                 # Any op may reject synthetic inputs in its own way; the rules answer then.
                 except Exception as e:
                     self._entries[key] = WorkspaceEntry(rules(node), False, error_line(e))
@@ -288,8 +300,8 @@ def _instance(machine: CpuMachine, fingerprint: Fingerprint, path: Path,
 
 @contextlib.contextmanager
 def quiet(device: torch.device) -> Iterator[None]:
-    """No autograd (as generated programs run) and a forked RNG state on `device` (random ops
-    measured do not move the caller's RNG)."""
+    """No autograd (as generated programs run), no autocast (a caller's region would add casts),
+    and a forked RNG state on `device` (random ops measured do not move the caller's RNG)."""
     forked = torch.random.fork_rng(devices=[device]) if device.type == "cuda" else torch.random.fork_rng(devices=[])
-    with forked, torch.no_grad():
+    with forked, torch.no_grad(), torch.autocast(device.type, enabled=False):   # no casts counted as scratch
         yield

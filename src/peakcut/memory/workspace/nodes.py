@@ -11,8 +11,9 @@ A workspace spec names a model:
   CpuMachine.current()); a CpuWorkspace for another (e.g. re-fitted) machine.
 - "cuda": the GPU this process uses, measured: every distinct call run once on it
   (torch.cuda's allocator statistics) and cached per GPU fingerprint; 0 bytes where
-  nothing can be measured (CalibratedCudaWorkspace, cuda.py). peakcut.optimize picks it for
-  device="measured" on a CUDA model.
+  nothing can be measured (CalibratedCudaWorkspace, cuda.py).
+- "auto" (every default): the model of the graph's device, "cuda" for a graph on a CUDA
+  device present here, else "cpu".
 - None: no workspace.
 Values are cached three times, all keyed by the model's key:
 - per graph, by node id, in g.workspace_cache[key] (Graph.copy copies it; node edits
@@ -46,7 +47,7 @@ from peakcut.memory.workspace.machine import CpuMachine
 from peakcut.memory.workspace.measured import CalibratedCpuWorkspace
 from peakcut.memory.workspace.rules import cpu_workspace_bytes, workspace_ops
 
-WORKSPACE_MODELS = ("cpu", "cpu-rules", "cuda")
+WORKSPACE_MODELS = ("auto", "cpu", "cpu-rules", "cuda")
 CALL_CACHE_SIZE = 1 << 16
 """Distinct op calls whose workspace is kept (least recently used dropped first)."""
 
@@ -83,14 +84,21 @@ class CpuWorkspace:
 
 WorkspaceModel = CpuWorkspace | CalibratedCpuWorkspace | CalibratedCudaWorkspace
 WorkspaceSpec = str | WorkspaceModel | None
-"""A workspace model: "cpu" (calibrated on this machine), "cpu-rules", "cuda" (measured on this
-process's current GPU), a model, or None."""
+"""A workspace model: "auto" (the model of the graph's device, the default), "cpu" (calibrated
+on this machine), "cpu-rules", "cuda" (measured on this process's current GPU), a model, or None."""
 
 
-def workspace_model(spec: WorkspaceSpec) -> WorkspaceModel | None:
-    """The model a spec names (None for None); raises ValueError for an unknown name."""
+def workspace_model(spec: WorkspaceSpec, device: str | torch.device = "cpu") -> WorkspaceModel | None:
+    """The model a spec names (None for None); "auto" is the model of `device`, the graph's:
+    the GPU's own (measured on it) for a CUDA device present here, else this CPU's calibrated
+    one (a graph captured on the meta device, or a CUDA graph simulated on a machine without
+    that GPU). Raises ValueError for an unknown name."""
     if spec is None or isinstance(spec, (CpuWorkspace, CalibratedCpuWorkspace, CalibratedCudaWorkspace)):
         return spec
+    if spec == "auto":
+        dev = torch.device(device)
+        on_gpu = dev.type == "cuda" and torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count()
+        return CalibratedCudaWorkspace.for_device(dev) if on_gpu else CalibratedCpuWorkspace.for_this_machine()
     if spec == "cpu":
         return CalibratedCpuWorkspace.for_this_machine()
     if spec == "cpu-rules":
@@ -100,13 +108,22 @@ def workspace_model(spec: WorkspaceSpec) -> WorkspaceModel | None:
     raise ValueError(f"unknown workspace model {spec!r}; known: {WORKSPACE_MODELS}")
 
 
-def describe_workspace(spec: WorkspaceSpec) -> str:
-    """One line saying which workspace model `spec` is, for reports."""
-    model = workspace_model(spec)
+def model_name(model: WorkspaceModel | None) -> str:
+    """The spec that names `model`'s kind: "cpu", "cpu-rules", "cuda" ("no" for None)."""
+    if model is None:
+        return "no"
+    if isinstance(model, CpuWorkspace):
+        return "cpu-rules"
+    return "cuda" if isinstance(model, CalibratedCudaWorkspace) else "cpu"
+
+
+def describe_workspace(spec: WorkspaceSpec, device: str | torch.device = "cpu") -> str:
+    """One line saying which workspace model `spec` is (for a graph on `device`), for reports."""
+    model = workspace_model(spec, device)
     return "no workspace model" if model is None else model.describe()
 
 
-def node_workspace(g: Graph, nid: int, workspace: WorkspaceSpec = "cpu") -> int:
+def node_workspace(g: Graph, nid: int, workspace: WorkspaceSpec = "auto") -> int:
     """Device bytes node `nid` allocates and frees while it runs, beyond its outputs (0 for a
     node on the host: its scratch is host memory)."""
     return int(order_workspace(g, [nid], workspace)[0])
@@ -121,7 +138,7 @@ def order_workspace(g: Graph, order: Sequence[int], workspace: WorkspaceSpec) ->
     ws = np.zeros(len(order), dtype=np.int64)
     if not len(order):
         return ws
-    model = workspace_model(workspace)
+    model = workspace_model(workspace, g.device)
     if model is None:
         return ws
     cache = g.workspace_cache.setdefault(model.key, {})
