@@ -154,6 +154,18 @@ def test_calls_that_cannot_run_standalone_fall_back_to_an_estimate(tmp_path: Pat
     assert again.measurements == 0 and again.fallbacks == 1  # the estimate is cached, flagged
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_ops_with_device_side_value_asserts_are_not_run_on_a_gpu(tmp_path: Path):
+    """|randn| is no probability: binary_cross_entropy on it would assert on the device and end
+    the process's CUDA context, so it is estimated instead (cost.inputs.VALUE_CHECKED_OPS)."""
+    x = meta(4, 8)
+    g = one_op_graph("aten.binary_cross_entropy.default", x, x)
+    model = MeasuredCostModel("cuda", cache_dir=tmp_path, settings=FAST, line_overhead=False)
+    assert model.node_seconds(g, NODE) > 0 and model.fallbacks == 1
+    assert "device-side asserts" in next(iter(model.fallback_reasons.values()))
+    torch.cuda.synchronize()                 # the context is alive
+
+
 def test_oversized_calls_are_estimated(tmp_path: Path):
     model = _model(tmp_path, max_input_bytes=1000)
     model.node_seconds(add_graph(1000), NODE)

@@ -24,6 +24,14 @@ from peakcut.ir.graph import Graph
 from peakcut.ir.node import TensorRef
 from peakcut.ir.tensor import TensorMeta
 
+VALUE_CHECKED_OPS = frozenset({
+    "aten.binary_cross_entropy.default", "aten.binary_cross_entropy_backward.default",
+    "aten.bernoulli.default", "aten.bernoulli.p", "aten.bernoulli_.Tensor", "aten.bernoulli_.float",
+    "aten.multinomial.default",
+})
+"""Ops whose CUDA kernels check their inputs' values with device-side asserts (probabilities
+in [0, 1]); |randn| inputs break them, and an assert ends the process's CUDA context, so they
+are never run on synthetic inputs on a GPU (timing and workspace use their fallbacks)."""
 INPUT_SEED = 0
 RANDOM_BLOCK = 1 << 16
 """Values drawn per floating tensor; a larger tensor repeats them (module docstring)."""

@@ -39,7 +39,7 @@ from peakcut.cost.analytic import AnalyticCostModel
 from peakcut.cost.cache import SCHEMA_VERSION, CostCache, CostEntry
 from peakcut.cost.calls import call_key, copy_key, is_swap, swap_transfer
 from peakcut.cost.fingerprint import device_fingerprint
-from peakcut.cost.inputs import call_bytes, error_line, real_call
+from peakcut.cost.inputs import VALUE_CHECKED_OPS, call_bytes, error_line, real_call
 from peakcut.cost.mix import mix_calls, mix_operands
 from peakcut.cost.overhead import line_overhead_seconds
 from peakcut.cost.profiles import DeviceProfile, check_direction, cpu_profile, profile_for_gpu_name
@@ -197,8 +197,14 @@ class MeasuredCostModel:
         self._cache.save(self._table)
 
     def _node_job(self, g: Graph, nid: int) -> _Job:
-        return _Job(call_key(g, nid), lambda: real_call(g, nid, self.device),
-                    lambda: self._fallback.node_seconds(g, nid), call_bytes(g, nid))
+        op = g.nodes[nid].op
+
+        def build() -> Callable[[], Any]:
+            if self.device.type == "cuda" and op in VALUE_CHECKED_OPS:
+                raise ValueError(f"{op} checks its input values with device-side asserts: not run on synthetic inputs")
+            return real_call(g, nid, self.device)
+
+        return _Job(call_key(g, nid), build, lambda: self._fallback.node_seconds(g, nid), call_bytes(g, nid))
 
     def _copy_job(self, nbytes: int, direction: str) -> _Job:
         check_direction(direction)
@@ -252,6 +258,8 @@ class MeasuredCostModel:
         try:
             call = job.build()
             call()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)     # an asynchronous error is this call's
         # Any op may reject synthetic inputs in its own way (RuntimeError, IndexError,
         # NotImplementedError, ...): whatever it raises, the key gets an estimate instead.
         except Exception as e:

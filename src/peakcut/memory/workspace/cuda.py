@@ -43,20 +43,12 @@ import torch
 
 from peakcut.cost.cache import cache_root
 from peakcut.cost.fingerprint import Fingerprint, device_fingerprint
-from peakcut.cost.inputs import error_line
+from peakcut.cost.inputs import VALUE_CHECKED_OPS, error_line
 from peakcut.memory.workspace.measured import SCHEMA_VERSION, CalibratedWorkspace, WorkspaceEntry
 
 MEMORY_SHARE = 16
 """A call measured may hold at most 1 / MEMORY_SHARE of the device's memory in tensors (8.7 GiB
 on a 139 GiB H200): the model, its optimizer state and the search's own tensors share it."""
-
-
-VALUE_CHECKED_OPS = frozenset({
-    "aten.binary_cross_entropy.default", "aten.binary_cross_entropy_backward.default",
-    "aten.bernoulli.default", "aten.bernoulli.p", "aten.bernoulli_.Tensor", "aten.bernoulli_.float",
-    "aten.multinomial.default",
-})
-"""Ops not measured on a GPU (0 bytes): their kernels assert on input values (module docstring)."""
 
 
 def _tf32(flags: Any, legacy: str) -> str:
