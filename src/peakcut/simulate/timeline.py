@@ -88,8 +88,8 @@ def simulate_timeline(
     """Simulate the step issued in `order` (None: capture order) under `cost`.
 
     workspace: the transient-workspace model (peakcut.memory.workspace: "auto", the model of
-    the graph's device, by default; a spec or a model), or None to ignore workspace. Raises peakcut.ir.graph.GraphError when `order` is
-    not a topological order of g's nodes.
+    the graph's device, by default; a spec or a model), or None to ignore workspace. Raises
+    peakcut.ir.graph.GraphError when `order` is not a topological order of g's nodes.
     """
     issued = issue_order(g, order)
     timing = time_streams(g, issued, cost)
