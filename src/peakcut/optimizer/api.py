@@ -414,9 +414,9 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         g = capture(model, b, loss_fn, opt, keep_grads=keep_grads, max_grad_norm=max_grad_norm,
                     grad_scaler=use_scaler, accumulate=accumulate > 1)
         check = None
+        searched = search
         calibration = None
         cost = get_cost_model(device) if isinstance(device, str) else device
-        searched = search
         if checked and loss_fn is not None and held_floor_refusal(g, memory_limit, cost.name) is None:
             eager = eager_runner(model, b, loss_fn, opt, max_grad_norm)
             if isinstance(cost, MeasuredCostModel):
@@ -425,7 +425,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
                 if calibration.skipped:
                     warnings.warn(f"peakcut: per-op times not calibrated to a whole step: {calibration.skipped}",
                                   stacklevel=3)
-                searched = dict(searched, device=cost, eager_ratio=calibration.eager_ratio, plan_margin=PLAN_MARGIN)
+                searched = dict(search, device=cost, eager_ratio=calibration.eager_ratio, plan_margin=PLAN_MARGIN)
 
             def check(found: Optimized, seconds: float) -> tuple[State, bool, str]:
                 return _verified(found, seconds, model, b, eager, opt, calibration)

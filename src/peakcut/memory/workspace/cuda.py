@@ -99,7 +99,7 @@ def measure_cuda_calls(calls: list[Callable[[], Any]], device: torch.device) -> 
 class CalibratedCudaWorkspace(CalibratedWorkspace):
     """Workspace of calls measured on one CUDA device (module docstring), cached on disk."""
 
-    label = "calibrated-cuda"
+    spec = "cuda"
 
     @classmethod
     def for_device(cls, device: str | torch.device = "cuda", cache_dir: Path | None = None,

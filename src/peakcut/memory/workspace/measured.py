@@ -155,14 +155,15 @@ class CalibratedWorkspace(ABC):
 
     machine: CpuMachine | None = None
     """The CPU whose analytic rules answer where nothing is measured (None: 0 bytes then)."""
-    label = "calibrated"
+    spec = ""
+    """The workspace spec that names this kind of model ("cpu", "cuda")."""
 
     def __init__(self, fingerprint: Fingerprint, path: Path, max_call_bytes: int, device: torch.device) -> None:
         self.fingerprint = fingerprint
         self.path = path
         self.max_call_bytes = max_call_bytes
         self.device = device
-        self.key: tuple[Any, ...] = (self.label, fingerprint, max_call_bytes)
+        self.key: tuple[Any, ...] = ("calibrated", self.spec, fingerprint, max_call_bytes)
         self._entries: dict[str, WorkspaceEntry] = load_json(
             path, lambda data: _parse(data, fingerprint), dict, "workspace cache")
 
@@ -259,6 +260,8 @@ class CalibratedCpuWorkspace(CalibratedWorkspace):
     The spec "cpu" resolves to the one instance per (fingerprint, cache file, size cap) of a
     process: for_this_machine().
     """
+
+    spec = "cpu"
 
     def __init__(self, machine: CpuMachine, fingerprint: Fingerprint, path: Path,
                  max_call_bytes: int = DEFAULT_MAX_CALL_BYTES) -> None:

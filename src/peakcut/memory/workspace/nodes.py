@@ -57,6 +57,7 @@ class CpuWorkspace:
     """The analytic CPU workspace rules (peakcut.memory.workspace.rules) for one machine."""
 
     machine: CpuMachine
+    spec = "cpu-rules"
 
     @property
     def key(self) -> CpuMachine:
@@ -110,11 +111,7 @@ def workspace_model(spec: WorkspaceSpec, device: str | torch.device = "cpu") -> 
 
 def model_name(model: WorkspaceModel | None) -> str:
     """The spec that names `model`'s kind: "cpu", "cpu-rules", "cuda" ("no" for None)."""
-    if model is None:
-        return "no"
-    if isinstance(model, CpuWorkspace):
-        return "cpu-rules"
-    return "cuda" if isinstance(model, CalibratedCudaWorkspace) else "cpu"
+    return "no" if model is None else model.spec
 
 
 def describe_workspace(spec: WorkspaceSpec, device: str | torch.device = "cpu") -> str:
