@@ -17,6 +17,7 @@ from torch.func import functional_call
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils import _pytree as pytree
 
+from peakcut.capture.backward import gradients
 from peakcut.capture.convert import fx_to_graph
 from peakcut.capture.optimizers import (
     SGD,
@@ -281,7 +282,7 @@ def _trace(model: torch.nn.Module, param_items: list, buffer_items: list, batch_
             target = loss * scale[0] if scale else loss      # GradScaler.scale(loss)
             log.set_phase(Phase.BACKWARD)
             live_train = [p for p, tr in zip(live, trainable, strict=True) if tr]
-            grads = torch.autograd.grad(target, live_train, allow_unused=True)
+            grads = gradients(target, live_train)
         output_info["used"] = [g is not None for g in grads]
         extra: list[torch.Tensor] = []
         if spec is not None and mode == "train":
@@ -319,7 +320,7 @@ def _trace(model: torch.nn.Module, param_items: list, buffer_items: list, batch_
         + [Role.ACCUMULATED] * len(accs) + [Role.OPT_STATE] * len(scale) + [Role.INPUT] * len(fbatch)
     )
     # make_fx flattens the nested arguments in this same order
-    gm = trace_step(step, (params, buffers, slots, accs, scale, fbatch), model, log)
+    gm = trace_step(step, (params, buffers, slots, accs, scale, fbatch), model, log, dev)
     return _Traced(gm, log, output_info, input_names, roles, train_names, updated, hypers)
 
 

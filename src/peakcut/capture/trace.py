@@ -19,12 +19,10 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
+from peakcut.capture.errors import CaptureError
 from peakcut.capture.real_layouts import real_layout_table
+from peakcut.capture.rng import traced_rng_state
 from peakcut.ir.node import Phase
-
-
-class CaptureError(RuntimeError):
-    """The model (or loss) could not be traced; the message names the module and cause."""
 
 
 @dataclass
@@ -104,16 +102,19 @@ def trace_step(
     args: Sequence[Any],
     model: torch.nn.Module,
     log: TraceLog,
+    device: torch.device,
 ) -> torch.fx.GraphModule:
     """make_fx(fn)(*args) over FakeTensors at eager dispatch level; errors name the module.
 
     A Hugging Face-style `config.use_cache=True` (on the model or a submodule) is turned off
     for the trace and restored after it, with a note in log.notes: with it the forward builds
     a KV cache object (DynamicCache) a training step never reads and a graph cannot return.
+    Saving and setting the state of `device`'s random generator is traced (capture.rng).
     """
     with ExitStack() as stack:
         _disable_kv_cache(model, log, stack)
         _install_module_hooks(model, log, stack)
+        stack.enter_context(traced_rng_state(device))
         stack.enter_context(fx_traceback.preserve_node_meta())
         try:
             return make_fx(fn, tracing_mode="fake", decomposition_table=real_layout_table())(*args)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from peakcut.ir.node import Hyper, Node, TensorRef
+from peakcut.ir.ops import RNG_STATE_OP, SET_RNG_STATE_OP
 
 
 def literal(v: Any, names: Mapping[int, str], device: str) -> str:
@@ -59,4 +60,18 @@ def argument_sources(node: Node, names: Mapping[int, str], device: str,
 def call_source(node: Node, names: Mapping[int, str], device: str,
                 override: Mapping[int, str] | None = None) -> str:
     """The op call's source; override: positional argument index -> source text to use."""
+    if node.op in (RNG_STATE_OP, SET_RNG_STATE_OP):
+        return rng_call_source(node, names, device)
     return f"{op_target(node.op)}({', '.join(argument_sources(node, names, device, override))})"
+
+
+def rng_call_source(node: Node, names: Mapping[int, str], device: str) -> str:
+    """A generator state read or set as PyTorch's own call: torch.get_rng_state(),
+    torch.cuda.set_rng_state(state, device), ..."""
+    *state, where = node.args
+    generator = torch.device(where)
+    module = "torch" if generator.type == "cpu" else f"torch.{generator.type}"
+    on = [] if generator.type == "cpu" else [literal(generator, names, device)]
+    if node.op == RNG_STATE_OP:
+        return f"{module}.get_rng_state({', '.join(on)})"
+    return f"{module}.set_rng_state({', '.join([literal(state[0], names, device), *on])})"

@@ -114,3 +114,49 @@ def skip_update_if(found_inf: torch.Tensor) -> None:
 @skip_update_if.register_fake
 def _skip_update_if_fake(found_inf: torch.Tensor) -> None:
     return None
+
+
+RNG_STATE_OP = "peakcut.rng_state.default"
+SET_RNG_STATE_OP = "peakcut.set_rng_state.default"
+
+
+def _generator(device: torch.device) -> torch.Generator:
+    """`device`'s default random generator (read directly: torch.get_rng_state may be
+    patched while a step is traced, capture.rng)."""
+    if device.type == "cpu":
+        return torch.default_generator
+    module = torch.get_device_module(device.type)
+    module.init()
+    index = device.index if device.index is not None else module.current_device()
+    generator: torch.Generator = module.default_generators[index]
+    return generator
+
+
+@torch.library.custom_op("peakcut::rng_state", mutates_args=())
+def rng_state(device: torch.device) -> torch.Tensor:
+    """A copy of the state of `device`'s default random generator (a host uint8 tensor), as
+    torch.get_rng_state / torch.cuda.get_rng_state return it."""
+    return _generator(device).get_state()
+
+
+@rng_state.register_fake
+def _rng_state_fake(device: torch.device) -> torch.Tensor:
+    return torch.empty(_generator(device).get_state().numel(), dtype=torch.uint8, device=HOST_DEVICE)
+
+
+@torch.library.custom_op("peakcut::set_rng_state", mutates_args=())
+def set_rng_state(state: torch.Tensor, device: torch.device) -> None:
+    """Set `device`'s default random generator to `state` (from peakcut::rng_state): what
+    torch.utils.checkpoint does before it recomputes, so the recompute draws the forward's
+    random numbers."""
+    _generator(device).set_state(state)
+
+
+@set_rng_state.register_fake
+def _set_rng_state_fake(state: torch.Tensor, device: torch.device) -> None:
+    return None
+
+
+RNG_STATE_OPS = (RNG_STATE_OP, SET_RNG_STATE_OP)
+"""The ops that read or set a random generator's state: they keep their order among the
+calls that draw random numbers (ir.registry.draws_random) and are never split or duplicated."""

@@ -108,11 +108,13 @@ def _build() -> Mapping[str, OpInfo]:
     ):
         for name in _with_default(names):
             table[name] = OpInfo(name, kind)
-    from peakcut.ir.ops import COPY_DIRECTION, GATE_OP
+    from peakcut.ir.ops import COPY_DIRECTION, GATE_OP, RNG_STATE_OPS
 
     for name in COPY_DIRECTION:
         table[name] = OpInfo(name, OpKind.SWAP)
     table[GATE_OP] = OpInfo(GATE_OP, OpKind.OPTIMIZER)
+    for name in RNG_STATE_OPS:      # a generator's state read or set: ordered with the draws
+        table[name] = OpInfo(name, OpKind.RANDOM)
     return MappingProxyType(table)
 
 
