@@ -63,7 +63,7 @@ DOCUMENTED_WITHOUT_RULE = {
     "aten.rand.default", "aten.randn.default", "aten.rand_like.default", "aten.randn_like.default",
     "aten.randint.default", "aten.randint_like.default", "aten.normal_.default",
     "aten.uniform_.default", "aten.exponential_.default", "aten.multinomial.default",
-    "aten.randperm.default",
+    "aten.randperm.default", "peakcut.rng_state.default", "peakcut.set_rng_state.default",
 }
 # ops that sum internally: a part of a different size may take another kernel path
 _CONTRACTING = {OpKind.MATMUL, OpKind.CONV, OpKind.NORM}
