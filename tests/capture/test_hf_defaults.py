@@ -57,7 +57,7 @@ def test_trace_turns_the_cache_off_and_notes_it():
         return ids * 2
 
     log = TraceLog()
-    trace_step(fn, (torch.randint(0, 64, (2, 8)),), model, log)
+    trace_step(fn, (torch.randint(0, 64, (2, 8)),), model, log, torch.device("cpu"))
     assert seen == [False] and model.config.use_cache is True
     (note,) = log.notes
     assert "use_cache=True on LlamaForCausalLM's config" in note and "use_cache=False" in note

@@ -18,7 +18,12 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils import _pytree as pytree
 
 from peakcut.capture.backward import gradients
+from peakcut.capture.constants import ClosedOver
 from peakcut.capture.convert import fx_to_graph
+from peakcut.capture.distributed import check_distributed
+from peakcut.capture.hooks import check_hooks, parameter_hooks, register_parameter_hooks
+from peakcut.capture.inputs import check_inputs
+from peakcut.capture.module_state import tensors_restored
 from peakcut.capture.optimizers import (
     SGD,
     Adam,
@@ -130,6 +135,9 @@ def capture(
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    check_distributed(model)
+    hook_notes = check_hooks(model, trains=loss_fn is not None)   # refuses what cannot run; notes the rest
+    check_inputs(model, batch, trains=loss_fn is not None)     # the batch's, parameters' and buffers' kinds
     spec = describe_optimizer(model, optimizer) if loss_fn is not None or optimizer is None else None
     if optimizer is not None and loss_fn is None:
         raise ValueError("an optimizer needs a loss_fn(model, batch) -> scalar loss")
@@ -143,9 +151,6 @@ def capture(
     if grad_scaler and loss_fn is None:
         raise ValueError("a GradScaler needs a loss_fn")
     batch_leaves, batch_spec = pytree.tree_flatten(batch)
-    for i, leaf in enumerate(batch_leaves):
-        if not isinstance(leaf, torch.Tensor):
-            raise TypeError(f"batch leaf {i} is a {type(leaf).__name__}; only tensors are supported")
     dev = _model_device(model, batch_leaves, device)
     mode = "inference" if loss_fn is None else ("train" if spec is not None else "grad")
     options = _Options(spec, mode, None if max_grad_norm is None else float(max_grad_norm), grad_scaler,
@@ -155,7 +160,9 @@ def capture(
     buffer_items = list(model.named_buffers(remove_duplicate=True))
     frozen: set[str] = set()
     while True:  # parameters that get no gradient are re-traced as frozen (torch.optim skips them)
-        traced = _trace(model, param_items, buffer_items, batch_leaves, batch_spec, loss_fn, options, dev, frozen)
+        with tensors_restored(model):      # a forward's tensors stored on a module were fake
+            traced = _trace(model, param_items, buffer_items, batch_leaves, batch_spec, loss_fn, options, dev,
+                            frozen)
         unused = traced.unused_params()
         if not unused:
             break
@@ -163,6 +170,7 @@ def capture(
     gm, log, output_info, input_names, roles, train_names = (
         traced.gm, traced.log, traced.output_info, traced.input_names, traced.roles, traced.train_names)
     substitute_hypers(gm, traced.hypers)
+    log.notes.extend(hook_notes)
 
     updated = set(traced.updated)
     if mode == "inference":
@@ -256,10 +264,12 @@ def _trace(model: torch.nn.Module, param_items: list, buffer_items: list, batch_
     log = TraceLog()
     output_info: dict[str, Any] = {}
     hypers = HyperTable()
+    hooks = parameter_hooks([p for _, p in param_items], trainable)    # read before the trace
 
     def step(params, buffers, slots, accs, scale, leaves):  # traced
         log.set_phase(Phase.FORWARD)
         live = [p.detach().requires_grad_() if tr else p for p, tr in zip(params, trainable, strict=True)]
+        register_parameter_hooks(live, hooks)      # the parameters' p.register_hook hooks
         state = {n: p for (n, _), p in zip(param_items, live, strict=True)}
         state.update({n: b for (n, _), b in zip(buffer_items, buffers, strict=True)})
         bound = BoundModel(model, state)
@@ -319,8 +329,13 @@ def _trace(model: torch.nn.Module, param_items: list, buffer_items: list, batch_
         [Role.PARAM] * len(params) + [Role.BUFFER] * len(buffers) + [Role.OPT_STATE] * len(slots)
         + [Role.ACCUMULATED] * len(accs) + [Role.OPT_STATE] * len(scale) + [Role.INPUT] * len(fbatch)
     )
+    closed = ClosedOver(fake_mode, log, model, loss_fn, dev, param_items, buffer_items)
     # make_fx flattens the nested arguments in this same order
-    gm = trace_step(step, (params, buffers, slots, accs, scale, fbatch), model, log, dev)
+    gm = trace_step(closed.around(step), (params, buffers, slots, accs, scale, fbatch), model, log, dev)
+    for name, note in closed.lift(gm):      # tensors read besides the inputs: 'const:' inputs after them
+        input_names.append(name)
+        roles.append(Role.BUFFER)
+        log.notes.append(note)
     return _Traced(gm, log, output_info, input_names, roles, train_names, updated, hypers)
 
 
@@ -353,7 +368,7 @@ def _gate_updates(edit: GraphEditor) -> None:
         return
     gate = gates[0]
     owned = _input_storages(g, ("param:", "state:"))
-    buffers = _input_storages(g, ("buffer:",))
+    buffers = _input_storages(g, ("buffer:", "const:"))
     for t in g.outputs:
         producer = g.producer(t)
         if producer is not None and producer != gate:

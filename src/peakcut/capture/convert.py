@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from peakcut.capture.constants import LIFTED
 from peakcut.capture.real_layouts import output_mask
 from peakcut.capture.realcheck import real_output_dtypes
 from peakcut.capture.trace import CaptureError, TraceLog, kv_cache_hint
@@ -76,18 +77,26 @@ def fx_to_graph(
     device: str,
     signature: StepSignature,
 ) -> Graph:
-    """Convert a make_fx graph; output i is kept as a program output when keep_outputs[i]."""
+    """Convert a make_fx graph; output i is kept as a program output when keep_outputs[i].
+
+    input_names / input_roles: the placeholders', then those of the constants the trace read
+    (get_attr nodes marked by capture.constants), in order of first reading."""
     b = _Builder()
     env: dict[torch.fx.Node, Any] = {}
     nodes: dict[int, Node] = {}
     order: list[int] = []
     inputs: list[int] = []
+    constants: dict[str, int] = {}      # input name of a constant -> its tensor
     fwd_module_by_seq: dict[int, str] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(input_names):
-        raise CaptureError(f"internal: {len(placeholders)} placeholders for {len(input_names)} inputs")
-    roles = dict(zip(placeholders, input_roles, strict=True))
-    names = dict(zip(placeholders, input_names, strict=True))
+    lifted = {n.meta[LIFTED] for n in gm.graph.nodes if n.op == "get_attr" and LIFTED in n.meta}
+    if len(placeholders) + len(lifted) != len(input_names):
+        raise CaptureError(f"internal: {len(placeholders)} placeholders and {len(lifted)} constants for "
+                           f"{len(input_names)} inputs")
+    roles = dict(zip(placeholders, input_roles[:len(placeholders)], strict=True))
+    names = dict(zip(placeholders, input_names, strict=False))
+    const_names = list(input_names[len(placeholders):])
+    const_roles = dict(zip(const_names, input_roles[len(placeholders):], strict=True))
     real = real_output_dtypes(gm)
     log.notes.extend(real.notes)
 
@@ -96,6 +105,11 @@ def fx_to_graph(
             tid = b.tensor(fx_node.meta["val"], roles[fx_node], names[fx_node])
             env[fx_node] = tid
             inputs.append(tid)
+        elif fx_node.op == "get_attr" and LIFTED in fx_node.meta:     # a constant the step reads
+            name = fx_node.meta[LIFTED]
+            if name not in constants:
+                constants[name] = b.tensor(getattr(gm, str(fx_node.target)), const_roles[name], name)
+            env[fx_node] = constants[name]
         elif fx_node.op == "call_function" and fx_node.target is operator.getitem:
             parent, i = fx_node.args
             env[fx_node] = env[parent][i]
@@ -158,7 +172,8 @@ def fx_to_graph(
             out_names.append(name)
 
     g = Graph(
-        tensors=b.metas, nodes=nodes, inputs=inputs, input_names=list(input_names), outputs=outputs,
+        tensors=b.metas, nodes=nodes, inputs=[*inputs, *(constants[n] for n in const_names)],
+        input_names=list(input_names), outputs=outputs,
         output_names=out_names, storages=b.storages, order=order, control={}, device=device,
         signature=signature,
     )

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from peakcut.capture.constants import held, resolve
+from peakcut.capture.inputs import batch_problem
 from peakcut.capture.optimizers import OptimizerSpec
 from peakcut.codegen.host_worker import HostWorker
 from peakcut.codegen.source import generate_source, hyper_names, hyper_values
@@ -71,6 +73,7 @@ class Step:
             target.write_text(self.source)
         self.path = target
         self._fn = _load(target)
+        self._held = held(graph.input_names)    # the closure tensors its constants bind to, kept alive
         sig = graph.signature
         names = dict(zip(graph.inputs, graph.input_names, strict=True))
         kept = [names[t] for t in graph.host_inputs()]
@@ -139,18 +142,34 @@ class Step:
 
         Everything that can be checked is checked before optimizer state is created; state
         created here is removed again if a later check fails (discard_new_state)."""
+        problem = batch_problem(batch)
+        if problem is not None:
+            raise StepBindingError(f"{problem}, which a captured step cannot take")
         params = dict(model.named_parameters())
         buffers = dict(model.named_buffers())
         leaves, spec = pytree.tree_flatten(batch)
         self._check_model_and_batch(params, buffers, leaves, spec)
+        constants = self._constants(model)
         self.update.device = _device_of(
             {n: p for n, p in params.items() if n not in self._host_params}, leaves)
         self.ensure_state(model, params)
         try:
-            return self._inputs(model, params, buffers, leaves)
+            return self._inputs(model, params, buffers, leaves, constants)
         except Exception:
             self.discard_new_state()
             raise
+
+    def _constants(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """'const:<key>' -> the tensor each constant input binds to (capture.constants)."""
+        found: dict[str, torch.Tensor] = {}
+        for tid, name in zip(self.graph.inputs, self.graph.input_names, strict=True):
+            kind, _, key = name.partition(":")
+            if kind == "const":
+                try:
+                    found[name] = self._check(name, resolve(key, model), self.graph.tensors[tid])
+                except LookupError as e:
+                    raise StepBindingError(str(e.args[0])) from None
+        return found
 
     def discard_new_state(self) -> None:
         """Remove the optimizer state the last bind created (its call did not complete)."""
@@ -182,7 +201,7 @@ class Step:
                 self._check(name, leaves[index], self.graph.tensors[tid])
 
     def _inputs(self, model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor],
-                leaves: list[Any]) -> list[torch.Tensor]:
+                leaves: list[Any], constants: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         opt_state = self.update.state_tensors(model, params)
         values: list[torch.Tensor] = []
         for tid, name in zip(self.graph.inputs, self.graph.input_names, strict=True):
@@ -199,6 +218,8 @@ class Step:
                 value = params[key].grad if key in params else None
             elif kind == "scaler":
                 value = self.update.scaler_for(_device_of(params, leaves))._scale
+            elif kind == "const":
+                value = constants[name]
             else:
                 value = leaves[int(key)]
             values.append(self._check(name, value, self.graph.tensors[tid]))

@@ -31,7 +31,8 @@ class StepSignature:
     """How the program's flat inputs/outputs map to the caller's objects.
 
     input names: 'param:<name>', 'buffer:<name>', 'state:<param>.<slot>', 'acc:<param>',
-    'scaler:scale', 'batch:<i>'. output names: 'loss', 'grad:<param>', 'found_inf', 'out:<i>'.
+    'scaler:scale', 'batch:<i>', 'const:<where>' (a tensor the step reads besides these:
+    capture.constants). output names: 'loss', 'grad:<param>', 'found_inf', 'out:<i>'.
     """
 
     batch_spec: str = ""         # pytree treespec of the batch (torch.utils._pytree dumps)

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from peakcut.capture.constants import held
+from peakcut.capture.inputs import batch_problem
 from peakcut.capture.trace import CaptureError
 from peakcut.codegen.program import Step, StepBindingError
 from peakcut.ir.graph import Graph
@@ -82,6 +84,7 @@ class Plan:
         self._steps: dict[tuple[Any, ...], tuple[Step, Step | None]] = {}
         self._programs: dict[tuple[Any, ...], tuple[Program, Program | None]] = {}
         self._micro = micro
+        self._held = held(graph.input_names)    # the closure tensors its constants bind to, kept alive
         self._key = shape_key(batch) if batch is not None else None
         if self._key is not None:
             self._programs[self._key] = (Program(graph, self.order, report), micro)
@@ -110,6 +113,9 @@ class Plan:
         return found
 
     def _for_batch(self, batch: Any) -> tuple[Step, Step | None]:
+        problem = batch_problem(batch)      # before its shape is read: a nested tensor has none
+        if problem is not None:
+            raise StepBindingError(f"{problem}, which a captured step cannot take")
         key = shape_key(batch)
         if self._key is None or key == self._key or key in self._programs:
             return self._built(key if key in self._programs else self._key)

@@ -1,0 +1,60 @@
+"""Models trained by more than one process: refused by name, since a captured step is one
+process's step.
+
+DistributedDataParallel all-reduces gradients from hooks of its C++ reducer and FSDP shards
+parameters and gathers them from hooks of its own; a captured step runs neither. A model
+that is not wrapped, in a process whose default process group has more than one rank, would
+be updated on each rank with that rank's own gradients, never all-reduced.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from peakcut.capture.errors import CaptureError
+
+_ONE_PROCESS = "peakcut captures one process's step (multi-rank training is not supported yet)"
+
+
+def _where(path: str) -> str:
+    return "the model" if not path else f"module '{path}'"
+
+
+def check_distributed(model: torch.nn.Module) -> None:
+    """Raise CaptureError for a DDP- or FSDP-wrapped model, DTensor parameters, or a default
+    process group of more than one rank."""
+    if not torch.distributed.is_available():
+        return
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
+    from torch.nn.parallel import DistributedDataParallel
+
+    for path, module in model.named_modules():
+        if isinstance(module, DistributedDataParallel):
+            raise CaptureError(
+                f"{_where(path)} is wrapped in DistributedDataParallel (DDP): DDP all-reduces the "
+                f"gradients from hooks of its reducer, which a captured step never runs; {_ONE_PROCESS}. "
+                "In a single process, capture the wrapped module (ddp.module) instead")
+        if isinstance(module, FSDPModule):
+            raise CaptureError(
+                f"{_where(path)} ({type(module).__name__}) is sharded with FSDP2 (fully_shard): its "
+                "parameters are DTensors gathered and its gradients reduce-scattered from FSDP's hooks, "
+                f"which a captured step never runs; {_ONE_PROCESS}")
+        if isinstance(module, FullyShardedDataParallel):
+            raise CaptureError(
+                f"{_where(path)} is wrapped in FullyShardedDataParallel (FSDP): its parameters are "
+                "gathered and its gradients reduce-scattered from FSDP's hooks, which a captured step "
+                f"never runs; {_ONE_PROCESS}")
+    for name, p in model.named_parameters(remove_duplicate=True):
+        if isinstance(p, DTensor):
+            raise CaptureError(
+                f"parameter '{name}' is a DTensor (placements {p.placements} on a device mesh of "
+                f"{p.device_mesh.size()} ranks): {_ONE_PROCESS}")
+    dist = torch.distributed
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        raise CaptureError(
+            f"torch.distributed is initialized: the default process group (backend "
+            f"'{dist.get_backend()}') has world size {dist.get_world_size()} (this is rank "
+            f"{dist.get_rank()}), and the model is not wrapped in DistributedDataParallel or FSDP: a "
+            "captured step would update each rank's parameters with that rank's own gradients, never "
+            f"all-reduced; {_ONE_PROCESS}. Capture in a process without a multi-rank process group")

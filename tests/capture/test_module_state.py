@@ -1,0 +1,84 @@
+"""Tensors a forward stores on its module (a mask made on the first call, a buffer registered
+on the fly) are FakeTensors under capture: capture puts the module back as it was, and the
+captured step makes them in its graph at every step, with eager's numbers."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+import peakcut
+from tests.tolerance import tolerance
+
+
+class LazyMask(nn.Module):
+    """Keeps a causal mask as a plain attribute, made when the sequence length changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.mask: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mask is None or self.mask.shape[0] != x.shape[1]:
+            self.mask = torch.ones(x.shape[1], x.shape[1]).tril() / x.shape[1]
+        return self.fc(self.mask @ x)
+
+
+class LazyBuffer(nn.Module):
+    """Registers a position buffer on its first call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not hasattr(self, "pos"):
+            self.register_buffer("pos", torch.arange(x.shape[1], dtype=x.dtype).view(1, -1, 1), persistent=False)
+        return self.fc(x + self.pos)
+
+
+class Both(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = LazyMask(), LazyBuffer()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def loss_fn(m: nn.Module, batch: tuple[torch.Tensor]) -> torch.Tensor:
+    return m(batch[0]).pow(2).mean()
+
+
+def test_capture_leaves_no_fake_tensor_on_the_module() -> None:
+    torch.manual_seed(0)
+    model = Both()
+    peakcut.capture(model, (torch.randn(2, 3, 4),), loss_fn, "adamw")
+    assert model.a.mask is None
+    assert not hasattr(model.b, "pos")
+    model(torch.randn(2, 3, 4))           # the user's own eager call still works
+
+
+def test_tensors_made_on_the_fly_step_as_eager() -> None:
+    torch.manual_seed(0)
+    model = Both()
+    ref = copy.deepcopy(model)
+    ref(torch.randn(2, 3, 4))             # eager keeps its mask and buffer from a first call
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    plan = peakcut.optimize(model, (torch.randn(2, 3, 4),), loss_fn, opt, time_budget=10, max_states=8,
+                            device="h200")
+    for k in range(3):
+        batch = (torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(k)),)
+        loss = plan.step(batch)
+        ref_loss = loss_fn(ref, batch)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        tol = tolerance(torch.float32, 12, k + 1)
+        torch.testing.assert_close(loss, ref_loss.detach(), rtol=tol, atol=tol)
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=tol, atol=tol)
