@@ -186,6 +186,11 @@ def fx_to_graph(
 def _constant_node(b: _Builder, nid: int, fx_node: torch.fx.Node, value: Any, device: str,
                    where: tuple[str, Phase], log: TraceLog) -> tuple[Node, int]:
     """A 0-dim constant captured from the model (e.g. torch.tensor(-inf)) becomes aten.scalar_tensor."""
+    if isinstance(value, torch.Generator):
+        users = ", ".join(sorted({str(u.target) for u in fx_node.users})) or "a random op"
+        raise CaptureError(f"{users} in module '{where[0]}' draws from a torch.Generator of its own "
+                           "(generator=...): a captured step draws from the default generator only; drop the "
+                           "generator argument and seed with torch.manual_seed outside the step")
     if not isinstance(value, torch.Tensor) or value.dim() != 0:
         shape = tuple(getattr(value, "shape", ()))
         message = (f"the step captured a constant tensor {fx_node.target} of shape {shape} in module "
