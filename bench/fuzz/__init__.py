@@ -1,4 +1,4 @@
-"""Random training steps through every registered rule (issue 19).
+"""Random training steps through every registered rule.
 
     python -m bench.fuzz --cases N [--seed S] [--moves K]     N cases, seeds S .. S+N-1
     python -m bench.fuzz --shrink N [--seed S]                hypothesis draws up to N cases
@@ -6,7 +6,9 @@
 
 blocks.py is the vocabulary of real layers (embeddings, linear, convolutions, every kind of
 norm, attention through SDPA and by hand, dropout, views, slices, concatenations, in-place
-ops, residuals). models.py draws a small training step from it: random shapes, losses,
+ops, residuals); user_code.py wraps blocks in what users' code adds around a layer
+(torch.utils.checkpoint with dropout in both modes, forward and gradient hooks, closed-over
+tensors, tensors made on the fly). models.py draws a small training step from it: random shapes, losses,
 dtypes (float64, float32, bf16 autocast) and optimizers, either a recipe or the user's own
 loop (loop.py: torch.optim in param groups, a frozen stem, a parameter left out of the
 optimizer, clipping, an LR schedule). A seed reproduces a case exactly; under hypothesis

@@ -16,7 +16,9 @@ autocast. Each kind of value, all its tensors together (the loss; every gradient
 parameter; every buffer; all optimizer state), may differ from eager's by NOISE_FACTOR
 times eager's distance from that precise loop, or by autocast_tolerance(steps) (one bf16
 rounding, 2^-8, per step) times its size (the loss, gradients, buffers) or, for parameters
-and optimizer state, times how far eager training moved them, whichever is larger. All
+and optimizer state, times how far eager training moved them, whichever is larger. Eager's
+distance from the precise loop is taken relative to the value's size and as the largest of
+the steps so far: it varies by luck from step to step. All
 together, not tensor by tensor: a gradient that is zero up to rounding (a bias that a
 softmax or a norm ignores) is rounding noise in eager and in any plan, and a batch split
 of a bf16 reduction rounds each part (an error of u times the parts, which can cancel),
@@ -173,12 +175,21 @@ class _Compare:
         # norm-wise: per kind of value, the squared sums of (ours - ref), scale, noise, and the
         # tensor that differs most
         self.sums: dict[str, list[Any]] = {}
+        self.relative_noise: dict[str, float] = {}    # per kind: the largest noise / scale of the steps so far
 
     def finish_step(self, k: int) -> None:
-        """Norm-wise: judge each kind of value (all gradients together, all parameters, ...)."""
+        """Norm-wise: judge each kind of value (all gradients together, all parameters, ...).
+        The noise allowed is eager's distance from the precise loop at this step, or the
+        largest such distance relative to the value's size at any step before: that distance
+        varies by luck from step to step (a step where eager lands near the precise loop says
+        nothing of where another bf16 evaluation of it lands)."""
         tol = self.report.tolerance
         for kind, (diff2, scale2, noise2, (_, most)) in self.sums.items():
-            diff, allowed = math.sqrt(diff2), max(tol * math.sqrt(scale2), NOISE_FACTOR * math.sqrt(noise2))
+            scale, noise = math.sqrt(scale2), math.sqrt(noise2)
+            if scale > 0:
+                self.relative_noise[kind] = max(self.relative_noise.get(kind, 0.0), noise / scale)
+            noise = max(noise, self.relative_noise.get(kind, 0.0) * scale)
+            diff, allowed = math.sqrt(diff2), max(tol * scale, NOISE_FACTOR * noise)
             ratio = diff / allowed if allowed > 0 else (0.0 if diff == 0 else float("inf"))
             self.report.worst = max(self.report.worst, ratio)
             if not ratio <= 1.0:

@@ -3,7 +3,10 @@ loss and an optimizer, all drawn from one seed.
 
 Two families (blocks from bench.fuzz.blocks): sequences (B, T, D), entered by token ids
 through an embedding or by float features through a linear layer; images (B, C, H, W),
-entered through a convolution (sometimes channels-last). Sometimes the user's own loop
+entered through a convolution (sometimes channels-last). Blocks may be wrapped in what the
+user's own code adds (bench.fuzz.user_code: activation checkpointing with dropout in both
+modes, forward and gradient hooks, closed-over tensors, tensors made on the fly). Sometimes
+the user's own loop
 (bench.fuzz.loop: torch.optim in param groups, clipping, an LR schedule), sometimes bf16
 autocast.
 """
@@ -22,6 +25,7 @@ from torch import nn
 import peakcut
 from bench.fuzz.blocks import ImageModel, SequenceModel, flip, image_block, sequence_block
 from bench.fuzz.loop import UserLoop
+from bench.fuzz.user_code import add_user_code
 from peakcut.capture.optimizers import Recipe
 from peakcut.runtime.equivalence import torch_optimizer
 
@@ -41,6 +45,7 @@ class Case:
     description: str
     rng: random.Random            # what drew the case; the harness's walk draws on from it
     precise_loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None   # autocast: loss_fn without it
+    user_code: tuple[str, ...] = ()   # what the user's code adds around blocks (bench.fuzz.user_code)
 
     def as_user_loop(self) -> UserLoop:
         """The case's loop for bench.fuzz.loop: the user's own, or its recipe's optimizer."""
@@ -54,7 +59,7 @@ class Case:
         return (("sequence model" if isinstance(self.model, SequenceModel) else "image model"),
                 "bf16 autocast" if self.autocast else str(self.dtype).removeprefix("torch."),
                 "user's torch.optim loop" if self.loop is not None else "optimizer recipe",
-                *(["channels-last input"] * (x.dim() == 4 and not x.is_contiguous())))
+                *(["channels-last input"] * (x.dim() == 4 and not x.is_contiguous())), *self.user_code)
 
 
 def _optimizer(rng: random.Random, dtype: torch.dtype) -> Recipe:
@@ -144,7 +149,8 @@ def draw_case(rng: random.Random, seed: int | None = None) -> Case:
     b = rng.choice([2, 4])
     if flip(rng, 0.65):
         t, d = rng.choice([4, 6]), rng.choice([8, 12])
-        picked = _blocks(rng, lambda: sequence_block(rng, t, d))
+        picked, user_code = add_user_code(rng, _blocks(rng, lambda: sequence_block(rng, t, d)), (d,), dtype,
+                                          image=False)
         tokens = flip(rng, 0.5)
         stem: nn.Module = nn.Embedding(17, d) if tokens else nn.Linear(5, d)
         per_token = flip(rng, 0.5)
@@ -160,7 +166,8 @@ def draw_case(rng: random.Random, seed: int | None = None) -> Case:
             return F.cross_entropy(out.mean(1), batch[1])
     else:
         c, hw = rng.choice([4, 6]), rng.choice([4, 8])
-        picked = _blocks(rng, lambda: image_block(rng, c))
+        picked, user_code = add_user_code(rng, _blocks(rng, lambda: image_block(rng, c)), (c, 1, 1), dtype,
+                                          image=True)
         per_pixel = flip(rng, 0.4)
         model = ImageModel(c, [m for m, _ in picked], classes, per_pixel)
         x = torch.randn(b, 3, hw, hw)
@@ -188,4 +195,4 @@ def draw_case(rng: random.Random, seed: int | None = None) -> Case:
     description = (f"{shape}, {str(dtype).removeprefix('torch.')}{' bf16 autocast' if autocast else ''}, "
                    f"[{blocks}], {how}")
     return Case(-1 if seed is None else seed, model, (x, y), loss_fn, optimizer, loop, dtype, autocast,
-                description, rng, precise_loss_fn)
+                description, rng, precise_loss_fn, tuple(user_code))
