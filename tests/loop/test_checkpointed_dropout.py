@@ -77,7 +77,7 @@ def plain_case(reentrant: bool) -> tuple[nn.Module, Callable[[int], tuple], Loss
     return model, batch, loss_fn
 
 
-def lora_case(reentrant: bool) -> tuple[nn.Module, Callable[[int], tuple], LossFn]:
+def lora_case(reentrant: bool, autocast: bool = False) -> tuple[nn.Module, Callable[[int], tuple], LossFn]:
     peft = pytest.importorskip("peft")
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -93,7 +93,8 @@ def lora_case(reentrant: bool) -> tuple[nn.Module, Callable[[int], tuple], LossF
         return (torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(100 + k)),)
 
     def loss_fn(m: Any, b: tuple[torch.Tensor]) -> torch.Tensor:
-        return m(input_ids=b[0], labels=b[0]).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            return m(input_ids=b[0], labels=b[0]).loss
 
     return model, batch, loss_fn
 
@@ -179,6 +180,37 @@ def test_a_plan_that_splits_recomputes_and_swaps_checkpointed_dropout_steps_as_e
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
 def test_lora_with_gradient_checkpointing_steps_as_eager(reentrant: bool) -> None:
     run_against_eager(lora_case, reentrant, ())
+
+
+def test_lora_with_gradient_checkpointing_under_bf16_autocast_steps_as_eager() -> None:
+    run_against_eager(lambda reentrant: lora_case(reentrant, autocast=True), False, ())
+
+
+def test_an_optimized_lora_plan_steps_as_eager() -> None:
+    """peakcut.optimize's own search, within 1.5x of eager's time on the H200 profile."""
+    model, batch, loss_fn = lora_case(False)
+    ref = copy.deepcopy(model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    ref_opt = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=1e-2)
+    plan = peakcut.optimize(model, batch(0), loss_fn, opt, latency_limit=1.5, time_budget=15, max_states=40,
+                            device="h200")
+    largest = max(t.numel for t in plan.graph.tensors.values())
+    for k in range(1, STEPS + 1):
+        torch.manual_seed(k)
+        ref_loss = loss_fn(ref, batch(k))
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        torch.manual_seed(k)
+        loss = plan.step(batch(k))
+        tol = tolerance(torch.float32, largest, k)
+        compare(loss.detach(), ref_loss.detach(), tol, f"step {k} loss")
+        for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+            compare(p.detach(), q.detach(), tol, f"step {k} parameter {name}")
+        ours, theirs = opt.state_dict()["state"], ref_opt.state_dict()["state"]
+        for i, slots in theirs.items():
+            for slot, value in slots.items():
+                compare(ours[i][slot], value, tol, f"step {k} optimizer state {i}.{slot}")
 
 
 def test_a_searched_lora_plan_with_gradient_checkpointing_steps_as_eager() -> None:
