@@ -8,6 +8,8 @@ swapping and re-ordering, under a memory or a latency limit.
 - search.py: Algorithm 3;
 - root_rewrites.py: rewrites made on the root before the search; polish.py: rewrites made
   where the best plan peaks after it;
+- verify.py: candidate plans run against the user's eager step (time, peak) before one is
+  kept; numbers.py: their first step's numbers checked against eager's (fingerprints);
 - plan.py: the runnable result (step, report, source, save/load);
 - api.py: peakcut.optimize() and optimize_graph().
 """

@@ -45,6 +45,7 @@ from peakcut.optimizer.root_rewrites import with_root_rewrites
 from peakcut.optimizer.search import Progress, SearchResult
 from peakcut.optimizer.state import State, computation_hash
 from peakcut.optimizer.verify import (
+    EagerStep,
     candidate_name,
     choose,
     eager_runner,
@@ -466,7 +467,7 @@ def _host_memory(model: torch.nn.Module, keep: bool) -> str:
     return "left alone: not glibc"
 
 
-def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: Any, eager: Callable[[], Any],
+def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: Any, eager: EagerStep,
               opt: torch.optim.Optimizer | None,
               calibration: ContextCalibration | None) -> tuple[State, bool, str]:
     """The candidate that meets the limit when run (peakcut.optimizer.verify), whether one
@@ -500,6 +501,16 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
         report["measured"] = dict(m.as_dict(), latency_ratio=m.ratio, peak_ratio=m.peak_bytes / verdict.eager.peak_bytes)
         return state, True, ""
     report["feasible"] = False
+    rejected = () if verdict.numbers is None else verdict.numbers.rejected
+    if not verdict.candidates:
+        reasons = "; ".join([*(f"{n}: numbers differ from eager's: {w}" for n, w in rejected),
+                             *(f"{n}: {w}" for n, w in verdict.failed)])
+        untransformed = candidate_name(found.captured, found.captured)
+        captured = (" (the untransformed step too: the captured step does not compute what the eager step does)"
+                    if any(n == untransformed for n, _ in rejected) else "")
+        return state, False, (f"no candidate plan can be kept: none of them ran and computed eager's numbers"
+                              f"{captured} ({reasons}); the plan on this error's .plan is unverified and may compute "
+                              "other numbers; the check's figures are on .measured['numbers']")
     what = "time" if mode == "latency" else "peak"
     figures = "; ".join(f"{c.name}: median {format_seconds(c.median_s)} (x{c.ratio:.3f} eager), peak "
                         f"{format_bytes(c.peak_bytes)}" for c in verdict.candidates)
@@ -509,6 +520,8 @@ def _verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: A
            f"interleaved rounds; eager median {format_seconds(eager_m.median_s)}, peak "
            f"{format_bytes(eager_m.peak_bytes)}; {figures}); the nearest plan is on this error's .plan and "
            "the figures on .measured")
+    if rejected:
+        why += "; left out, their numbers differ from eager's: " + "; ".join(f"{n}: {w}" for n, w in rejected)
     return state, False, why
 
 

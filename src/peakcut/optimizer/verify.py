@@ -4,14 +4,17 @@
 
 When the plan runs on the device it was planned for (a measured cost model on the model's
 own device), optimize ends here. Each candidate (the latest bests of the search, newest
-first, and the untransformed step last) is built and run; in every round (MIN_ROUNDS to
-MAX_ROUNDS, as the time left allows) the user's eager step (loss, backward, clipping,
-optimizer step, on the user's model and optimizer; parameters, buffers, grads, optimizer
-state and the RNG restored afterwards) and every candidate run once each, in turn, so that
-drifts of the machine (frequency, other processes) hit all alike. Time: median over the
-rounds, with min and max. A candidate's time is a whole call, step(model, batch), as
-plan.step makes it: its bind (checking model, batch and optimizer, reading the
-hyper-parameters), the program, and the optimizer's step counts (on an H200 at paper size,
+first, and the untransformed step last) is built and bound to the user's optimizer and its
+state, as plan.step binds them. First its numbers: its first step against eager's, both from
+the state and RNG the user's objects had on entry (peakcut.optimizer.numbers); a candidate
+whose numbers differ is left out, the value and by how much in Verdict.numbers. Then, in
+every round (MIN_ROUNDS to MAX_ROUNDS, as the time left allows) the user's eager step
+(loss, backward, clipping, optimizer step, on the user's model and optimizer; parameters,
+buffers, grads, optimizer state and the RNG restored afterwards) and every candidate run
+once each, in turn, so that drifts of the machine (frequency, other processes) hit all
+alike. Time: median over the rounds, with min and max. A candidate's time is a whole call,
+step(model, batch), as plan.step makes it: its bind (checking model, batch and optimizer,
+reading the hyper-parameters), the program, and the optimizer's step counts (on an H200 at paper size,
 ResNet-50's plan timed as its program alone verified at x1.068 and ran at x1.126 from
 plan.step; bench.gpu). A candidate that keeps parameters or optimizer state in host memory
 moves them there when it binds; after each of its runs they are put back (Layout, untimed),
@@ -19,7 +22,8 @@ so that eager runs on the user's layout, and an untimed bind before each timed c
 them again (plan.step does that once). Peak: one more run of each under the allocator's account
 (runtime.measure.bound_peak: the CPU profiler's events, or cuda max_memory_allocated
 beyond what was allocated before). A candidate that cannot bind or run is left out, and
-the reason reported. The user's optimizer hooks run on the eager rounds like on any step.
+the reason reported. The user's optimizer hooks run on the eager rounds like on any step;
+a candidate refuses an optimizer with step hooks, as plan.step does (reported as failed).
 
 A latency limit was given as a ratio to eager, and is checked as one: a candidate's time is
 the median over the rounds of its time / eager's time in the same round (a round's
@@ -28,7 +32,8 @@ candidate meets that, against the ratio widened by the noise band the same round
 for eager (interquartile range / median of eager's runs, at most MAX_NOISE).
 A memory limit is in bytes and is compared with the measured peak as is. The verdict picks, among candidates that meet the limit measured, the
 one the objective prefers on measured figures (least peak under a latency limit, least time
-under a memory limit); none meeting it is LimitNotMet with the measured figures.
+under a memory limit); none meeting it (or none left to run) is LimitNotMet with the
+measured figures.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from torch.utils._pytree import tree_flatten
 
 from peakcut.codegen.program import Step
 from peakcut.cost.inputs import error_line
+from peakcut.optimizer.numbers import NumbersCheck, check, float32_math, tolerance_for
 from peakcut.optimizer.objective import Objective
 from peakcut.optimizer.state import State
 from peakcut.runtime.measure import bound_peak, held_input_bytes, run_peak, storage_bytes
@@ -91,6 +97,7 @@ class Verdict:
     ran: tuple[int, ...] = ()        # index in the candidates given of each of `candidates`
     failed: tuple[tuple[str, str], ...] = ()   # (candidate, why) of those that could not run
     strict_limit: float | None = None   # latency: the ratio before the noise band widened it
+    numbers: NumbersCheck | None = None  # each candidate's first step against eager's (numbers.py)
 
     def meets(self, m: Measured, mode: str) -> bool:
         return _meets(m, mode, self.limit)
@@ -105,66 +112,100 @@ class Verdict:
                                for c in self.candidates],
                 "chosen": None if self.chosen is None else self.candidates[self.chosen].name,
                 "failed": [{"name": n, "why": w} for n, w in self.failed],
+                **({} if self.numbers is None else {"numbers": self.numbers.report()}),
                 "seconds": round(self.seconds, 3)}
 
 
-def eager_runner(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any],
-                 optimizer: torch.optim.Optimizer | None, max_grad_norm: float | None) -> Callable[[], Any]:
-    """One step of the user's eager loop on `model` and `optimizer` (what plan.step stands for)."""
-    params = [p for p in model.parameters() if p.requires_grad]
+class EagerStep:
+    """One step of the user's eager loop on `model` and `optimizer` (what plan.step stands for):
+    grads set to None, loss, backward, clipping, optimizer.step(), grads set to None again."""
 
-    def run() -> Any:
-        for p in params:
+    def __init__(self, model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any],
+                 optimizer: torch.optim.Optimizer | None, max_grad_norm: float | None) -> None:
+        self.model, self.batch, self.loss_fn = model, batch, loss_fn
+        self.optimizer, self.max_grad_norm = optimizer, max_grad_norm
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def __call__(self) -> torch.Tensor:
+        return self.run()
+
+    def run(self, keep_grads: bool = False) -> torch.Tensor:
+        """The step; keep_grads leaves .grad as the step made it (the numbers check reads it)."""
+        for p in self.params:
             p.grad = None
-        loss = loss_fn(model, batch)
+        loss = self.loss_fn(self.model, self.batch)
         loss.backward()
-        if max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        if optimizer is not None:
-            optimizer.step()
-        for p in params:
-            p.grad = None
+        if self.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        if self.optimizer is not None:
+            self.optimizer.step()
+        if not keep_grads:
+            for p in self.params:
+                p.grad = None
         return loss.detach()
 
-    return run
+
+def eager_runner(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any],
+                 optimizer: torch.optim.Optimizer | None, max_grad_norm: float | None) -> EagerStep:
+    """One step of the user's eager loop on `model` and `optimizer` (EagerStep)."""
+    return EagerStep(model, batch, loss_fn, optimizer, max_grad_norm)
 
 
 class Restore:
     """Parameters, buffers (non-persistent ones too), grads, optimizer state and the RNG as
     they were on entry: verification trains nothing. Snapshots are kept in host memory; the
-    optimizer's state tensors are the same objects afterwards, holding their old values."""
+    optimizer's state tensors are the same objects afterwards, holding their old values.
+    put_back() restores all but the RNG at any time (the numbers check, between its runs)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         self.model, self.optimizer = model, optimizer
         device = model_device(model)
         self.rng = torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else [])
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> Restore:
         self.rng.__enter__()
-        self.tensors = [*self.model.parameters(), *self.model.buffers()]
-        self.saved = [t.detach().to("cpu", copy=True) for t in self.tensors]
-        self.grads = [getattr(t, "grad", None) for t in self.tensors]
+        self.named = [*((f"param:{n}", t) for n, t in self.model.named_parameters()),
+                      *((f"buffer:{n}", t) for n, t in self.model.named_buffers())]
+        self.saved = [t.detach().to("cpu", copy=True) for _, t in self.named]
+        self.grads = [getattr(t, "grad", None) for _, t in self.named]
         self.state: dict[Any, dict[str, Any]] = {}
         self.values: dict[tuple[int, str], torch.Tensor] = {}
         if self.optimizer is not None:
             self.state = {p: dict(s) for p, s in self.optimizer.state.items()}
             self.values = {(id(p), k): v.detach().to("cpu", copy=True) for p, s in self.state.items()
                            for k, v in s.items() if isinstance(v, torch.Tensor)}
+        return self
+
+    def put_back(self) -> None:
+        """The entry values in the entry tensors, the entry grads, the entry optimizer state."""
+        with torch.no_grad():
+            for (_, t), saved, grad in zip(self.named, self.saved, self.grads, strict=True):
+                t.copy_(saved)
+                if isinstance(t, torch.nn.Parameter):
+                    t.grad = grad
+            if self.optimizer is not None:
+                self.optimizer.state.clear()
+                for p, s in self.state.items():
+                    for k, v in s.items():
+                        if isinstance(v, torch.Tensor):
+                            v.copy_(self.values[(id(p), k)])
+                    self.optimizer.state[p] = dict(s)
+
+    def entry(self) -> dict[str, torch.Tensor]:
+        """The host snapshots by key: 'param:<name>', 'buffer:<name>', 'state:<param>.<slot>'."""
+        found = {key: saved for (key, _), saved in zip(self.named, self.saved, strict=True)}
+        names = {id(t): key.removeprefix("param:") for key, t in self.named if key.startswith("param:")}
+        found.update({f"state:{names[i]}.{k}": v for (i, k), v in self.values.items() if i in names})
+        return found
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes of the snapshots."""
+        return sum(t.numel() * t.element_size() for t in [*self.saved, *self.values.values()])
 
     def __exit__(self, *exc: object) -> None:
         try:
-            with torch.no_grad():
-                for t, saved, grad in zip(self.tensors, self.saved, self.grads, strict=True):
-                    t.copy_(saved)
-                    if isinstance(t, torch.nn.Parameter):
-                        t.grad = grad
-                if self.optimizer is not None:
-                    self.optimizer.state.clear()
-                    for p, s in self.state.items():
-                        for k, v in s.items():
-                            if isinstance(v, torch.Tensor):
-                                v.copy_(self.values[(id(p), k)])
-                        self.optimizer.state[p] = s
+            self.put_back()
         finally:
             self.rng.__exit__(None, None, None)
 
@@ -225,9 +266,9 @@ def noise_band(times: Sequence[float]) -> float:
     return min(MAX_NOISE, (q3 - q1) / median)
 
 
-RUNS_BESIDE_ROUNDS = 3
-"""Runs of each program outside the timed rounds: warm-up, peak, and (eager) the optimizer's
-first step; with building and binding each candidate, about one run more."""
+RUNS_BESIDE_ROUNDS = 4
+"""Runs of each program outside the timed rounds: the numbers check, warm-up, peak, and (eager)
+the optimizer's first step; with building and binding each candidate, about one run more."""
 
 
 def rounds_for(seconds_each: float, programs: int, budget: float) -> int:
@@ -248,24 +289,33 @@ def programs_for(seconds_each: float, budget: float, most: int) -> int:
 
 
 def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch: Any,
-           eager: Callable[[], Any], optimizer: torch.optim.Optimizer | None, objective: Objective,
+           eager: EagerStep, optimizer: torch.optim.Optimizer | None, objective: Objective,
            predicted_eager_s: float, rounds: int, deadline: float = math.inf) -> Verdict:
-    """Run eager and every candidate up to `rounds` times, interleaved, and judge them (module
-    doc). Rounds past MIN_ROUNDS stop at `deadline` (perf_counter). A candidate that fails to
-    bind or run (out of memory, say) is left out, with the reason in Verdict.failed."""
+    """Check every candidate's numbers against eager's (peakcut.optimizer.numbers), then run
+    eager and every candidate that matched up to `rounds` times, interleaved, and judge them
+    (module doc). Rounds past MIN_ROUNDS stop at `deadline` (perf_counter). A candidate that
+    fails to bind or run (out of memory, say) is left out, with the reason in Verdict.failed;
+    one whose numbers differ from eager's too, with the reason in Verdict.numbers."""
     t0 = time.perf_counter()
     device = model_device(model)
     method = "cuda" if device.type == "cuda" else "cpu-profiler"
-    failed: list[tuple[str, str]] = []
     ran: list[int] = []
     peaks: list[int] = []
-    with Restore(model, optimizer):
+    for _, step in candidates:               # the user's optimizer and its state, as plan.step binds them
+        if optimizer is not None and step.optimizer is not optimizer:
+            step.update.attach(optimizer)
+    with Restore(model, optimizer) as restore:
+        numbers = _check_numbers(candidates, model, batch, eager, optimizer, restore)
+        failed = [(name, why) for _, name, why in numbers.failed]
+        passed = numbers.passed
         eager()                                      # warm-up (and the optimizer's state)
         eager_peak = _eager_peak(eager, model, batch, optimizer)
         layout = Layout(model, optimizer)
         bound: list[Step] = []
         try:
             for index, (name, step) in enumerate(candidates):
+                if index not in passed:
+                    continue
                 try:
                     inputs = step.bind(model, batch)
                     dev = step.device_of(inputs)
@@ -296,7 +346,27 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
         limit = objective.limit
     pick = pick_candidate(cands, objective.mode, limit, strict)
     return Verdict(pick, eager_m, cands, limit, noise, time.perf_counter() - t0, tuple(ran), tuple(failed),
-                   strict_limit=strict)
+                   strict_limit=strict, numbers=numbers)
+
+
+def _check_numbers(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch: Any, eager: EagerStep,
+                   optimizer: torch.optim.Optimizer | None, restore: Restore) -> NumbersCheck:
+    """The numbers check (peakcut.optimizer.numbers): every run from the entry state, the
+    entry layout and the entry RNG, which are all there again afterwards."""
+    layout = Layout(model, optimizer)
+    device = model_device(model)
+    cpu_rng = torch.get_rng_state()
+    gpu_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+    def reset() -> None:
+        layout.put_back()
+        restore.put_back()
+        torch.set_rng_state(cpu_rng)
+        if gpu_rng is not None:
+            torch.cuda.set_rng_state(gpu_rng, device)
+
+    return check(candidates, model, batch, lambda: eager.run(keep_grads=True), optimizer, restore.entry(), reset,
+                 tolerance_for((step.graph for _, step in candidates), float32_math(device)), restore.nbytes)
 
 
 def pick_candidate(cands: Sequence[Measured], mode: str, limit: float, strict: float | None = None) -> int | None:
@@ -376,7 +446,7 @@ def candidate_name(state: State, root: State) -> str:
 
 
 def choose(candidates: Sequence[State], root: State, objective: Objective, predicted_eager_s: float,
-           model: torch.nn.Module, batch: Any, eager: Callable[[], Any],
+           model: torch.nn.Module, batch: Any, eager: EagerStep,
            optimizer: torch.optim.Optimizer | None, seconds: float) -> tuple[State, Verdict]:
     """Run `candidates` against eager within about `seconds` and pick one (module doc). With
     no candidate meeting the limit, the one nearest to it (least measured time under a latency
