@@ -4,6 +4,12 @@ One training step (forward, loss, backward, optimizer update) is traced with
 make_fx over FakeTensors, so paper-size models trace without their memory.
 Op set: the ATen ops eager PyTorch dispatches (after its implicit
 decompositions), in-place ops included; see docs/ir.md for why not Core ATen.
+
+What the user's code holds is checked first (inputs.py: the kinds of batch, parameters and
+buffers; hooks.py; distributed.py) and honoured while tracing: trace.py runs make_fx (its
+generator-state calls through rng.py), backward.py differentiates, constants.py lifts
+closed-over tensors, module_state.py undoes what a forward stored on its modules;
+convert.py turns the FX graph into a Graph.
 """
 
 from __future__ import annotations
