@@ -11,9 +11,13 @@ through peakcut's own ops (`peakcut::rng_state`, `peakcut::set_rng_state`, ir.op
 the graph keeps in order with every random draw (capture chains them), and which the
 generated program runs as the eager step does.
 
-`torch.manual_seed` and `torch.seed` inside a traced step are refused: a seed set at every
-step would repeat the same numbers step after step in the captured program, which is rarely
-what the user meant, and peakcut cannot tell.
+`torch.manual_seed` and `torch.seed` (and an accelerator's `manual_seed`, `manual_seed_all`,
+`seed`, `seed_all`) inside a traced step are refused: a seed set at every step would repeat
+the same numbers step after step in the captured program, which is rarely what the user
+meant, and peakcut cannot tell. Any other change of a generator's state while the step is
+traced (`torch.default_generator.set_state(...)`, a generator's `manual_seed`) would happen
+once, at capture, and not in the captured step: the state is compared before and after the
+trace, put back, and the change refused.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ def _set_cpu(new_state: torch.Tensor) -> None:
 
 
 def _refuse_seed(*_args: Any, **_kwargs: Any) -> Any:
-    raise CaptureError("the step calls torch.manual_seed (or torch.seed) while it runs: a captured step "
+    raise CaptureError("the step calls torch.manual_seed (or torch.seed, or an accelerator's manual_seed) "
+                       "while it runs: a captured step "
                        "would set the same seed at every step; seed the generator once, outside the "
                        "model and loss_fn")
 
@@ -78,4 +83,29 @@ def traced_rng_state(device: torch.device) -> Iterator[None]:
 
             patch(module, "get_rng_state", get_device)
             patch(module, "set_rng_state", set_device)
+            for name in ("manual_seed", "manual_seed_all", "seed", "seed_all"):
+                if hasattr(module, name):
+                    patch(module, name, _refuse_seed)
+        generators = _default_generators(device)
+        before = [g.get_state() for g in generators]
         yield
+        changed = [g for g, state in zip(generators, before, strict=True) if not torch.equal(g.get_state(), state)]
+        for g, state in zip(generators, before, strict=True):
+            g.set_state(state)
+        if changed:
+            raise CaptureError(f"the step changes the state of {changed[0].device}'s random generator through a call "
+                               "peakcut does not trace (torch.default_generator.set_state, a generator's "
+                               "manual_seed, ...): the change would happen once, at capture; save and restore "
+                               "the state with torch.get_rng_state / torch.set_rng_state (or "
+                               "torch.random.fork_rng), which a captured step repeats")
+
+
+def _default_generators(device: torch.device) -> list[torch.Generator]:
+    """The default generators a step on `device` may draw from: the CPU's, and the
+    accelerator's where it is initialized."""
+    found = [torch.default_generator]
+    if device.type != "cpu":
+        module = torch.get_device_module(device.type)
+        if getattr(module, "is_initialized", lambda: False)():
+            found.extend(module.default_generators)
+    return found

@@ -127,8 +127,10 @@ def lookup(op: str) -> OpInfo | None:
 
 
 def draws_random(op: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
-    """Whether a call draws from the random generator: a random op, or an op with dropout_p > 0
-    (attention kernels). Such calls keep their relative order and are never duplicated."""
+    """Whether a call draws from the random generator: a random op of the registry, an op with
+    a dropout_p argument > 0 (attention kernels), or any other op PyTorch tags
+    nondeterministic_seeded (randint.low, normal.Tensor_float, rrelu_with_noise, ...). Such
+    calls keep their relative order and are never duplicated."""
     info = REGISTRY.get(op)
     if info is not None and info.random:
         return True
@@ -136,9 +138,17 @@ def draws_random(op: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> boo
         names = argument_names(op)
     except ValueError:
         return False
-    values = dict(zip(names, args, strict=False)) | dict(kwargs)
-    p = values.get("dropout_p", 0.0)
-    return isinstance(p, (int, float)) and float(p) > 0
+    if "dropout_p" in names:      # tagged seeded, but draws only with a dropout
+        values = dict(zip(names, args, strict=False)) | dict(kwargs)
+        p = values.get("dropout_p", 0.0)
+        return isinstance(p, (int, float)) and float(p) > 0
+    return _seeded(op)
+
+
+@cache
+def _seeded(op: str) -> bool:
+    """Whether PyTorch tags the op as drawing from a random generator."""
+    return torch.Tag.nondeterministic_seeded in resolve_op(op).tags
 
 
 def is_opaque(op: str) -> bool:
