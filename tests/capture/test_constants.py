@@ -122,7 +122,8 @@ def test_a_schedule_in_loss_fns_closure_and_a_global_are_lifted_and_give_eager_n
     mine, theirs = schedule(), schedule()
     g = peakcut.capture(model, batches(1)[0], ddpm_loss(mine), "adamw")
     names = [n for n in g.input_names if n.startswith("const:")]
-    assert names == ["const:held:loss_fn.alphas_cumprod", f"const:global:{__name__}:OFFSET"]
+    assert [n.partition("@")[0] for n in names] == ["const:held:loss_fn.alphas_cumprod",
+                                                     f"const:global:{__name__}:OFFSET"]
     for name in names:
         assert g.tensors[g.inputs[g.input_names.index(name)]].role is Role.BUFFER    # caller-held
     notes = "\n".join(g.signature.notes)
@@ -228,6 +229,16 @@ class MetaAttribute(Denoiser):
         return super().forward(x, t) + self.table
 
 
+def test_a_detached_parameter_read_from_outside_the_model_is_refused() -> None:
+    """A .detach() shares the parameter's memory: as a constant it would not follow the update."""
+    model = ReadsAParameterOutside()
+    weight = model.fc.weight.detach()
+
+    def loss(m: nn.Module, b: Any) -> torch.Tensor:
+        return F.mse_loss(m(b[0], b[1]) + weight.sum(), b[2])
+    _refused(model, loss, r"shape \(8, 8\) float32.*shares memory with the model's parameter 'fc\.weight'")
+
+
 def test_a_meta_attribute_is_refused_by_shape_dtype_and_module() -> None:
     _refused(MetaAttribute(), lambda m, b: F.mse_loss(m(b[0], b[1]), b[2]),
              r"MetaAttribute\.forward reads a tensor of shape \(8,\) float32 \(model attribute 'table'.*meta",
@@ -265,7 +276,10 @@ def test_a_closure_tensor_that_is_gone_is_named_at_the_step() -> None:
     model = Denoiser()
     g = peakcut.capture(model, batches(1)[0], ddpm_loss(schedule()), "adamw")
     gc.collect()
-    with pytest.raises(StepBindingError, match="const:held:loss_fn.alphas_cumprod: the tensor .* is gone"):
+    other = ddpm_loss(schedule())       # a new capture with a closure variable of the same name
+    g2 = peakcut.capture(model, batches(1)[0], other, "adamw")
+    assert g2.input_names != g.input_names
+    with pytest.raises(StepBindingError, match="const:held:loss_fn.alphas_cumprod@[0-9a-f]+: the tensor .* is gone"):
         peakcut.build(g)(model, batches(1)[0])
 
 

@@ -34,6 +34,7 @@ import functools
 import inspect
 import sys
 import types
+import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -101,6 +102,8 @@ class ClosedOver(TorchFunctionMode):
         self._buffers = buffers
         self._swapped: dict[int, torch.Tensor] = {}     # id(real tensor) -> what the trace reads
         self._trained = {id(p): n for n, p in params if p.requires_grad}
+        self._owners = {key: (kind, n) for kind, items in (("parameter", params), ("buffer", buffers))
+                        for n, t in items if (key := _storage_of(t)) is not None}
         self._found: list[Constant] = []
 
     def around(self, step: Callable[..., Any]) -> Callable[..., Any]:
@@ -124,10 +127,10 @@ class ClosedOver(TorchFunctionMode):
     def _swap(self, t: torch.Tensor) -> torch.Tensor:
         if isinstance(t, FakeTensor):
             return t
-        why = self._why_not(t)
+        hit = self._swapped.get(id(t))      # the model's own buffer or frozen parameter
+        why = self._why_not(t) if hit is None else None
         if why is not None:
             self._refuse(t, why)
-        hit = self._swapped.get(id(t))
         if hit is None:
             hit = self._swapped[id(t)] = self._fake_mode.from_tensor(t)
             reader = self._reader()
@@ -144,6 +147,11 @@ class ClosedOver(TorchFunctionMode):
         kind = unsupported_kind(t)
         if kind is not None:
             return f"it is {kind}"
+        owner = self._owners.get(_storage_of(t))
+        if owner is not None:
+            return (f"it shares memory with the model's {owner[0]} {owner[1]!r} (a view or .detach() of it): a "
+                    "constant of the step would not follow that tensor's updates in the step's order; read it "
+                    "through the model loss_fn is given")
         if t.requires_grad and torch.is_grad_enabled():
             return ("it requires grad and is not a parameter of the model: lifted as a constant it would get no "
                     "gradient; register it as an nn.Parameter of the model, or detach it")
@@ -245,6 +253,17 @@ def held(input_names: list[str]) -> list[torch.Tensor]:
     return [t for k in keys if (t := _HELD.get(k)) is not None]
 
 
+def _storage_of(t: torch.Tensor) -> tuple[str, int] | None:
+    """(device, address) of the memory `t` is a view of; None where it has none (meta)."""
+    if t.device.type == "meta" or isinstance(t, FakeTensor):
+        return None
+    try:
+        address = t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):     # sparse, nested: no storage of their own
+        return None
+    return (str(t.device), address) if address else None
+
+
 def _resolved(key: str, model: torch.nn.Module) -> torch.Tensor | None:
     try:
         return resolve(key, model)
@@ -281,12 +300,11 @@ def _reads_values(func: Any) -> bool:
 
 
 def _hold(label: str, t: torch.Tensor, taken: set[str]) -> str:
-    """A label for `t` in the table of held tensors: `label`, or label#2, ... where another
-    live tensor holds it."""
-    key, n = label, 1
-    while ((held := _HELD.get(key)) is not None and held is not t) or f"{PREFIX}held:{key}" in taken:
-        n += 1
-        key = f"{label}#{n}"
+    """A key for `t` in the table of held tensors: `label` and a token of its own, so that a
+    graph whose tensor is gone never binds another capture's tensor of the same label."""
+    key = f"{label}@{uuid.uuid4().hex[:8]}"
+    while key in _HELD or f"{PREFIX}held:{key}" in taken:
+        key = f"{label}@{uuid.uuid4().hex[:8]}"
     _HELD[key] = t
     return key
 
