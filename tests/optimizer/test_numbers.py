@@ -254,3 +254,23 @@ def test_gradients_without_an_optimizer_are_compared() -> None:
     right, wrong = verdict.numbers.judged
     assert right.matches and wrong.why.startswith("gradient of fc2.bias")
     assert all(p.grad is None for p in model.parameters())
+
+
+CALLS = torch.zeros(())
+
+
+def _counting_loss(m: torch.nn.Module, b: tuple[torch.Tensor]) -> torch.Tensor:
+    CALLS.add_(1)             # a global the step writes in place: a const: input
+    return m(b[0]).pow(2).mean() * (1 + 0 * CALLS)
+
+
+def test_a_tensor_the_step_writes_in_place_is_put_back_and_not_held_against_a_plan() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    CALLS.zero_()
+    plan = peakcut.optimize(model, (torch.randn(8, 4),), _counting_loss, opt, device="measured",
+                            latency_limit=1.2, time_budget=20)
+    numbers = plan.report["verification"]["numbers"]
+    assert not numbers["rejected"], numbers["rejected"]
+    assert float(CALLS) == 0.0                 # verification trains nothing, counters included

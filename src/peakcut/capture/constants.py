@@ -246,6 +246,19 @@ def resolve(key: str, model: torch.nn.Module) -> torch.Tensor:
     return where
 
 
+def bound_constants(input_names: Iterable[str], model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(input name, tensor) of each `const:` input among `input_names` that binds for `model`
+    now (those that do not are left out: binding the step names them)."""
+    found = []
+    for name in input_names:
+        if name.startswith(PREFIX):
+            try:
+                found.append((name, resolve(name.removeprefix(PREFIX), model)))
+            except LookupError:
+                continue
+    return found
+
+
 def held(input_names: list[str]) -> list[torch.Tensor]:
     """The tensors that the `const:held:` inputs among `input_names` bind to, where they are
     still alive: a step or plan keeps them, so they live as long as it does."""

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from peakcut.capture.constants import bound_constants
 from peakcut.codegen.program import Step
 from peakcut.cost.measured import MeasuredCostModel
 from peakcut.cost.model import step_seconds
@@ -111,7 +112,7 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
     times: list[float] = []
     eager_times: list[float] = []
     device = model_device(model)
-    with Restore(model, optimizer):
+    with Restore(model, optimizer, bound_constants(g.input_names, model)):
         first = _timed(eager, device)                 # warm-up (and the optimizer's state)
         reserved = RUNS_MARGIN * (2 * (RUNS + SETTLE) + 2) * first
         cost.profile(g, deadline=t0 + seconds - reserved)

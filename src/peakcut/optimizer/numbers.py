@@ -328,7 +328,8 @@ def judge(index: int, name: str, ref: StepNumbers, ours: StepNumbers, allowed: M
         if ratio > 1:
             bad.append((ratio, key, f"{what}: {a:.6g}, eager's {b:.6g}: differs by {diff:.3g}, allowed {limit:.3g}"))
 
-    see("loss", "loss", ours.loss, ref.loss, relative * abs(ref.loss))
+    # at least relative * 1: a loss near zero by cancellation rounds like its terms, not like itself
+    see("loss", "loss", ours.loss, ref.loss, relative * max(abs(ref.loss), 1.0))
     unjudged = []
     for key in sorted(ref.values.keys() | ours.values.keys()):
         f, g = ref.values.get(key), ours.values.get(key)

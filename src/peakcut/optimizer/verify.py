@@ -49,6 +49,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from peakcut.capture.constants import bound_constants
 from peakcut.codegen.program import Step
 from peakcut.cost.inputs import error_line
 from peakcut.optimizer.numbers import NumbersCheck, check, float32_math, tolerance_for
@@ -152,20 +153,23 @@ def eager_runner(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any]
 
 
 class Restore:
-    """Parameters, buffers (non-persistent ones too), grads, optimizer state and the RNG as
-    they were on entry: verification trains nothing. Snapshots are kept in host memory; the
-    optimizer's state tensors are the same objects afterwards, holding their old values.
-    put_back() restores all but the RNG at any time (the numbers check, between its runs)."""
+    """Parameters, buffers (non-persistent ones too), grads, optimizer state, the tensors the
+    step closes over (`constants`: its `const:` inputs, which it may write in place) and the
+    RNG as they were on entry: verification trains nothing. Snapshots are kept in host
+    memory; the optimizer's state tensors are the same objects afterwards, holding their old
+    values. put_back() restores all but the RNG at any time (the numbers check, between its
+    runs)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-        self.model, self.optimizer = model, optimizer
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                 constants: Sequence[tuple[str, torch.Tensor]] = ()) -> None:
+        self.model, self.optimizer, self.constants = model, optimizer, list(constants)
         device = model_device(model)
         self.rng = torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else [])
 
     def __enter__(self) -> Restore:
         self.rng.__enter__()
         self.named = [*((f"param:{n}", t) for n, t in self.model.named_parameters()),
-                      *((f"buffer:{n}", t) for n, t in self.model.named_buffers())]
+                      *((f"buffer:{n}", t) for n, t in self.model.named_buffers()), *self.constants]
         self.saved = [t.detach().to("cpu", copy=True) for _, t in self.named]
         self.grads = [getattr(t, "grad", None) for _, t in self.named]
         self.state: dict[Any, dict[str, Any]] = {}
@@ -304,7 +308,8 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
     for _, step in candidates:               # the user's optimizer and its state, as plan.step binds them
         if optimizer is not None and step.optimizer is not optimizer:
             step.update.attach(optimizer)
-    with Restore(model, optimizer) as restore:
+    constants = bound_constants(candidates[0][1].graph.input_names, model) if candidates else []
+    with Restore(model, optimizer, constants) as restore:
         numbers = _check_numbers(candidates, model, batch, eager, optimizer, restore)
         failed = [(name, why) for _, name, why in numbers.failed]
         passed = numbers.passed
