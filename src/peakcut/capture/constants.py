@@ -147,7 +147,8 @@ class ClosedOver(TorchFunctionMode):
         kind = unsupported_kind(t)
         if kind is not None:
             return f"it is {kind}"
-        owner = self._owners.get(_storage_of(t))
+        storage = _storage_of(t)
+        owner = self._owners.get(storage) if storage is not None else None
         if owner is not None:
             return (f"it shares memory with the model's {owner[0]} {owner[1]!r} (a view or .detach() of it): a "
                     "constant of the step would not follow that tensor's updates in the step's order; read it "
