@@ -82,3 +82,60 @@ def test_tensors_made_on_the_fly_step_as_eager() -> None:
         torch.testing.assert_close(loss, ref_loss.detach(), rtol=tol, atol=tol)
         for p, q in zip(model.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(p, q, rtol=tol, atol=tol)
+
+
+class Rebinds(nn.Module):
+    """Assigns new tensors to registered buffers in forward: an EMA and a step counter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("ema", torch.zeros(4))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        self.ema = 0.9 * self.ema + 0.1 * y.detach().mean((0, 1))
+        self.calls = self.calls + 1
+        return y - self.ema * (self.calls % 2)
+
+
+class Cached(nn.Module):
+    """Keeps a tensor in a dict attribute, made on the first call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.cache: dict[int, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] not in self.cache:
+            self.cache[x.shape[1]] = torch.ones(x.shape[1], 1) * 0.5
+        return self.fc(x * self.cache[x.shape[1]])
+
+
+def test_a_dict_cache_is_left_as_it_was() -> None:
+    model = Cached()
+    peakcut.capture(model, (torch.randn(2, 3, 4),), loss_fn, "adamw")
+    assert model.cache == {}
+    model(torch.randn(2, 3, 4))
+
+
+def test_buffers_the_forward_assigns_keep_their_new_values_as_in_eager() -> None:
+    torch.manual_seed(0)
+    model = Rebinds()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    step = peakcut.build(peakcut.capture(model, (torch.randn(2, 3, 4),), loss_fn, opt), optimizer=opt)
+    for k in range(3):
+        batch = (torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(k)),)
+        loss = step(model, batch)
+        ref_loss = loss_fn(ref, batch)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        tol = tolerance(torch.float32, 12, k + 1)
+        torch.testing.assert_close(loss, ref_loss.detach(), rtol=tol, atol=tol)
+        torch.testing.assert_close(model.ema, ref.ema, rtol=tol, atol=tol)
+        assert int(model.calls) == int(ref.calls) == k + 1

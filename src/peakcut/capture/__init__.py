@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from torch.func import functional_call
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils import _pytree as pytree
 
@@ -29,7 +28,7 @@ from peakcut.capture.convert import fx_to_graph
 from peakcut.capture.distributed import check_distributed
 from peakcut.capture.hooks import check_hooks, parameter_hooks, register_parameter_hooks
 from peakcut.capture.inputs import check_inputs
-from peakcut.capture.module_state import tensors_restored
+from peakcut.capture.module_state import persist_rebound_buffers, tensors_restored
 from peakcut.capture.optimizers import (
     SGD,
     Adam,
@@ -63,14 +62,18 @@ LossFn = Callable[[Any, Any], torch.Tensor]
 
 class BoundModel:
     """The model as a traced loss_fn sees it: calls `model` with substituted parameters and
-    buffers (torch.func.functional_call) and forwards attribute reads to it."""
+    buffers (as torch.func.functional_call does) and forwards attribute reads to it."""
 
-    def __init__(self, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    def __init__(self, model: torch.nn.Module, state: dict[str, torch.Tensor], buffers: list[str]) -> None:
         self._model = model
         self._state = state
+        self._buffers = {n: state[n] for n in buffers}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return functional_call(self._model, self._state, args, kwargs, strict=False)
+        with _reparametrize_module(self._model, self._state, tie_weights=True, strict=False):
+            out = self._model(*args, **kwargs)
+            persist_rebound_buffers(self._model, self._buffers)    # `self.ema = ...` kept, in place
+        return out
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
@@ -278,7 +281,7 @@ def _trace(model: torch.nn.Module, param_items: list, buffer_items: list, batch_
         register_parameter_hooks(live, hooks)      # the parameters' p.register_hook hooks
         state = {n: p for (n, _), p in zip(param_items, live, strict=True)}
         state.update({n: b for (n, _), b in zip(buffer_items, buffers, strict=True)})
-        bound = BoundModel(model, state)
+        bound = BoundModel(model, state, [n for n, _ in buffer_items])
         b = pytree.tree_unflatten(list(leaves), batch_spec)
         if mode == "inference":
             with torch.no_grad():
