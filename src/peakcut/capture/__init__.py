@@ -62,9 +62,10 @@ LossFn = Callable[[Any, Any], torch.Tensor]
 
 class BoundModel:
     """The model as a traced loss_fn sees it: calls `model` with substituted parameters and
-    buffers (as torch.func.functional_call does) and forwards attribute reads to it."""
+    buffers (as torch.func.functional_call does) and forwards attribute reads to it. A buffer
+    named in `buffers` that the forward assigns a new tensor to gets its value in place."""
 
-    def __init__(self, model: torch.nn.Module, state: dict[str, torch.Tensor], buffers: list[str]) -> None:
+    def __init__(self, model: torch.nn.Module, state: dict[str, torch.Tensor], buffers: Sequence[str] = ()) -> None:
         self._model = model
         self._state = state
         self._buffers = {n: state[n] for n in buffers}
