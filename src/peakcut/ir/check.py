@@ -7,7 +7,7 @@ import torch
 
 from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.node import TensorRef, map_refs
-from peakcut.ir.ops import LOAD_OP, STORE_OP, UPLOAD_OP, WRITEBACK_OP
+from peakcut.ir.ops import LOAD_OP, RNG_STATE_OPS, STORE_OP, UPLOAD_OP, WRITEBACK_OP
 from peakcut.ir.real_dtypes import with_real_dtypes
 from peakcut.ir.tensor import Role, TensorMeta
 
@@ -87,8 +87,9 @@ def _check_host_copies(g: Graph) -> None:
     """Host memory is reached only through its copies and the nodes on the host: loads read
     host memory; stores read device memory; a writeback copies a device tensor into a program
     input kept in host memory (Graph.host_inputs); an upload copies a host tensor into device
-    memory; a node on the host (NodeTags.on_host) reads and writes host memory only; any other
-    node touches no host memory."""
+    memory; a node on the host (NodeTags.on_host) reads and writes host memory only; a
+    generator's state is read and set from host memory (peakcut.rng_state / set_rng_state);
+    any other node touches no host memory."""
     host = g.host_storages()
     host_inputs = set(g.host_inputs())
 
@@ -112,6 +113,8 @@ def _check_host_copies(g: Graph) -> None:
                                  "input kept in host memory")
             if n.op == UPLOAD_OP and (target is None or in_host(target) or not in_host(source)):
                 raise GraphError(f"{_describe(g, nid)} must copy a host tensor into device memory")
+            continue
+        if n.op in RNG_STATE_OPS:       # a generator's state: a host tensor on an accelerator
             continue
         if n.tags.on_host:
             device = [t for t in (*n.input_ids(), *n.output_ids()) if not in_host(t)]

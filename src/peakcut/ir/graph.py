@@ -283,9 +283,10 @@ class Graph:
 
     def host_storages(self) -> set[int]:
         """Storages in host memory: the outputs of swap-out (peakcut.store) nodes and of nodes
-        that run on the host (NodeTags.on_host), and the program inputs that live in host
-        memory between steps (host_inputs)."""
-        from peakcut.ir.ops import LOAD_OP, STORE_OP
+        that run on the host (NodeTags.on_host), the program inputs that live in host memory
+        between steps (host_inputs), and, on an accelerator, the generator states
+        peakcut.rng_state returns (host tensors, as torch.cuda.get_rng_state's are)."""
+        from peakcut.ir.ops import LOAD_OP, RNG_STATE_OP, STORE_OP
 
         if self._host is None:
             tensors = self._tensors
@@ -296,6 +297,8 @@ class Graph:
                     host.update(tensors[t].storage for t in n.output_tuple)
                 elif n.op == LOAD_OP:
                     host.update(tensors[t].storage for t in n.input_tuple if t in inputs)
+                elif n.op == RNG_STATE_OP and not self.device.startswith("cpu"):
+                    host.update(tensors[t].storage for t in n.output_tuple)
                 elif n.tags.on_host:
                     host.update(tensors[t].storage for t in n.output_tuple)
                     host.update(tensors[t].storage for t in n.input_tuple if t in inputs)
