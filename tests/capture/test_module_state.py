@@ -5,6 +5,7 @@ captured step makes them in its graph at every step, with eager's numbers."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -71,17 +72,25 @@ def test_tensors_made_on_the_fly_step_as_eager() -> None:
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     plan = peakcut.optimize(model, (torch.randn(2, 3, 4),), loss_fn, opt, time_budget=10, max_states=8,
                             device="h200")
-    for k in range(3):
+    for _k, tol in steps_beside_eager(plan.step, ref, ref_opt):
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=tol, atol=tol)
+
+
+def steps_beside_eager(step: Callable[[tuple[torch.Tensor]], torch.Tensor], ref: nn.Module,
+                       ref_opt: torch.optim.Optimizer) -> Iterator[tuple[int, float]]:
+    """Three steps of `step` and of the eager loop on `ref`, the same batches; checks the
+    losses and yields (step number, tolerance) after each for the caller's own checks."""
+    for k in range(1, 4):
         batch = (torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(k)),)
-        loss = plan.step(batch)
+        loss = step(batch)
         ref_loss = loss_fn(ref, batch)
         ref_loss.backward()
         ref_opt.step()
         ref_opt.zero_grad()
-        tol = tolerance(torch.float32, 12, k + 1)
+        tol = tolerance(torch.float32, 12, k)
         torch.testing.assert_close(loss, ref_loss.detach(), rtol=tol, atol=tol)
-        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
-            torch.testing.assert_close(p, q, rtol=tol, atol=tol)
+        yield k, tol
 
 
 class Rebinds(nn.Module):
@@ -128,14 +137,6 @@ def test_buffers_the_forward_assigns_keep_their_new_values_as_in_eager() -> None
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     step = peakcut.build(peakcut.capture(model, (torch.randn(2, 3, 4),), loss_fn, opt), optimizer=opt)
-    for k in range(3):
-        batch = (torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(k)),)
-        loss = step(model, batch)
-        ref_loss = loss_fn(ref, batch)
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        tol = tolerance(torch.float32, 12, k + 1)
-        torch.testing.assert_close(loss, ref_loss.detach(), rtol=tol, atol=tol)
+    for k, tol in steps_beside_eager(lambda batch: step(model, batch), ref, ref_opt):
         torch.testing.assert_close(model.ema, ref.ema, rtol=tol, atol=tol)
-        assert int(model.calls) == int(ref.calls) == k + 1
+        assert int(model.calls) == int(ref.calls) == k
