@@ -28,7 +28,7 @@ import torch
 
 import peakcut
 from bench.measured.run import interleaved
-from peakcut.optimizer.verify import Restore, eager_runner
+from peakcut.optimizer.verify import EagerStep, Restore
 from peakcut.runtime.host_allocator import keep_freed_host_memory
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
@@ -38,7 +38,7 @@ def floor_row(name: str, rounds: int, size: str = "medium") -> str:
     inst = get_workload(name).build(size)
     opt = torch.optim.AdamW(inst.model.parameters(), lr=1e-4)
     step = peakcut.build(peakcut.capture(inst.model, inst.batch, inst.loss_fn, opt))
-    eager = eager_runner(inst.model, inst.batch, inst.loss_fn, opt, None)
+    eager = EagerStep(inst.model, inst.batch, inst.loss_fn, opt, None)
     with Restore(inst.model, opt):
         eager()
         inputs = step.bind(inst.model, inst.batch)

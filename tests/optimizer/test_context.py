@@ -11,7 +11,7 @@ from torch import nn
 import peakcut
 from peakcut.cost.measured import MeasuredCostModel
 from peakcut.optimizer.context import HIGHEST, LOWEST, RUNS, ContextCalibration, calibrate, refit
-from peakcut.optimizer.verify import Measured, Verdict, eager_runner
+from peakcut.optimizer.verify import EagerStep, Measured, Verdict
 from peakcut.runtime import keep_freed_host_memory
 
 
@@ -33,7 +33,7 @@ def test_calibrate_sets_the_factor_and_trains_nothing(tmp_path) -> None:
     g = peakcut.capture(model, batch, _loss, opt)
     cost = MeasuredCostModel("cpu", cache_dir=tmp_path)
     standalone = sum(cost.node_seconds(g, n) for n in g.order)
-    found = calibrate(g, cost, model, batch, eager_runner(model, batch, _loss, opt, None), opt)
+    found = calibrate(g, cost, model, batch, EagerStep(model, batch, _loss, opt, None), opt)
     assert LOWEST <= found.factor <= HIGHEST
     assert cost.context == found.factor
     assert len(found.times) == len(found.eager_times) == RUNS
@@ -68,7 +68,7 @@ def test_a_skipped_calibration_still_times_a_warm_eager_step(tmp_path) -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     g = peakcut.capture(model, batch, _loss, opt)
     cost = MeasuredCostModel("cpu", cache_dir=tmp_path)
-    found = calibrate(g, cost, model, batch, eager_runner(model, batch, _loss, opt, None), opt, seconds=0.0)
+    found = calibrate(g, cost, model, batch, EagerStep(model, batch, _loss, opt, None), opt, seconds=0.0)
     assert "not all measured" in found.skipped and not found.eager_times
     assert found.eager_step_s > 0 and found.factor == 1.0 and cost.context == 1.0
     for k, v in model.state_dict().items():

@@ -38,7 +38,7 @@ from peakcut.optimizer.numbers import (
     tolerance_for,
 )
 from peakcut.optimizer.objective import Objective
-from peakcut.optimizer.verify import MIN_ROUNDS, eager_runner, verify
+from peakcut.optimizer.verify import MIN_ROUNDS, EagerStep, verify
 from tests.helpers import cross_entropy_loss, make_mlp
 
 BUDGET = 6.0
@@ -98,7 +98,7 @@ def test_a_plan_with_one_gradient_scaled_is_rejected_with_the_reason(kind: str) 
            else torch.optim.AdamW(model.parameters(), lr=1e-3))
     g = peakcut.capture(model, batch, cross_entropy_loss, opt)
     wrong = Step(*scaled_gradient(g, list(g.order), "fc1.weight", 1.5))
-    eager = eager_runner(model, batch, cross_entropy_loss, opt, None)
+    eager = EagerStep(model, batch, cross_entropy_loss, opt, None)
     verdict = verify([("right", Step(g, g.order)), ("scaled", wrong)], model, batch, eager, opt,
                      Objective("latency", 1.0), 1e-3, MIN_ROUNDS)
     assert [c.name for c in verdict.candidates] == ["right"]           # the wrong one is not timed
@@ -180,7 +180,7 @@ def test_plans_that_split_the_batch_match(autocast: bool) -> None:
     split = found.best
     assert split.fission(), "no batch split found"
     wrong = Step(*scaled_gradient(split.program, list(split.order), "0.weight", 1.5))
-    eager = eager_runner(model, batch, loss_fn, opt, None)
+    eager = EagerStep(model, batch, loss_fn, opt, None)
     verdict = verify([("split", Step(split.program, list(split.order))), ("split, scaled", wrong)], model, batch,
                      eager, opt, Objective("memory", float(1 << 40)), 1e-3, 1)
     assert verdict.numbers is not None
@@ -241,7 +241,7 @@ def test_the_tolerance_follows_the_step_dtypes() -> None:
 def test_gradients_without_an_optimizer_are_compared() -> None:
     model, batch = make_mlp()
     g = peakcut.capture(model, batch, cross_entropy_loss, None)
-    eager = eager_runner(model, batch, cross_entropy_loss, None, None)
+    eager = EagerStep(model, batch, cross_entropy_loss, None, None)
     grad = g.outputs[g.output_names.index("grad:fc2.bias")]
     ed = GraphEditor(g)                                   # the returned gradient doubled
     mul = ed.add_op("aten.mul.Tensor", (TensorRef(grad), 2.0), {}, name="doubled", phase=Phase.BACKWARD, module="")

@@ -27,8 +27,8 @@ from peakcut.optimizer.objective import Objective
 from peakcut.optimizer.verify import (
     MAX_ROUNDS,
     MIN_ROUNDS,
+    EagerStep,
     Measured,
-    eager_runner,
     noise_band,
     pick_candidate,
     rounds_for,
@@ -171,7 +171,7 @@ def test_a_candidates_time_is_a_whole_call_with_its_bind_as_plan_step_makes_it()
     model, batch = make_mlp()
     opt = torch.optim.AdamW(model.parameters())
     g = peakcut.capture(model, batch, cross_entropy_loss, opt)
-    eager = eager_runner(model, batch, cross_entropy_loss, opt, None)
+    eager = EagerStep(model, batch, cross_entropy_loss, opt, None)
     verdict = verify([("plain", Step(g, g.order)), ("slow bind", SlowBind(g, g.order))], model, batch, eager,
                      opt, Objective("latency", 1.0), 1e-3, MIN_ROUNDS)
     plain, slow = verdict.candidates
@@ -185,7 +185,7 @@ def test_parameters_and_state_a_candidate_keeps_on_the_host_are_put_back_for_eag
     meet parameters in host memory (U-Net on an H200 under memory_limit=0.5 failed so)."""
     model, batch = make_mlp()
     opt = torch.optim.AdamW(model.parameters())
-    eager = eager_runner(model, batch, cross_entropy_loss, opt, None)
+    eager = EagerStep(model, batch, cross_entropy_loss, opt, None)
     eager()                                             # the optimizer's state exists
     own = {n: p.data_ptr() for n, p in model.named_parameters()}
     state = {(id(p), k): v for p, s in opt.state.items() for k, v in s.items()}

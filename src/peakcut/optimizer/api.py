@@ -48,7 +48,6 @@ from peakcut.optimizer.verify import (
     EagerStep,
     candidate_name,
     choose,
-    eager_runner,
     model_device,
     needed_seconds,
     programs_for,
@@ -419,7 +418,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         calibration = None
         cost = get_cost_model(device) if isinstance(device, str) else device
         if checked and loss_fn is not None and held_floor_refusal(g, memory_limit, cost.name) is None:
-            eager = eager_runner(model, b, loss_fn, opt, max_grad_norm)
+            eager = EagerStep(model, b, loss_fn, opt, max_grad_norm)
             if isinstance(cost, MeasuredCostModel):
                 host_memory = _host_memory(model, keep_host_memory)
                 calibration = calibrate(g, cost, model, b, eager, opt, CALIBRATE_SHARE * budget)

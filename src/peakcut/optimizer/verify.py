@@ -146,12 +146,6 @@ class EagerStep:
         return loss.detach()
 
 
-def eager_runner(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any],
-                 optimizer: torch.optim.Optimizer | None, max_grad_norm: float | None) -> EagerStep:
-    """One step of the user's eager loop on `model` and `optimizer` (EagerStep)."""
-    return EagerStep(model, batch, loss_fn, optimizer, max_grad_norm)
-
-
 class Restore:
     """Parameters, buffers (non-persistent ones too), grads, optimizer state, the tensors the
     step closes over (`constants`: its `const:` inputs, which it may write in place) and the
