@@ -68,24 +68,29 @@ def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def imported_modules(module: str, path: Path, known: set[str]) -> set[str]:
-    """The peakcut modules `module` (its source at `path`) imports, as defined above."""
+def import_targets(module: str, path: Path, known: set[str]) -> list[tuple[int, str]]:
+    """(line, peakcut module) for each module `module` (its source at `path`) imports, as
+    defined above, once per import statement that names it; sorted."""
     tree = ast.parse(path.read_text(), filename=str(path))
     is_package = path.name == "__init__.py"
-    found: set[str] = set()
+    found: set[tuple[int, str]] = set()
     for node in _import_nodes(tree):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names if alias.name in known)
+            found.update((node.lineno, alias.name) for alias in node.names if alias.name in known)
             continue
         target = _absolute(module, is_package, node)
         for alias in node.names:
             sub = f"{target}.{alias.name}"
             if sub in known:
-                found.add(sub)
+                found.add((node.lineno, sub))
             elif target in known:
-                found.add(target)
-    found.discard(module)
-    return found
+                found.add((node.lineno, target))
+    return sorted((line, m) for line, m in found if m != module)
+
+
+def imported_modules(module: str, path: Path, known: set[str]) -> set[str]:
+    """The peakcut modules `module` (its source at `path`) imports, as defined above."""
+    return {m for _, m in import_targets(module, path, known)}
 
 
 def import_graph(src: Path = SRC, root: str = ROOT) -> dict[str, set[str]]:

@@ -26,8 +26,8 @@ import peakcut
 from bench.fuzz.blocks import ImageModel, SequenceModel, flip, image_block, sequence_block
 from bench.fuzz.loop import UserLoop
 from bench.fuzz.user_code import add_user_code
-from peakcut.capture.optimizers import Recipe
 from peakcut.runtime.equivalence import torch_optimizer
+from peakcut.spec.optimizers import Recipe
 
 
 @dataclass

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import peakcut
-from peakcut.capture.optimizers import OptimizerSpec
 from peakcut.codegen.update_inputs import UpdateInputs
+from peakcut.spec.optimizers import OptimizerSpec
 
 KEPT = "state:0.weight.exp_avg"
 

@@ -7,8 +7,9 @@ step. While the step is traced (`ClosedOver`, a TorchFunctionMode), every real t
 is given becomes a FakeTensor; after the trace (`ClosedOver.lift`) each one that an op read
 becomes a program input named `const:<where>` (made by capture.convert), with the role of a
 buffer (caller-held: it counts for the whole step, like a parameter). At every call the step
-binds the input to your tensor object (`resolve`), so an in-place change you make between
-steps is seen, and an in-place change the step makes happens on your tensor, as in eager:
+binds the input to your tensor object (peakcut.spec.constants), so an in-place change you
+make between steps is seen, and an in-place change the step makes happens on your tensor, as
+in eager:
 
 - `const:attr:<path>`: an attribute of the model (`scheduler.alphas_cumprod`), looked up on
   the model the step is called with;
@@ -23,19 +24,16 @@ that holds `model.norm.weight`) are bound to those inputs. Refused with a Captur
 naming the tensor's shape, dtype, where it was found and the module or function that read
 it: a tensor that requires grad (lifting it would drop its gradient), the model's own
 trainable parameter read from outside the model, a meta tensor (it has no values), one on
-another device than the step, one of a kind a step cannot hold (capture.inputs), and a
-module attribute or global the step assigns another tensor to after reading it (a captured
-step cannot rebind your attribute).
+another device than the step, one of a kind a step cannot hold (peakcut.spec.tensor_kinds),
+and a module attribute or global the step assigns another tensor to after reading it (a
+captured step cannot rebind your attribute).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import sys
 import types
-import uuid
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -46,10 +44,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from peakcut.capture.errors import CaptureError
-from peakcut.capture.inputs import unsupported_kind
 from peakcut.capture.trace import TraceLog
+from peakcut.spec.constants import PREFIX, hold, resolve
+from peakcut.spec.tensor_kinds import unsupported_kind
 
-PREFIX = "const:"
 LIFTED = "peakcut_input"      # FX node meta: the input name a get_attr node reads (ClosedOver.lift)
 _NOWHERE = "found neither on the model, in loss_fn's closure nor in a global"
 # Tensor properties whose value is a tensor of the same values (a view): reading one reads them.
@@ -60,12 +58,6 @@ _METADATA = frozenset({
     "numel", "nelement", "element_size", "storage_offset", "data_ptr", "untyped_storage", "is_contiguous",
     "get_device", "register_hook", "register_post_accumulate_grad_hook",
 })
-
-# label -> the tensor a `const:held:<label>` input binds to. Graphs cross processes (the
-# search's workers) and JSON files, so a graph names its constants; this table holds the
-# tensors that no attribute or module path reaches. Weak: it never keeps a tensor alive.
-_HELD: weakref.WeakValueDictionary[str, torch.Tensor] = weakref.WeakValueDictionary()
-
 
 @dataclass(frozen=True)
 class Place:
@@ -211,60 +203,12 @@ class ClosedOver(TorchFunctionMode):
                          "a captured step cannot rebind it: register it as a buffer and update it in place "
                          "(copy_), or keep the new tensor elsewhere", const)
         if key.startswith("held:"):
-            key = "held:" + _hold(key.removeprefix("held:"), t, taken)
+            key = "held:" + hold(key.removeprefix("held:"), t, taken)
         name = PREFIX + key
         note = (f"constant {name}: {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}, {place.text}, read in "
                 f"{const.reader}: an input of the step, bound to that tensor at every step (in-place changes are "
                 "seen) and counted with the buffers")
         return name, note
-
-
-def resolve(key: str, model: torch.nn.Module) -> torch.Tensor:
-    """The tensor a `const:<key>` input binds to for `model`; LookupError naming it when
-    there is none."""
-    kind, _, rest = key.partition(":")
-    where: Any
-    if kind == "attr":
-        where, path = model, rest
-    elif kind == "global":
-        module, _, path = rest.partition(":")
-        where = sys.modules.get(module)
-        if where is None:
-            raise LookupError(f"constant {PREFIX}{key}: module {module!r} is not imported")
-    elif kind == "held":
-        found = _HELD.get(rest)
-        if found is None:
-            raise LookupError(f"constant {PREFIX}{key}: the tensor the step was captured with is gone (a closure "
-                              "variable of loss_fn is bound only in the process that captured it, while the tensor "
-                              "lives): plan again")
-        return found
-    else:
-        raise LookupError(f"constant {PREFIX}{key}: unknown kind {kind!r}")
-    for part in path.split("."):
-        where = getattr(where, part, None)
-    if not isinstance(where, torch.Tensor):
-        raise LookupError(f"constant {PREFIX}{key}: {path!r} is no longer a tensor ({type(where).__name__})")
-    return where
-
-
-def bound_constants(input_names: Iterable[str], model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """(input name, tensor) of each `const:` input among `input_names` that binds for `model`
-    now (those that do not are left out: binding the step names them)."""
-    found = []
-    for name in input_names:
-        if name.startswith(PREFIX):
-            try:
-                found.append((name, resolve(name.removeprefix(PREFIX), model)))
-            except LookupError:
-                continue
-    return found
-
-
-def held(input_names: list[str]) -> list[torch.Tensor]:
-    """The tensors that the `const:held:` inputs among `input_names` bind to, where they are
-    still alive: a step or plan keeps them, so they live as long as it does."""
-    keys = [n.removeprefix(PREFIX + "held:") for n in input_names if n.startswith(PREFIX + "held:")]
-    return [t for k in keys if (t := _HELD.get(k)) is not None]
 
 
 def _storage_of(t: torch.Tensor) -> tuple[str, int] | None:
@@ -311,16 +255,6 @@ def _reads_values(func: Any) -> bool:
     if name in ("__get__", "__set__", "__delete__"):
         return name == "__get__" and getattr(getattr(func, "__self__", None), "__name__", "") in _VALUE_PROPERTIES
     return name not in _METADATA
-
-
-def _hold(label: str, t: torch.Tensor, taken: set[str]) -> str:
-    """A key for `t` in the table of held tensors: `label` and a token of its own, so that a
-    graph whose tensor is gone never binds another capture's tensor of the same label."""
-    key = f"{label}@{uuid.uuid4().hex[:8]}"
-    while key in _HELD or f"{PREFIX}held:{key}" in taken:
-        key = f"{label}@{uuid.uuid4().hex[:8]}"
-    _HELD[key] = t
-    return key
 
 
 def _ident(text: str) -> str:

@@ -1,4 +1,4 @@
-"""The optimizer update as traced into the step, and its run-time scalars.
+"""The optimizer update as traced into the step.
 
 The traced update repeats torch.optim's single-tensor code (`_single_tensor_sgd`,
 `_single_tensor_adam`) op for op, with every hyper-parameter a run-time scalar:
@@ -6,7 +6,7 @@ during tracing each one is a unique sentinel float (HyperTable), which capture t
 replaces in the graph by an `ir.node.Hyper` carrying its name. At every call the
 step computes those scalars from the user's optimizer (`param_groups`, per-parameter
 `state['step']` and momentum buffers) with the same Python float arithmetic as
-torch.optim (`scalars`), so the program calls the same kernels with the same
+torch.optim (peakcut.spec.scalars), so the program calls the same kernels with the same
 arguments as the eager loop, and an LR scheduler or a hand edit of `param_groups`
 takes effect at the next step without a new search.
 
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from peakcut.capture.optimizers import GroupSpec, OptimizerSpec
 from peakcut.ir.node import Hyper
+from peakcut.spec.optimizers import GroupSpec, OptimizerSpec
 
 _SENTINEL = 1.2345678901234567e-77   # far below any real hyper-parameter or constant
 CLIP_EPS = 1e-6                      # torch.nn.utils.clip_grad_norm_'s epsilon
@@ -160,56 +160,3 @@ def _adam(decoupled: bool, gi: int, group: GroupSpec, name: str, param: torch.Te
     else:
         denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(hp(f"g{gi}:eps", h["eps"]))
     param.addcdiv_(exp_avg, denom, value=hp(f"{name}:neg_step_size", -h["lr"] / (1 - h["beta1"])))
-
-
-# ----------------------------------------------------------------------------- run-time scalars
-def scalars(spec: OptimizerSpec, groups: Sequence[Mapping[str, Any]],
-            steps: Mapping[str, float], first: Mapping[str, bool]) -> dict[str, float]:
-    """The values of every run-time scalar for the next step, as torch.optim computes them.
-
-    groups: the user's optimizer.param_groups (already matched to spec.groups);
-    steps: parameter -> its step count after this step (Adam); first: parameter -> True
-    when it has no momentum buffer yet (SGD).
-    """
-    out: dict[str, float] = {}
-    for gi, (group, live) in enumerate(zip(spec.groups, groups, strict=True)):
-        lr = _scalar(live, "lr")
-        wd = _scalar(live, "weight_decay")
-        if spec.kind == "sgd":
-            momentum, dampening = _scalar(live, "momentum"), _scalar(live, "dampening")
-            out[f"g{gi}:weight_decay"] = wd
-            out[f"g{gi}:momentum"] = momentum
-            out[f"g{gi}:neg_lr"] = -lr
-            for name in group.params:
-                is_first = first.get(name, False)
-                out[f"{name}:momentum_factor"] = 0.0 if is_first else momentum
-                out[f"{name}:grad_factor"] = 1.0 if is_first else 1 - dampening
-            continue
-        beta1, beta2 = (_number(b, "betas") for b in live["betas"])
-        out[f"g{gi}:decay"] = 1 - lr * wd
-        out[f"g{gi}:weight_decay"] = wd
-        out[f"g{gi}:one_minus_beta1"] = 1 - beta1
-        out[f"g{gi}:beta2"] = beta2
-        out[f"g{gi}:one_minus_beta2"] = 1 - beta2
-        out[f"g{gi}:eps"] = _scalar(live, "eps")
-        for name in group.params:
-            if name not in steps:
-                continue
-            step = steps[name]
-            bias_correction1 = 1 - beta1 ** step
-            bias_correction2 = 1 - beta2 ** step
-            step_size = lr / bias_correction1
-            out[f"{name}:bias_correction2_sqrt"] = bias_correction2 ** 0.5
-            out[f"{name}:neg_step_size"] = -step_size
-    return out
-
-
-def _scalar(group: Mapping[str, Any], key: str) -> float:
-    return _number(group[key], key)
-
-
-def _number(v: Any, key: str) -> float:
-    if isinstance(v, torch.Tensor):
-        raise ValueError(f"param_groups[...]['{key}'] is a Tensor: peakcut supports Python-number "
-                         "hyper-parameters only (a tensor lr changes torch.optim's arithmetic)")
-    return float(v)

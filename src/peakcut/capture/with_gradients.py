@@ -17,12 +17,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from peakcut.capture.convert import fx_to_graph
-from peakcut.capture.optimizers import OptimizerSpec
 from peakcut.capture.trace import TraceLog, new_fake_mode
 from peakcut.capture.update import HyperTable, substitute_hypers, traced_update
 from peakcut.ir.graph import Graph, StepSignature
 from peakcut.ir.node import Phase
 from peakcut.ir.tensor import Role
+from peakcut.spec.optimizers import OptimizerSpec
 
 # (parameters, buffers, batch leaves) -> (scalar loss, one gradient or None per parameter)
 GradientsFn = Callable[[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]],

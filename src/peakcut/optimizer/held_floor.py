@@ -35,8 +35,8 @@ from peakcut.ir.graph import Graph
 from peakcut.ir.tensor import Role
 from peakcut.memory.step import simulate
 from peakcut.memory.workspace import WorkspaceSpec
+from peakcut.optimizer.floors import largest_working_set
 from peakcut.optimizer.objective import parse_memory_limit
-from peakcut.report.floors import largest_working_set
 from peakcut.units import format_bytes
 
 HOST_DEVICES = ("measured:cpu", "analytic:cpu")

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from peakcut.capture.optimizers import Recipe
 from peakcut.codegen.program import Step
+from peakcut.spec.optimizers import Recipe
 
 
 @dataclass(frozen=True)

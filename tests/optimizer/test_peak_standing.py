@@ -1,4 +1,4 @@
-"""What stands at a plan's peak (report.peak_standing): the bytes by kind add up to the
+"""What stands at a plan's peak (optimizer.peak_standing): the bytes by kind add up to the
 simulated peak, those tied to a fission region's parts are told apart, and a memory limit
 that is not met says so in LimitNotMet's message and in the report."""
 
@@ -13,8 +13,8 @@ from peakcut.cost import get_cost_model
 from peakcut.ir.tensor import Role
 from peakcut.optimizer import optimize_graph
 from peakcut.optimizer.derive import Deriver
+from peakcut.optimizer.peak_standing import peak_standing
 from peakcut.optimizer.plan import LimitNotMet
-from peakcut.report.peak_standing import peak_standing
 from peakcut.simulate import simulate_timeline
 from peakcut.workloads import get_workload
 from tests.helpers import cross_entropy_loss

@@ -1,4 +1,4 @@
-"""The ZeRO-Offload-style peer (report.baselines): host_update at every parameter, nothing else,
+"""The ZeRO-Offload-style peer (optimizer.baselines): host_update at every parameter, nothing else,
 simulated on the same timeline as peakcut's plans, and in the optimize report on GPU profiles."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import peakcut
 from peakcut.cost.model import get_cost_model
 from peakcut.ir.tensor import Role
 from peakcut.optimizer import optimize_graph
-from peakcut.report.baselines import ZERO_OFFLOAD, zero_offload
+from peakcut.optimizer.baselines import ZERO_OFFLOAD, zero_offload
 from peakcut.simulate import simulate_timeline
 from peakcut.workloads import get_workload
 

@@ -7,7 +7,7 @@ several roles share counts as the most lasting of them, ROLE_ORDER), and how man
 belong to the parts of an enabled fission region: made by a part's ops, made by the region to
 collect its parts' results (a boundary output, such as a gradient summed over the parts), or
 read by a part's ops. Re-materialization, swapping and the offload rules apply outside enabled regions only
-(peakcut.rules.protocol), so with this F-Tree those bytes stay at the peak whatever else the
+(peakcut.rules.base), so with this F-Tree those bytes stay at the peak whatever else the
 search does; a region already at its most parts (n equal to its dimension's length) cannot
 shrink them either.
 
@@ -24,6 +24,7 @@ from typing import Any
 from peakcut.fission.ftree import FTree
 from peakcut.ir.graph import Graph
 from peakcut.ir.ops import LOAD_OP
+from peakcut.ir.tags import FissionTag
 from peakcut.simulate import Timeline
 from peakcut.units import format_bytes
 
@@ -140,7 +141,7 @@ def _storages_read_in_parts(g: Graph) -> set[int]:
     tensors = g.tensors
     read: set[int] = set()
     for node in g.nodes.values():
-        tag = node.tags.fission
+        tag = node.tags.get(FissionTag)
         if tag is not None and tag.role == "part":
             read.update(tensors[t].storage for t in node.input_tuple)
     return read
@@ -149,4 +150,4 @@ def _storages_read_in_parts(g: Graph) -> set[int]:
 def _tied_to_parts(g: Graph, producer: int | None, storage: int, read_in_parts: set[int]) -> bool:
     """Read by a part's op, or made by a fission expansion's node (a part's op, a boundary
     output's preallocation or merge)."""
-    return storage in read_in_parts or (producer is not None and g.nodes[producer].tags.fission is not None)
+    return storage in read_in_parts or (producer is not None and g.nodes[producer].tags.get(FissionTag) is not None)

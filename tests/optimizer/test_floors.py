@@ -1,4 +1,4 @@
-"""The physical floors (report/floors.py) are lower bounds: no simulated plan goes below them,
+"""The physical floors (optimizer/floors.py) are lower bounds: no simulated plan goes below them,
 and they are what the module says on a step small enough to work out by hand."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from peakcut.cost.profiles import get_profile
 from peakcut.ir.node import Phase
 from peakcut.ir.tensor import Role
 from peakcut.optimizer import optimize_graph
-from peakcut.report.floors import step_floors, working_set_bytes
+from peakcut.optimizer.floors import step_floors, working_set_bytes
 from peakcut.simulate import simulate_timeline
 from peakcut.workloads import get_workload
 from tests.helpers import cross_entropy_loss, make_mlp
