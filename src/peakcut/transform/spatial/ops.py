@@ -1,5 +1,5 @@
-"""What a spatial region may hold (peakcut.transform.spatial): which ops split along the rows
-of their images, and the rows each reads.
+"""What a spatial region may hold: which ops split along the rows of their images, and the
+rows each reads.
 
     why_not_node(g, v)       # None: node v can be in a region; else why not, naming it
     conv_window(g, node, ..) # a convolution's geometry along the height (Window)
@@ -7,7 +7,7 @@ of their images, and the rows each reads.
 
 Ops: 2-D convolutions and their backwards (not transposed), element-wise ops on [N, C, H, W]
 images, a softmax along another dim than the rows, a detach, and a per-pixel nll_loss2d
-(unweighted, mean or sum). The module doc of peakcut.transform.spatial says how each splits.
+(unweighted, mean or sum). The package doc of peakcut.transform.spatial says how each splits.
 """
 
 from __future__ import annotations
