@@ -119,7 +119,7 @@ def test_the_binding_accepts_host_state_only_where_the_plan_keeps_it() -> None:
 
 def test_a_host_inputs_copies_are_timed_on_the_copy_streams_where_copies_overlap() -> None:
     """The code of a load of a program input and of a writeback copies on the copy streams on
-    CUDA (rules/input_copy_code.py) and on the one stream on CPU; the timeline times them so."""
+    CUDA (codegen/input_copy_code.py) and on the one stream on CPU; the timeline times them so."""
     g, _ = _state_graph(offloaded=True)
     copies = [n for n in g.order if g.nodes[n].op in (LOAD_OP, WRITEBACK_OP)]
     overlapped = simulate_timeline(g, g.order, FakeCost(constant(1.0), copy=3.0), None)

@@ -17,9 +17,11 @@ assumes:
 A region becomes a loop only when the plan can prove the loop runs the expanded order: all
 its nodes run in one stretch, part after part; every part is the same as part 0 up to its
 own tensors and the slice offsets; every tensor a part makes is read in that part only; and
-every part frees the same tensors. Otherwise (or when the caller refuses it, e.g. for swap
-code) the region is emitted unrolled, under a comment saying why; regions nested in it can
-still be loops.
+every part frees the same tensors. Nodes outside every region that the order runs inside an
+outermost region's stretch (a parameter's copy brought in right before its first reader, say)
+stay where they run: in the body, under `if part == k:` for the part they run in. Otherwise
+(or when the caller refuses it, e.g. for swap code) the region is emitted unrolled, under a
+comment saying why; regions nested in it can still be loops.
 
     plan = plan_loops(g, order, last_uses(g, order))    # what codegen.source emits
 """
@@ -33,21 +35,21 @@ from typing import Any
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
-from peakcut.ir.tags import Path
+from peakcut.ir.tags import FissionTag, Path
 
 
 def has_fission(g: Graph) -> bool:
     """True when some node comes from a fission expansion."""
-    return any(n.tags.fission is not None for n in g.nodes.values())
+    return any(n.tags.get(FissionTag) is not None for n in g.nodes.values())
 
 
 def _path(node: Node) -> Path:
-    tag = node.tags.fission
+    tag = node.tags.get(FissionTag)
     return tag.path if tag is not None else ()
 
 
 def _role(node: Node) -> str | None:
-    tag = node.tags.fission
+    tag = node.tags.get(FissionTag)
     return tag.role if tag is not None else None
 
 
@@ -62,6 +64,9 @@ class Loop:
     key: tuple[int, Path] | tuple[()] = ()   # (fnode, enclosing path): the region instance
     var: str = ""
     comment: str = ""
+    guarded: list[tuple[int, int, int]] = field(default_factory=list)
+    """(body position, part, node): a node outside the region that runs in part `part`, right
+    before the body's item at `position` (len(body) = after the last); outermost loops only."""
 
 
 @dataclass(eq=False)
@@ -93,6 +98,9 @@ class LoopPlan:
     dels: dict[int, list[tuple[str, list[int]]]] = field(default_factory=dict)
     canonical: dict[int, int] = field(default_factory=dict)   # tensor -> the body's tensor
     same_as: dict[int, int] = field(default_factory=dict)     # node -> the body's node
+    counterparts: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
+    """Body node -> (condition source, node) for each node it stands for in some iteration
+    (itself: the iteration of part 0)."""
 
 
 class _NotALoop(Exception):
@@ -148,21 +156,28 @@ def _group(g: Graph, nodes: list[int], depth: int, unrolled: Mapping[tuple[int, 
             continue
         fid, outer = path[depth][0], path[:depth]
         j = i
-        while j < len(nodes) and _in_region(_path(g.nodes[nodes[j]]), outer, fid):
+        end = _last_of(g, nodes, i, fid) if depth == 0 else i
+        while j < len(nodes) and (_in_region(_path(g.nodes[nodes[j]]), outer, fid)
+                                  or (j < end and not _path(g.nodes[nodes[j]]))):
             j += 1
         run = nodes[i:j]
         i = j
-        n = next((tag.n for nid in run if (tag := g.nodes[nid].tags.fission) is not None
+        own = [nid for nid in run if _path(g.nodes[nid])]     # the others: outside every region
+        n = next((tag.n for nid in run if (tag := g.nodes[nid].tags.get(FissionTag)) is not None
                   and tag.region == fid and tag.n is not None), 0)
         reason = unrolled.get((fid, outer))
-        if reason is None and len(run) != sizes[(fid, outer)]:
-            reason = (f"its nodes do not run in one stretch in this order ({len(run)} of "
+        if reason is None and len(own) != sizes[(fid, outer)]:
+            reason = (f"its nodes do not run in one stretch in this order ({len(own)} of "
                       f"{sizes[(fid, outer)]} here)")
         parts: list[list[int]] = []
+        guarded: list[tuple[int, int, int]] = []     # (position among its part's nodes, part, node)
         if reason is None:
-            reason = refuse(run) if refuse is not None else None
+            reason = refuse(own) if refuse is not None else None
         if reason is None:
             for nid in run:
+                if not _path(g.nodes[nid]):
+                    guarded.append((len(parts[-1]), len(parts) - 1, nid))
+                    continue
                 k = _path(g.nodes[nid])[depth][1]
                 if k == len(parts) - 1:
                     parts[-1].append(nid)
@@ -175,14 +190,46 @@ def _group(g: Graph, nodes: list[int], depth: int, unrolled: Mapping[tuple[int, 
                     break
             if reason is None and len(parts) != n:
                 reason = f"{len(parts)} of its {n} parts run here"
+        loop = None
         if reason is None:
-            items.append(Loop(fid, n, depth + 1,
-                              [_group(g, p, depth + 1, unrolled, refuse, sizes) for p in parts],
-                              key=(fid, outer)))
+            loop = Loop(fid, n, depth + 1, [_group(g, p, depth + 1, unrolled, refuse, sizes) for p in parts],
+                        key=(fid, outer))
+            reason = _place_guarded(loop, guarded)
+        if loop is not None and reason is None:
+            items.append(loop)
         else:
-            items.append(Unrolled(fid, n, reason,
+            items.append(Unrolled(fid, n, reason or "",
                                   _group(g, run, depth + 1, unrolled, refuse, sizes)))
     return items
+
+
+def _last_of(g: Graph, nodes: list[int], start: int, fid: int) -> int:
+    """The index in `nodes` of the last node of outermost region `fid` from `start` on, while
+    only nodes outside every region come between its nodes."""
+    last = start
+    for j in range(start, len(nodes)):
+        path = _path(g.nodes[nodes[j]])
+        if path and path[0][0] != fid:
+            break
+        if path:
+            last = j
+    return last
+
+
+def _place_guarded(loop: Loop, guarded: list[tuple[int, int, int]]) -> str | None:
+    """Loop.guarded from (position among part k's nodes, part k, node); why not when a node
+    would run inside a nested region of the body."""
+    for at, k, nid in guarded:
+        count, position = 0, 0
+        for item in loop.parts[k]:
+            if count >= at:
+                break
+            count += len(_nodes([item]))
+            position += 1
+        if count != at:
+            return f"node {nid}, outside every region, runs inside a region nested in it"
+        loop.guarded.append((position, k, nid))
+    return None
 
 
 def _in_region(path: tuple[tuple[int, int], ...], outer: tuple[tuple[int, int], ...],
@@ -207,7 +254,7 @@ def _name_loops(g: Graph, items: list[Item], depth: int) -> None:
 def _describe(g: Graph, loop: Loop) -> str:
     """'# fission region 3: 41 ops in layer1, ..., layer2 (D-Graph dimension 0), 4 parts'."""
     body = _nodes(loop.parts[0])
-    tags = {nid: tag for nid in body if (tag := g.nodes[nid].tags.fission) is not None
+    tags = {nid: tag for nid in body if (tag := g.nodes[nid].tags.get(FissionTag)) is not None
             and tag.of is not None}
     own = [nid for nid, tag in tags.items() if tag.region == loop.fnode]
     copies = list(dict.fromkeys(tag.of for tag in tags.values()))
@@ -218,8 +265,9 @@ def _describe(g: Graph, loop: Loop) -> str:
     if modules:
         shown = modules if len(modules) <= 3 else [modules[0], "...", modules[-1]]
         where = f" in {', '.join(shown)}"
+    outside = f"; {len(loop.guarded)} ops outside it run in their part" if loop.guarded else ""
     return (f"# fission region {loop.fnode}: {len(copies)} ops{where}, split along D-Graph "
-            f"dimension {'/'.join(components)} into {loop.n} parts")
+            f"dimension {'/'.join(components)} into {loop.n} parts{outside}")
 
 
 def _nodes(items: list[Item]) -> list[int]:
@@ -328,6 +376,7 @@ def _canon_node(plan: LoopPlan, nid: int) -> int:
 def _plan_dels(g: Graph, items: list[Item], frees: Mapping[int, list[int]], plan: LoopPlan) -> None:
     """Where the emitted body deletes each tensor, checked against every part's frees."""
     stack_of: dict[int, tuple[tuple[Loop, int], ...]] = {}   # node -> enclosing (loop, part)
+    reads_in: dict[int, tuple[tuple[Loop, int], ...]] = {}   # a guarded node -> where it runs
 
     def walk(its: list[Item], stack: tuple[tuple[Loop, int], ...]) -> None:
         for it in its:
@@ -336,14 +385,17 @@ def _plan_dels(g: Graph, items: list[Item], frees: Mapping[int, list[int]], plan
             elif isinstance(it, Loop):
                 for k, p in enumerate(it.parts):
                     walk(p, (*stack, (it, k)))
+                for _, k, nid in it.guarded:    # run once: what they make is no part's
+                    stack_of[nid] = stack
+                    reads_in[nid] = (*stack, (it, k))
             else:
                 walk(it.items, stack)
 
     walk(items, ())
     producer = {t: nid for nid in stack_of for t in g.nodes[nid].output_ids()}
-    _check_scopes(g, stack_of, producer)
-    # body node -> tensor -> depths of the loops in whose last part only it is deleted there
-    declared: dict[int, dict[int, tuple[int, ...]]] = {}
+    _check_scopes(g, stack_of, producer, reads_in)
+    # body node -> tensor -> (depth, part) of the loops in whose part only it is deleted there
+    declared: dict[int, dict[int, tuple[tuple[int, int], ...]]] = {}
     for nid, stack in stack_of.items():
         for t in frees.get(nid, []):
             u = _canon(plan, t)
@@ -352,11 +404,12 @@ def _plan_dels(g: Graph, items: list[Item], frees: Mapping[int, list[int]], plan
             while (common < min(len(stack), len(where))
                    and stack[common][0].fnode == where[common][0].fnode):
                 common += 1
-            declared.setdefault(_canon_node(plan, nid), {})[u] = tuple(range(common, len(stack)))
+            declared.setdefault(_canon_node(plan, nid), {})[u] = tuple(
+                (d, stack[d][1]) for d in range(common, len(stack)))
     for nid, stack in stack_of.items():
         actual = {_canon(plan, t) for t in frees.get(nid, [])}
-        predicted = {u for u, depths in declared.get(_canon_node(plan, nid), {}).items()
-                     if all(stack[d][1] == stack[d][0].n - 1 for d in depths)}
+        predicted = {u for u, parts in declared.get(_canon_node(plan, nid), {}).items()
+                     if all(stack[d][1] == k for d, k in parts)}
         if actual != predicted:
             if not stack:
                 raise RuntimeError(f"internal: frees of node {nid} are not those of its body node")
@@ -364,18 +417,31 @@ def _plan_dels(g: Graph, items: list[Item], frees: Mapping[int, list[int]], plan
     for x, tensors in declared.items():
         stack = stack_of[x]
         by_cond: dict[str, list[int]] = {}
-        for u, depths in tensors.items():
-            cond = " and ".join(f"{stack[d][0].var} == {stack[d][0].n - 1}" for d in depths)
+        for u, parts in tensors.items():
+            cond = " and ".join(f"{stack[d][0].var} == {k}" for d, k in parts)
             by_cond.setdefault(cond, []).append(u)
         plan.dels[x] = sorted(by_cond.items(), key=lambda kv: (kv[0] != "", kv[0]))
+    for nid, stack in stack_of.items():
+        if stack and nid not in reads_in:
+            cond = " and ".join(f"{loop.var} == {k}" for loop, k in stack)
+            plan.counterparts.setdefault(_canon_node(plan, nid), []).append((cond, nid))
 
 
 def _check_scopes(g: Graph, stack_of: Mapping[int, tuple[tuple[Loop, int], ...]],
-                  producer: Mapping[int, int]) -> None:
+                  producer: Mapping[int, int], reads_in: Mapping[int, tuple[tuple[Loop, int], ...]]) -> None:
     """Every tensor is read in the loop iteration that made it (or in one enclosing it): a
     tensor of one part read by another part or after the loop would not be that iteration's
-    variable. _NotALoop for the loop the tensor would escape from."""
+    variable. A guarded node (reads_in: the iteration it runs in) reads part 0's tensors only,
+    the ones under the body's names. _NotALoop for the loop the tensor would escape from."""
     for nid, stack in stack_of.items():
+        if nid in reads_in:
+            stack = reads_in[nid]
+            made_in_part = [t for t in g.nodes[nid].input_ids() if t in producer
+                            and any(k for _, k in stack_of.get(producer[t], ()))]
+            if made_in_part:
+                first = made_in_part[0]
+                raise _NotALoop(f"{g.nodes[nid].name}, outside it, reads {g.tensors[first].name or first} "
+                                "of a part other than part 0", stack[-1][0].key)
         for t in g.nodes[nid].input_ids():
             made = stack_of.get(producer[t], ()) if t in producer else ()
             common = 0

@@ -1,6 +1,6 @@
 """The host stream of a generated step: ops of updates that run on the host, in program order.
 
-A step whose plan runs parameters' updates on the host (rules/host_update_rule.py) takes a
+A step whose plan runs parameters' updates on the host (its lines: codegen/host_update_code.py) takes a
 keyword `host_ops`, a HostWorker owned by the Step. Each host op is one line
 
     m1 = host_ops.run(aten.lerp_.Scalar, s_w_exp_avg, g_host, 0.1, after=(ev_g_host_stored,))

@@ -6,18 +6,17 @@ import hashlib
 import importlib.util
 import inspect
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
-from peakcut.capture.constants import held, resolve
-from peakcut.capture.inputs import batch_problem
-from peakcut.capture.optimizers import OptimizerSpec
+from peakcut.codegen.hooks import CodeHook
 from peakcut.codegen.host_worker import HostWorker
 from peakcut.codegen.source import generate_source, hyper_names, hyper_values
+from peakcut.codegen.step_inputs import check_slots, input_mappings
 from peakcut.codegen.swap import HostPool, host_copy
 from peakcut.codegen.update_inputs import Prepared, StepBindingError, UpdateInputs
 from peakcut.codegen.update_progress import PartialUpdateError, update_begun
@@ -25,6 +24,9 @@ from peakcut.ir.graph import Graph
 from peakcut.ir.tensor import TensorMeta
 from peakcut.memory import simulate
 from peakcut.memory.workspace import model_name, workspace_model
+from peakcut.spec.constants import held, resolve
+from peakcut.spec.optimizers import OptimizerSpec
+from peakcut.spec.tensor_kinds import batch_problem
 
 __all__ = ["Step", "StepBindingError", "default_program_dir"]
 
@@ -56,16 +58,20 @@ class Step:
     from, outside the device memory that runtime.measure sees; `step.host_peak_bytes` is the
     peak of host copies alive during the last run (0 without swaps). A step whose plan updates
     parameters on the host owns a HostWorker (`step.host_ops`) that runs those ops.
+
+    `code`: code hooks for nodes beyond the built-in ones (codegen.hooks).
     """
 
     def __init__(self, graph: Graph, order: list[int] | None = None, path: str | Path | None = None,
-                 title: str = "", optimizer: torch.optim.Optimizer | None = None, scaler: Any = None) -> None:
+                 title: str = "", optimizer: torch.optim.Optimizer | None = None, scaler: Any = None,
+                 code: Sequence[CodeHook] = ()) -> None:
         self.graph = graph
         self.order = list(graph.order if order is None else order)
         model = workspace_model("auto", graph.device)      # the GPU's own for a graph on a GPU
         peak = simulate(graph, self.order, model).peak_bytes
         self.source = generate_source(graph, self.order, title=title,
-                                      peak=f"{peak:,} bytes (simulated, {model_name(model)} workspace model)")
+                                      peak=f"{peak:,} bytes (simulated, {model_name(model)} workspace model)",
+                                      extra=code)
         digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
         target = Path(path) if path is not None else default_program_dir() / f"step_{digest}.py"
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -74,6 +80,7 @@ class Step:
         self.path = target
         self._fn = _load(target)
         self._held = held(graph.input_names)    # the closure tensors its constants bind to, kept alive
+        self._slots = check_slots(graph.input_names)   # where each input goes in the step's mappings
         sig = graph.signature
         names = dict(zip(graph.inputs, graph.input_names, strict=True))
         kept = [names[t] for t in graph.host_inputs()]
@@ -160,7 +167,7 @@ class Step:
             raise
 
     def _constants(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """'const:<key>' -> the tensor each constant input binds to (capture.constants)."""
+        """'const:<key>' -> the tensor each constant input binds to (spec.constants)."""
         found: dict[str, torch.Tensor] = {}
         for tid, name in zip(self.graph.inputs, self.graph.input_names, strict=True):
             kind, _, key = name.partition(":")
@@ -250,8 +257,9 @@ class Step:
         return hyper_values(self.graph)
 
     def run(self, inputs: list[torch.Tensor], device: str, hp: dict[str, float] | None = None) -> tuple:
-        """Call the generated function on already-bound inputs, with `hp` (default: the
-        scalars the last bind() read from the optimizer)."""
+        """Call the generated function on already-bound inputs (in program order: its mappings
+        are made from them), with `hp` (default: the scalars the last bind() read from the
+        optimizer)."""
         kwargs: dict[str, Any] = {"device": device}
         if self._hypers:
             kwargs["hp"] = self._prepared.hp if hp is None else hp
@@ -262,7 +270,7 @@ class Step:
             kwargs["host_ops"] = self.host_ops
         with torch.no_grad():
             try:
-                return self._fn(*inputs, **kwargs)
+                return self._fn(*input_mappings(self._slots, inputs), **kwargs)
             except BaseException as e:
                 if self.host_ops is not None:
                     self.host_ops.discard()     # no host op of a failed step runs later

@@ -1,7 +1,7 @@
 """Host memory at run time: swapped-out tensors (peakcut.store / peakcut.load nodes) and the
 buffers of program inputs a plan keeps in host memory (codegen.update_inputs).
 
-The code that stores and loads them is the swap rule's (peakcut.rules.swap_code).
+The code that stores and loads them is codegen.swap_code's.
 
 How host copies are kept apart from device memory:
 

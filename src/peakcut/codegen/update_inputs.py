@@ -4,7 +4,7 @@ The optimizer state is the user's: `state:<param>.<slot>` inputs are the tensors
 `optimizer.state[p]`, created exactly as torch.optim creates them on a parameter's
 first step; Adam's per-parameter `step` stays in the state dict and is advanced after
 the program ran, as torch.optim does. Hyper-parameters are read from
-`optimizer.param_groups` (capture.update.scalars). A GradScaler's scale is an input;
+`optimizer.param_groups` (spec.scalars). A GradScaler's scale is an input;
 its found_inf output decides whether the update happened (state made for this step is
 removed again, step counts stay) and feeds `GradScaler`'s own scale update.
 """
@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch.optim.optimizer import _get_scalar_dtype
 
-from peakcut.capture.optimizers import SUPPORTED, GroupSpec, OptimizerSpec, describe
-from peakcut.capture.update import scalars
 from peakcut.codegen.swap import host_copy, host_empty_strided
 from peakcut.ir.ops import HOST_DEVICE
+from peakcut.spec.optimizers import SUPPORTED, GroupSpec, OptimizerSpec, describe
+from peakcut.spec.scalars import scalars
 
 
 class StepBindingError(ValueError):

@@ -1,8 +1,8 @@
 """A step that fails after its update began says so (PartialUpdateError), never silently.
 
 The capture orders every write of a parameter or of optimizer state after the loss
-(capture._updates_after_loss), so a batch that fails in the forward or the loss leaves them as
-they were. A schedule may still place part of an update before the backward ends: AdamW's weight
+(capture.control_edges.updates_after_loss), so a batch that fails in the forward or the loss
+leaves them as they were. A schedule may still place part of an update before the backward ends: AdamW's weight
 decay needs no gradient, an update on the host runs beside the backward, and an update right
 after its gradient frees that gradient early. If the step then fails in the rest of the backward
 (out of memory, say), some parameters or moments have changed and the user's loop, retrying the
@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from types import CodeType, TracebackType
 
+from peakcut.codegen.hooks import NodeCode
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Phase
 from peakcut.ir.tensor import Role
-from peakcut.rules.protocol import NodeCode
 
 FLAG = "updates_begun"
 """The generated step's local that says a persistent write has been issued."""

@@ -314,6 +314,14 @@ class Graph:
             return True
         return node.op == LOAD_OP and self.producer(node.input_tuple[0]) is None   # an input
 
+    def input_copies(self, role: Role) -> dict[int, Node]:
+        """Node id -> node, for the loads and writebacks (is_input_copy) of the program inputs
+        of `role` kept in host memory."""
+        from peakcut.ir.ops import LOAD_OP, WRITEBACK_OP
+
+        return {nid: n for nid, n in self._nodes.items() if n.op in (LOAD_OP, WRITEBACK_OP)
+                and self.is_input_copy(n) and self._tensors[n.input_tuple[0]].role is role}
+
     def host_inputs(self) -> list[int]:
         """Program inputs that live in host memory between steps: the ones a load
         (peakcut.load) brings to the device or a node on the host reads. Only loads and host

@@ -4,8 +4,8 @@ One compute stream runs compute nodes in issue order. When the cost model
 overlaps copies, swap-outs (peakcut.store) and writebacks of host-kept inputs
 (peakcut.writeback) run on a device->host stream, and swap-ins, loads of host-kept
 inputs (peakcut.load) and uploads (peakcut.upload) on a host->device stream, as the
-generated code runs them (rules/swap_code.py, rules/input_copy_code.py,
-rules/host_update_code.py); nodes that run on the host (NodeTags.on_host: a parameter's
+generated code runs them (codegen/swap_code.py, codegen/input_copy_code.py,
+codegen/host_update_code.py); nodes that run on the host (NodeTags.on_host: a parameter's
 update moved there) run in issue order on a host stream, as the generated code's host
 worker thread runs them. None of them blocks the compute stream, only a consumer waiting
 for one's completion does. A copy starts once the compute node issued before it has

@@ -1,9 +1,8 @@
 """The code of the copies of program inputs kept in host memory between steps: loads (host to
-device) and writebacks (device to host) of offloaded optimizer state and parameters, shared by
-their two rules (rules/offload_state_rule.py, rules/offload_param_rule.py).
+device) and writebacks (device to host) of optimizer state and parameters kept there.
 
 On CPU the copies are plain copies. On CUDA they run on the copy streams, as swaps do
-(rules/swap_code.py, whose streams they share when the program also swaps), with events
+(codegen/swap_code.py, whose streams they share when the program also swaps), with events
 recorded before they are waited on:
 
     load (host input x -> device copy y):
@@ -32,20 +31,49 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from peakcut.codegen.hooks import CodeHook, LoopRefusal, Names, NodeCode
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import Node
+from peakcut.ir.node import Node, Phase
 from peakcut.ir.ops import LOAD_OP, WRITEBACK_OP
 from peakcut.ir.tensor import Role
-from peakcut.rules.protocol import Names, NodeCode
 
 ROLES = (Role.OPT_STATE, Role.PARAM)
-"""The roles of host-kept inputs, each with its rule's code, in the order their code comes."""
+"""The roles of host-kept inputs, each with its own hook, in the order their code comes."""
+
+_SEGMENT = {Phase.FORWARD: "forward", Phase.LOSS: "forward", Phase.BACKWARD: "backward",
+            Phase.OPTIMIZER: "update"}
+"""The use a parameter's load serves, by the phase of the node it feeds (the loss reads the
+forward's copy)."""
 
 
-def input_copies(g: Graph, role: Role) -> dict[int, Node]:
-    """The loads and writebacks in g of the host-resident program inputs of `role`."""
-    return {nid: n for nid, n in g.nodes.items()
-            if n.op in (LOAD_OP, WRITEBACK_OP) and g.is_input_copy(n) and g.tensors[n.input_tuple[0]].role is role}
+class InputCopyHook(CodeHook):
+    """The loads and writebacks of host-kept inputs of one role; regions holding them are not
+    loops."""
+
+    def __init__(self, role: Role) -> None:
+        self.role = role
+        self.what = "optimizer state" if role is Role.OPT_STATE else "parameter"
+
+    def loop_refusal(self, g: Graph) -> LoopRefusal | None:
+        mine = set(g.input_copies(self.role))
+        if not mine:
+            return None
+        what = "optimizer-state" if self.role is Role.OPT_STATE else "parameter"
+
+        def refuse(nodes: Sequence[int]) -> str | None:
+            if mine.intersection(nodes):
+                return f"it holds {what} copies, which are emitted at the top level only"
+            return None
+
+        return refuse
+
+    def code(self, g: Graph, order: Sequence[int], names: Names) -> NodeCode | None:
+        if not g.input_copies(self.role):
+            return None
+        return InputCopyCode(g, order, names, self.role, self.what, self._purpose)
+
+    def _purpose(self, load: Node) -> str:
+        return "its update" if self.role is Role.OPT_STATE else f"its {_SEGMENT[load.phase]} use"
 
 
 def _layout(g: Graph, tid: int) -> str:
@@ -54,16 +82,16 @@ def _layout(g: Graph, tid: int) -> str:
 
 
 class InputCopyCode(NodeCode):
-    """The lines of one rule's loads and writebacks (`mine`) in one program.
+    """The lines of one role's loads and writebacks (`mine`) in one program.
 
-    role: whose copies (the rule's); what: the inputs' kind in comments ("parameter");
+    role: whose copies; what: the inputs' kind in comments ("parameter");
     purpose(load node): what the load is for."""
 
     def __init__(self, g: Graph, order: Sequence[int], names: Names, role: Role, what: str,
                  purpose: Callable[[Node], str]) -> None:
         self.g = g
         self.names = names
-        self.mine = input_copies(g, role)
+        self.mine = g.input_copies(role)
         self.what = what
         self.purpose = purpose
         self.cuda = torch.device(g.device).type == "cuda"
@@ -79,10 +107,10 @@ class InputCopyCode(NodeCode):
         # the end-of-step wait is written once, by the first of: this code for optimizer
         # state, this code for parameters (the streams: codegen.source.copy_streams)
         earlier = ROLES[:ROLES.index(role)]
-        self._first = not any(input_copies(g, r) for r in earlier)
+        self._first = not any(g.input_copies(r) for r in earlier)
 
     def before(self, nid: int, pad: str) -> list[str]:
-        return [f"    compute.wait_event({self._events[load]})" for load in self._wait_before.get(nid, [])
+        return [f"{pad}compute.wait_event({self._events[load]})" for load in self._wait_before.get(nid, [])
                 if load != nid]
 
     def emit(self, node: Node) -> list[str] | None:

@@ -1,11 +1,11 @@
-"""The code of updates on the host (rules/host_update_rule.py) in the generated step.
+"""The code of updates on the host (the nodes tagged NodeTags.host) in the generated step.
 
 The step takes `host` (a codegen.swap.HostPool: the host buffers) and `host_ops` (a
 codegen.host_worker.HostWorker: the host stream). Per node of the rule:
 
     store (a device tensor x the update reads -> host copy x_host):
         CPU:  x_host = host.empty_strided(...); x_host.copy_(x)
-        CUDA: as a swap's store (rules/swap_code.py): on the d2h stream after x is computed,
+        CUDA: as a swap's store (codegen/swap_code.py): on the d2h stream after x is computed,
               recording ev_x_host_stored
     an op of the update (on host tensors; results are Futures the next host ops resolve):
         (CUDA: the first op that writes a host-kept tensor since copies on h2d read it waits
@@ -33,22 +33,41 @@ from collections.abc import Sequence
 import torch
 
 from peakcut.codegen.calls import argument_sources, op_target
+from peakcut.codegen.hooks import CodeHook, LoopRefusal, Names, NodeCode
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node
 from peakcut.ir.ops import LOAD_OP
-from peakcut.ir.registry import OpKind, lookup, out_variant
-from peakcut.rules.protocol import Names, NodeCode
+from peakcut.ir.registry import allocates, out_variant
+from peakcut.ir.tags import HostTag
+
+
+class HostUpdateHook(CodeHook):
+    """Updates on the host: their code (HostUpdateCode) and the step's `host_ops` keyword; a
+    fission region holding one is not a loop."""
+
+    reserved_names = ("host_ops",)
+
+    def loop_refusal(self, g: Graph) -> LoopRefusal | None:
+        mine = {nid for nid, n in g.nodes.items() if n.tags.get(HostTag) is not None}
+        if not mine:
+            return None
+
+        def refuse(nodes: Sequence[int]) -> str | None:
+            if mine.intersection(nodes):
+                return "it holds an update on the host, which is emitted at the top level only"
+            return None
+
+        return refuse
+
+    def code(self, g: Graph, order: Sequence[int], names: Names) -> NodeCode | None:
+        if not any(n.tags.get(HostTag) is not None for n in g.nodes.values()):
+            return None
+        return HostUpdateCode(g, order, names)
 
 
 def _layout(g: Graph, tid: int) -> str:
     meta = g.tensors[tid]
     return f"{tuple(meta.shape)!r}, {tuple(meta.stride)!r}, {meta.torch_dtype}"
-
-
-def allocates(node: Node) -> bool:
-    """An op of an update on the host that makes a new tensor (written into a host buffer)."""
-    info = lookup(node.op)
-    return bool(node.output_tuple) and not node.mutated_ids() and (info is None or info.kind is not OpKind.VIEW)
 
 
 class HostUpdateCode(NodeCode):
@@ -58,7 +77,7 @@ class HostUpdateCode(NodeCode):
         self.g = g
         self.names = names
         self.cuda = torch.device(g.device).type == "cuda"
-        self.mine = {nid: n for nid, n in g.nodes.items() if n.tags.host is not None}
+        self.mine = {nid: n for nid, n in g.nodes.items() if n.tags.get(HostTag) is not None}
         self._stored: dict[int, str] = {}       # host copy -> the event its store records (CUDA)
         self._waits: dict[int, list[int]] = {}  # host op -> host copies it waits for (CUDA)
         self._fences: set[int] = set()          # host ops that wait for the h2d loads before them (CUDA)
@@ -78,12 +97,12 @@ class HostUpdateCode(NodeCode):
                     if written:         # its host tensor may still be read by a copy on h2d
                         self._fences.add(nid)
                         loaded -= written
-        self.params = sorted({n.tags.host.param for n in self.mine.values() if n.tags.host is not None})
+        self.params = sorted({tag.param for n in self.mine.values() if (tag := n.tags.get(HostTag)) is not None})
 
     def _is_store_output(self, t: int) -> bool:
         producer = self.g.producer(t)
         node = self.mine.get(producer) if producer is not None else None
-        return node is not None and node.tags.host is not None and node.tags.host.role == "store"
+        return node is not None and (tag := node.tags.get(HostTag)) is not None and tag.role == "store"
 
     def signature_extra(self) -> str:
         return ", host, host_ops"
@@ -94,9 +113,10 @@ class HostUpdateCode(NodeCode):
                 "`host_ops` (a HostWorker) runs those ops in order"]
 
     def emit(self, node: Node) -> list[str] | None:
-        if node.id not in self.mine or node.tags.host is None:
+        tag = node.tags.get(HostTag)
+        if node.id not in self.mine or tag is None:
             return None
-        role = node.tags.host.role
+        role = tag.role
         if role == "store":
             return self._store(node)
         if role == "upload":
@@ -131,7 +151,7 @@ class HostUpdateCode(NodeCode):
         (out,) = node.output_ids() or (None,)
         if out is not None and allocates(node):
             variant = out_variant(node.op)
-            if variant is None:     # refused by the rule's why_not
+            if variant is None:     # refused when the update was moved to the host
                 raise ValueError(f"{node.op} has no out= overload to run on the host")
             target = op_target(variant)
             args.append(f"out=host_ops.buffer({_layout(self.g, out)})")
@@ -161,6 +181,6 @@ class HostUpdateCode(NodeCode):
 
     def epilogue(self) -> list[str]:
         lines = ["    host_ops.join()  # the updates on the host are done"]
-        if self.cuda and any(n.tags.host is not None and n.tags.host.role == "upload" for n in self.mine.values()):
+        if self.cuda and any((tag := n.tags.get(HostTag)) is not None and tag.role == "upload" for n in self.mine.values()):
             lines.append("    h2d.synchronize()  # the parameters hold their new values when the step returns")
         return lines

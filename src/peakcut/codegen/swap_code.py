@@ -1,10 +1,10 @@
-"""The code of swaps in the generated step: store and load lines, and the waits before loaded
-tensors' first consumers (the swap rule's NodeCode, peakcut.rules.swap_rule).
+"""The code of swaps (peakcut.store / peakcut.load nodes tagged as a swap) in the generated
+step: store and load lines, and the waits before loaded tensors' first consumers.
 
 Host copies are allocated through the step's `host` keyword, a codegen.swap.HostPool.
 
 CUDA synchronisation, per swap, with events that are always recorded before they are waited
-on (the MAGIS reference code waited on an event it never recorded, notes §6):
+on:
 
     store (right after the producer of x):
         ev_x_ready.record(compute); d2h.wait_event(ev_x_ready)
@@ -31,10 +31,46 @@ from collections.abc import Sequence
 
 import torch
 
+from peakcut.codegen.hooks import CodeHook, LoopRefusal, Names, NodeCode
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node
 from peakcut.ir.ops import LOAD_OP, STORE_OP
-from peakcut.rules.protocol import Names, NodeCode
+from peakcut.ir.tags import SwapTag
+
+
+def is_swap_store(node: Node) -> bool:
+    """A swap's store (the stores of an update on the host carry NodeTags.host instead)."""
+    return node.op == STORE_OP and node.tags.get(SwapTag) is not None
+
+
+def has_swaps(g: Graph) -> bool:
+    """True when g holds a swap (a store; its loads come with it)."""
+    return any(is_swap_store(n) for n in g.nodes.values())
+
+
+class SwapHook(CodeHook):
+    """Swaps: their code (SwapCode), the step's `host` keyword and the copy streams' names; a
+    fission region holding swap code, or reading a swapped-in tensor, is not a loop."""
+
+    reserved_names = ("host", "compute", "d2h", "h2d")
+
+    def loop_refusal(self, g: Graph) -> LoopRefusal | None:
+        if not has_swaps(g):
+            return None
+        loads = {nid for nid, n in g.nodes.items() if n.op == LOAD_OP and not g.is_input_copy(n)}
+        loaded = {t for nid in loads for t in g.nodes[nid].output_ids()}
+
+        def refuse(nodes: Sequence[int]) -> str | None:
+            for nid in nodes:
+                node = g.nodes[nid]
+                if is_swap_store(node) or nid in loads or loaded.intersection(node.input_ids()):
+                    return "it holds swap code, which is emitted at the top level only"
+            return None
+
+        return refuse
+
+    def code(self, g: Graph, order: Sequence[int], names: Names) -> NodeCode | None:
+        return SwapCode(g, order, names) if has_swaps(g) else None
 
 
 def _layout(g: Graph, tid: int) -> str:
@@ -97,24 +133,23 @@ class SwapCode(NodeCode):
         return tensor in self._host_kept
 
     def before(self, nid: int, pad: str) -> list[str]:
-        """Waits for loads whose first consumer is `nid` (CUDA; top-level lines: swaps are never
-        inside a loop)."""
-        return self._waits([load for load in self._wait_before.get(nid, []) if load != nid])
+        """Waits for loads whose first consumer is `nid` (CUDA)."""
+        return self._waits([load for load in self._wait_before.get(nid, []) if load != nid], pad)
 
-    def _waits(self, loads: list[int]) -> list[str]:
+    def _waits(self, loads: list[int], pad: str = "    ") -> list[str]:
         lines = []
         for load in loads:
             (y,) = self.g.nodes[load].output_ids()
-            lines.append(f"    compute.wait_event({self._events[y]})")
+            lines.append(f"{pad}compute.wait_event({self._events[y]})")
             dead = [self.names.by_tensor[h] for h in self._del_after_wait.get(load, [])]
             if dead:
-                lines.append(f"    del {', '.join(dead)}  # the pinned allocator keeps the block "
+                lines.append(f"{pad}del {', '.join(dead)}  # the pinned allocator keeps the block "
                              "until the copy is done")
         return lines
 
     def emit(self, node: Node) -> list[str] | None:
         """The lines of a store or of a load of its copy; None for any other node."""
-        if node.op == STORE_OP and node.tags.swap is not None:
+        if is_swap_store(node):
             return self._store(node)
         if self._is_swap_load(node):
             return self._load(node)
