@@ -31,6 +31,7 @@ import time
 import peakcut
 from peakcut import Graph
 from peakcut.ir.ops import LOAD_OP
+from peakcut.ir.tags import RematTag
 from peakcut.schedule import (
     IntervalSettings,
     IntervalStats,
@@ -72,11 +73,11 @@ def narrow_waist(g: Graph, order: list[int]) -> dict[int, int]:
 
 def random_change(g: Graph, order: list[int], rng: random.Random) -> Rewrite | None:
     """One random applicable local transformation, or None if the draw found none."""
-    undo = [n for n in order if (g.nodes[n].tags.remat is not None and why_not_deremat(g, order, n) is None)
+    undo = [n for n in order if (g.nodes[n].tags.get(RematTag) is not None and why_not_deremat(g, order, n) is None)
             or (g.nodes[n].op == LOAD_OP and why_not_deswap(g, order, n) is None)]
     if undo and rng.random() < 0.2:
         nid = rng.choice(undo)
-        return deremat(g, order, nid) if g.nodes[nid].tags.remat is not None else deswap(g, order, nid)
+        return deremat(g, order, nid) if g.nodes[nid].tags.get(RematTag) is not None else deswap(g, order, nid)
     pos = {nid: i for i, nid in enumerate(order)}
     for _ in range(50):
         nid = rng.choice(order)

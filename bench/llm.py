@@ -5,9 +5,9 @@
 
 For each workload (AdamW step captured over FakeTensors; nothing runs), device profile and
 memory limit: `optimize_graph(g, memory_limit=<limit>, device=<profile>, time_budget=<budget>)`
-and the step's floors (peakcut.report.floors): the plan's simulated peak and step time, its
+and the step's floors (peakcut.optimizer.floors): the plan's simulated peak and step time, its
 overhead over the compute floor, the ZeRO-Offload-style peer on the same yardstick
-(peakcut.report.baselines), whether the limit was met (else the best peak found), the
+(peakcut.optimizer.baselines), whether the limit was met (else the best peak found), the
 states the search built and its states per minute on this machine. Peaks and latencies are
 simulated: peakcut's timeline under the analytic device profile, with the CPU workspace
 model. Prints a markdown table; --json writes every figure.

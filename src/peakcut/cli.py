@@ -55,7 +55,7 @@ def fission_facts(g: Any) -> dict:
 def profile_facts(name: str, size: str, batch: int | None, optimizer: str, status: Any,
                   reorder_seconds: float = 20.0, device: str = "h100") -> tuple[dict, Any, Any]:
     """Capture and simulate a workload; returns (facts, graph, memory profile). `device`: the
-    analytic profile the physical floors are priced on (report.floors)."""
+    analytic profile the physical floors are priced on (optimizer.floors)."""
     import peakcut
     from peakcut.memory import simulate
     from peakcut.workloads import get_workload
@@ -76,7 +76,7 @@ def profile_facts(name: str, size: str, batch: int | None, optimizer: str, statu
     ftree = fission_facts(g)
     status(f"pricing the physical floors on {device}")
     from peakcut.cost.profiles import get_profile
-    from peakcut.report.floors import step_floors
+    from peakcut.optimizer.floors import step_floors
 
     floors = step_floors(g, get_profile(device)).as_dict()
     facts = {

@@ -20,6 +20,7 @@ from transformers import BertConfig, BertForMaskedLM
 
 import peakcut
 from peakcut.capture import convert, realcheck
+from peakcut.capture.convert import FakeDtypesTag
 from peakcut.capture.realcheck import RealCheck, real_output_dtypes
 from peakcut.codegen.program import Step
 from peakcut.ir.real_dtypes import KNOWN, known_real_dtypes, real_call_dtypes
@@ -177,7 +178,7 @@ def test_layer_norm_statistics_are_float32(bert):
     _, _, g, _ = bert
     ln = node_of(g, "aten.native_layer_norm.default")
     assert dtypes(g, ln) == ["bfloat16", "float32", "float32"]
-    assert g.nodes[ln].tags.fake_dtypes == ("bfloat16", "bfloat16", "bfloat16")
+    assert g.nodes[ln].tags.get(FakeDtypesTag) == FakeDtypesTag(("bfloat16", "bfloat16", "bfloat16"))
     for t in g.nodes[ln].outputs[1:]:
         meta = g.tensors[t]
         assert g.storages[meta.storage] == meta.numel * 4  # what the simulation counts
@@ -257,7 +258,7 @@ def test_group_norm_backward_input_grad_is_bf16(group_norm_cnn):
     assert dtypes(g, gn) == ["bfloat16", "float32", "float32"]
     bwd = node_of(g, "aten.native_group_norm_backward.default")
     assert dtypes(g, bwd) == ["bfloat16", "float32", "float32"]
-    assert g.nodes[bwd].tags.fake_dtypes[0] == "float32"
+    assert (tag := g.nodes[bwd].tags.get(FakeDtypesTag)) is not None and tag.dtypes[0] == "float32"
     rstd = g.nodes[gn].outputs[2]
     r = swap(g, g.order, rstd, g.users(rstd))
     assert_matches_eager(model, batch, bf16_square_loss, r.graph, r.order)

@@ -42,7 +42,7 @@ from peakcut.ir.node import Phase
 from peakcut.memory import simulate
 from peakcut.rules import RULES
 from peakcut.transform.batch_norm import find_batch_norms, split_batch_norms, why_not_split
-from peakcut.transform.rewrite import ancestors
+from peakcut.transform.rewrite import RewrittenFromTag, ancestors
 from peakcut.workloads import get_workload
 from tests.helpers import cross_entropy_loss, in_float64, tiny_densenet
 
@@ -92,7 +92,7 @@ def test_batch_regions_across_batch_norms_keep_eager_numbers(name: str) -> None:
     g = detach_loss(peakcut.capture(model, batch, loss_fn, SGD, keep_grads=True))
     rw = _split(g)
     tree, dgraph = find_ftree(rw.graph, rw.order, batch_only=True)
-    across = [f for f in tree.nodes if any(rw.graph.nodes[v].tags.rewritten_from == REWRITTEN for v in f.nodes)]
+    across = [f for f in tree.nodes if any(rw.graph.nodes[v].tags.get(RewrittenFromTag) == RewrittenFromTag(REWRITTEN) for v in f.nodes)]
     assert across, f"{name}: no batch region holds a piece of a batch norm ({len(tree.nodes)} F-Tree nodes)"
     for f in across[:2]:   # the first two (suite time); every node passed when this was written
         for n in sorted({divisors(f.length)[0], f.length}):

@@ -111,7 +111,7 @@ class Case:
 
 def role(g: Graph, nid: int) -> str | None:
     """The fission role of a node (None for a node the expansion did not make)."""
-    tag = g.nodes[nid].tags.fission
+    tag = g.nodes[nid].tags.get(FissionTag)
     return tag.role if tag is not None else None
 
 
@@ -143,8 +143,8 @@ def test_forward_and_backward_in_n_parts(case: Case, n: int) -> None:
     assert all(len(c) == n for c in ex.copies.values())
     first_mm = next(v for v in fwd if case.g.nodes[v].op == "aten.addmm.default")
     for k, copy in enumerate(ex.copies[first_mm]):
-        tag = g.nodes[copy].tags.fission
-        assert g.nodes[copy].tags == NodeTags(fission=FissionTag(0, "part", ((0, k),), k, n, first_mm,
+        tag = g.nodes[copy].tags.get(FissionTag)
+        assert g.nodes[copy].tags == NodeTags(FissionTag(0, "part", ((0, k),), k, n, first_mm,
                                                                  tag.label, case.comp.id))
         assert g.tensors[g.nodes[copy].outputs[0]].shape == (BATCH // n, 32)
     # slices are views of the whole tensor; preallocations output the original tensors
@@ -177,7 +177,7 @@ def test_nested_regions_give_nested_loops(case: Case) -> None:
     ex = case.expand(case.fnode(0, bwd, 2), case.fnode(1, inner, 2))
     assert all(len(ex.copies[v]) == 4 for v in inner)
     assert all(len(ex.copies[v]) == 2 for v in set(bwd) - set(inner))
-    paths = {ex.graph.nodes[c].tags.fission.path for v in inner for c in ex.copies[v]}
+    paths = {ex.graph.nodes[c].tags.get(FissionTag).path for v in inner for c in ex.copies[v]}
     assert paths == {((0, a), (1, b)) for a in range(2) for b in range(2)}
     step = case.check_numbers_and_memory(ex)
     assert "for part in range(2):" in step.source

@@ -8,7 +8,7 @@ Covered:
 - a snapshot is never taken for another graph object (a copy of the graph) or another order;
 - the cache keeps at most `limit` entries;
 - `link`: snapshots of an old base edited (by a view-only TASO site outside every F-Tree
-  node, edited alike as derive._alike checks) into snapshots of the rewritten base;
+  node, edited alike as rebase.alike checks) into snapshots of the rewritten base;
   expanding the new base from them gives the peak, latency, nodes and computation hash of a
   fresh expansion, and a site that would make an outside node read a region's output
   directly is not carried.
@@ -33,11 +33,11 @@ from peakcut.fission.reuse import ExpansionCache
 from peakcut.ir.graph import Graph
 from peakcut.memory import simulate
 from peakcut.optimizer.compact import RepeatedCost
-from peakcut.optimizer.derive import _alike
+from peakcut.optimizer.rebase import alike
 from peakcut.optimizer.state import computation_hash
 from peakcut.rules import RULES
 from peakcut.simulate import simulate_timeline
-from peakcut.transform.taso import TasoCandidate
+from peakcut.transform.site import RewriteSite
 from peakcut.workloads import get_workload
 
 VIEW_ONLY = ("drop_identity", "cancel_transposes", "fold_views")
@@ -136,16 +136,16 @@ def test_the_cache_keeps_at_most_limit_entries() -> None:
     assert cache.misses == misses + 1
 
 
-def _outside_sites(base: Graph, tree: FTree) -> list[TasoCandidate]:
+def _outside_sites(base: Graph, tree: FTree) -> list[RewriteSite]:
     members: set[int] = set().union(*(f.nodes for f in tree.nodes))
     return [s for s in RULES.rewrite_candidates(base, list(base.order), limit=64)
             if s.kind in VIEW_ONLY and not members.intersection(s.nodes)]
 
 
 def _carried(name: str, t: FTree,
-             site: TasoCandidate) -> tuple[Expanded, Expanded, ExpansionCache, int] | None:
+             site: RewriteSite) -> tuple[Expanded, Expanded, ExpansionCache, int] | None:
     """The new base (linked to the old one) expanded from a carried snapshot and afresh; the
-    cache and how many were carried. None where the site does not edit the snapshots alike (derive._alike, as the
+    cache and how many were carried. None where the site does not edit the snapshots alike (rebase.alike, as the
     deriver carries them)."""
     base, _, dgraph = step(name)
     order = list(base.order)
@@ -158,7 +158,7 @@ def _carried(name: str, t: FTree,
             w = RULES.apply_rewrite(graph, snap_order, site)
         except ValueError:
             return None
-        return (w.graph, list(w.order), tuple(w.removed)) if _alike(graph, base, w, set(), set()) else None
+        return (w.graph, list(w.order), tuple(w.removed)) if alike(graph, base, w, set(), set()) else None
 
     cache.link(base, order, rw.graph, dgraph, edit)
     hits, before = cache.hits, cache.carried

@@ -18,6 +18,7 @@ from torch import nn
 import peakcut
 from peakcut.codegen import StepBindingError
 from peakcut.ir import GraphError
+from peakcut.ir.tags import FissionTag, RematTag
 from peakcut.optimizer.objective import LimitError
 from tests.helpers import cross_entropy_loss as loss_fn
 from tests.helpers import make_mlp
@@ -285,7 +286,7 @@ def test_an_op_peakcut_does_not_know_runs_untransformed() -> None:
     plan = _same_steps(WithUnknownOp(), (x, y), loss_fn, latency_limit=2.0)
     kept = [plan.graph.nodes[n] for n in plan.graph.nodes if plan.graph.is_opaque(n)]
     assert sorted(n.op for n in kept) == sorted(g.nodes[n].op for n in g.nodes if g.is_opaque(n))
-    assert all(n.tags.fission is None and n.tags.remat is None for n in kept)
+    assert all(n.tags.get(FissionTag) is None and n.tags.get(RematTag) is None for n in kept)
 
 
 def test_a_measured_search_that_fails_leaves_the_model_as_it_was() -> None:

@@ -80,10 +80,10 @@ def test_verification_keeps_its_time_when_the_calibration_is_skipped(tmp_path, m
     """No share of the budget kept for verification and none for the calibration: the plan is
     still run against eager (the time one verification takes is kept from the eager step the
     skipped calibration timed)."""
-    import peakcut.optimizer.api as api
+    import peakcut.optimizer.shares as shares
     monkeypatch.setenv("PEAKCUT_CACHE", str(tmp_path))
-    monkeypatch.setattr(api, "CALIBRATE_SHARE", 0.0)
-    monkeypatch.setattr(api, "VERIFY_SHARE", 0.0)
+    monkeypatch.setattr(shares, "CALIBRATE_SHARE", 0.0)
+    monkeypatch.setattr(shares, "VERIFY_SHARE", 0.0)
     model, batch, opt = _problem()
     with pytest.warns(UserWarning, match="not calibrated to a whole step") as caught:
         plan = peakcut.optimize(model, batch, _loss, opt, device="measured:cpu", time_budget=20)

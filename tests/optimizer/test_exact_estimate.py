@@ -10,7 +10,8 @@ import peakcut
 from peakcut.cost import get_cost_model
 from peakcut.fission.ftree import divisors
 from peakcut.optimizer import optimize_graph
-from peakcut.optimizer.derive import Deriver, full_expansion_nodes
+from peakcut.optimizer.derive import Deriver
+from peakcut.optimizer.timing import full_expansion_nodes
 from peakcut.workloads import get_workload
 
 

@@ -27,7 +27,8 @@ from peakcut.optimizer import optimize_graph
 from peakcut.optimizer.children import MoveSettings, children
 from peakcut.optimizer.derive import Deriver, region_nodes
 from peakcut.optimizer.state import State
-from peakcut.transform.taso import TasoCandidate
+from peakcut.rules.query import Query
+from peakcut.transform.site import RewriteSite
 from peakcut.workloads import get_workload
 from tests.helpers import in_float64
 
@@ -60,7 +61,7 @@ def three_states(root: State, deriver: Deriver) -> dict[str, State]:
     return {"root": root, "fission": split, "swap": swap}
 
 
-def view_sites(deriver: Deriver, state: State, few: int = 6) -> list[TasoCandidate]:
+def view_sites(deriver: Deriver, state: State, few: int = 6) -> list[RewriteSite]:
     regions = region_nodes(state.tree)
     sites = [s for s in deriver.sites(state, 64) if s.kind in VIEW_ONLY and not regions.intersection(s.nodes)]
     assert sites, state.applied
@@ -68,10 +69,10 @@ def view_sites(deriver: Deriver, state: State, few: int = 6) -> list[TasoCandida
     return _interleave(sites, kinds, few)
 
 
-def _interleave(sites: list[TasoCandidate], kinds: list[str], few: int) -> list[TasoCandidate]:
+def _interleave(sites: list[RewriteSite], kinds: list[str], few: int) -> list[RewriteSite]:
     """Up to `few` sites, every kind present among them."""
     by_kind = {k: [s for s in sites if s.kind == k] for k in kinds}
-    out: list[TasoCandidate] = []
+    out: list[RewriteSite] = []
     while len(out) < few and any(by_kind.values()):
         for k in kinds:
             if by_kind[k] and len(out) < few:
@@ -248,7 +249,7 @@ def test_a_state_lists_what_it_does_apart_from_the_path_to_it(case) -> None:
     deriver = Deriver(cost())
     swap = three_states(root, deriver)["swap"]
     site = view_sites(deriver, swap, few=1)[0]
-    what = deriver.rules.rewrite_rule(site.kind).describe(site)
+    what = deriver.rules.rewrite_rule(site.kind).describe(Query(swap.base, swap.base_order), site)
     rewritten = deriver.resolve(deriver.with_taso(swap, site))
     undone = deriver.without_recipes(rewritten, rewritten.recipes)
     assert root.rewrites == swap.rewrites == ()

@@ -12,6 +12,7 @@ from peakcut.codegen.program import Step
 from peakcut.cost import get_cost_model
 from peakcut.ir.graph import Graph
 from peakcut.ir.ops import LOAD_OP
+from peakcut.ir.tags import RematTag
 from peakcut.optimizer import optimize_graph
 from peakcut.optimizer.children import _recipe
 from peakcut.optimizer.derive import Deriver, region_nodes
@@ -61,7 +62,7 @@ def _remat_then_swap(root: State, deriver: Deriver):
         remat = _recipe(remat_rule, site, g, root.base, regions)
         recomputed = deriver.with_recipe(root, remat)
         copy = next(v for v, n in recomputed.program.nodes.items()
-                    if n.tags.remat is not None and n.tags.remat.of == conv)
+                    if n.tags.get(RematTag) is not None and n.tags.get(RematTag).of == conv)
         x = node.input_ids()[0]
         users = _later_readers(recomputed.program, recomputed.order, x, conv)
         swap_site = _site(recomputed.program, x, users)
@@ -115,7 +116,7 @@ def test_no_recipe_names_fewer_copies_than_its_site(case) -> None:
             continue
         twice = deriver.with_recipe(root, _recipe(remat_rule, halves[0], g, root.base, regions))
         twice = deriver.with_recipe(twice, _recipe(remat_rule, halves[1], g, root.base, regions))
-        copies = [v for v, n in twice.program.nodes.items() if n.tags.remat is not None and n.tags.remat.of == nid]
+        copies = [v for v, n in twice.program.nodes.items() if n.tags.get(RematTag) is not None and n.tags.get(RematTag).of == nid]
         x = node.input_ids()[0]
         users = _later_readers(twice.program, twice.order, x, nid)
         if len(copies) != 2 or not set(copies) <= set(users) or \

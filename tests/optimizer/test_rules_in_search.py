@@ -14,6 +14,7 @@ from peakcut.optimizer import optimize_graph
 from peakcut.optimizer.children import MoveSettings, children
 from peakcut.optimizer.derive import DeriveError, Deriver
 from peakcut.rules import RULES
+from peakcut.rules.phase import inside_regions
 from peakcut.workloads import get_workload
 from tests.helpers import in_float64
 
@@ -71,7 +72,7 @@ def test_taso_inside_an_enabled_region_is_refused_and_fission_survives_outside_r
                                        random.Random(0)) if m.kind == "fission"]
     split = max(splits, key=lambda s: sum(len(f.nodes) for f in s.tree.enabled()))
     region = set().union(*(f.nodes for f in split.tree.enabled()))
-    inside = [s for s in sites if set(s.nodes) & region and not RULES.rewrite_rule(s.kind).in_regions]
+    inside = [s for s in sites if set(s.nodes) & region and not inside_regions(RULES.rewrite_rule(s.kind))]
     assert inside
     with pytest.raises(DeriveError, match="inside an enabled fission region"):
         deriver.with_taso(split, inside[0])

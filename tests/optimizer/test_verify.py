@@ -20,6 +20,7 @@ from torch import nn
 import peakcut
 from peakcut.codegen.program import Step
 from peakcut.cost.measured import MeasuredCostModel
+from peakcut.ir.tags import RematTag
 from peakcut.ir.tensor import Role
 from peakcut.optimizer import LimitNotMet
 from peakcut.optimizer.children import MoveSettings
@@ -42,7 +43,7 @@ class FreeRecompute(MeasuredCostModel):
     """Measured per-op times, but a recomputed node costs nothing (wrong on purpose)."""
 
     def node_seconds(self, g: peakcut.Graph, nid: int) -> float:
-        if g.nodes[nid].tags.remat is not None:
+        if g.nodes[nid].tags.get(RematTag) is not None:
             return 0.0
         return super().node_seconds(g, nid)
 

@@ -21,6 +21,7 @@ from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.node import TensorRef, iter_refs
 from peakcut.ir.ops import LOAD_OP, STORE_OP, is_swap_op
 from peakcut.ir.registry import argument_names, mutated_arguments
+from peakcut.ir.tags import RematTag
 from peakcut.memory import MemoryProfile, PeakStorage
 from peakcut.simulate.streams import COMPUTE, STREAMS, StreamTiming, node_seconds, node_stream
 from peakcut.simulate.timeline import Timeline
@@ -498,7 +499,7 @@ def place(g: Graph, order: list[int], cost=None) -> list[int]:
     order = list(order)
     for nid in [n for n in order if g.nodes[n].op == STORE_OP]:
         order = _move_early(g, order, nid)
-    for nid in [n for n in order if g.nodes[n].tags.remat is not None]:
+    for nid in [n for n in order if g.nodes[n].tags.get(RematTag) is not None]:
         order = _move_late(g, order, nid, 0.0, cost)
     for nid in [n for n in order if g.nodes[n].op == LOAD_OP]:
         seconds = cost.node_seconds(g, nid) if cost is not None and cost.overlap_copies else 0.0

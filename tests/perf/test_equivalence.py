@@ -28,6 +28,7 @@ from peakcut.fission.loss import detach_loss
 from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.ir.tags import RematTag
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.memory import MemoryProfile, simulate
 from peakcut.optimizer.state import computation_hash
@@ -75,7 +76,7 @@ def _derived(name: str, g: Graph, order: list[int], steps: int) -> list[Case]:
     if loads:
         rw = deswap(g, order, loads[-1])
         cases.append((f"{name} deswap", rw.graph, list(rw.order)))
-    remats = [n for n in order if g.nodes[n].tags.remat is not None and why_not_deremat(g, order, n) is None]
+    remats = [n for n in order if g.nodes[n].tags.get(RematTag) is not None and why_not_deremat(g, order, n) is None]
     if remats:
         rw = deremat(g, order, remats[-1])
         cases.append((f"{name} deremat", rw.graph, list(rw.order)))

@@ -23,15 +23,17 @@ from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Phase
 from peakcut.ir.ops import LOAD_OP, STORE_OP, UPLOAD_OP, WRITEBACK_OP
+from peakcut.ir.tags import HostTag
 from peakcut.ir.tensor import Role
 from peakcut.memory import simulate
 from peakcut.optimizer import optimize_graph
 from peakcut.rules import RULES
-from peakcut.rules.host_update_rule import HostUpdateRule, is_host_updated
+from peakcut.rules.host_update_rule import HostUpdateRule
 from peakcut.rules.hotspot import HotspotSite
 from peakcut.schedule.placement import Placement, place
 from peakcut.simulate import simulate_timeline
 from peakcut.simulate.streams import HOST
+from peakcut.transform.host_update import is_host_updated
 from peakcut.workloads import get_workload
 from tests.helpers import cross_entropy_loss, make_mlp
 from tests.rules.test_offload_param import RULE as PARAM_RULE
@@ -147,7 +149,7 @@ def test_the_rewrite_runs_the_update_on_the_host() -> None:
     assert new.nodes[upload].input_tuple[0] == weight
     order = rw.order
     assert all(order.index(n) < order.index(upload) for n in host_ops)
-    readers = [u for u in new.users(weight) if not new.nodes[u].tags.host]
+    readers = [u for u in new.users(weight) if not new.nodes[u].tags.get(HostTag)]
     assert readers and all(order.index(u) < order.index(upload) for u in readers)
     assert {RULES.placements(new)[n] for n in (*stores, upload)} == {Placement.EARLY}
     # on the device: no moment, and no update temporaries

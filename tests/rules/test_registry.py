@@ -1,6 +1,5 @@
 """The rule registry: what RULES lists, the checks a Registry makes, and the loops over it that
-placement and codegen use (where the program rules' nodes go, which code hooks a program
-gets, which names they keep free)."""
+placement uses (where the program rules' nodes go)."""
 
 from __future__ import annotations
 
@@ -10,9 +9,9 @@ import pytest
 import torch
 
 import peakcut
-from peakcut.codegen.source import generate_source
 from peakcut.cost import get_cost_model
 from peakcut.ir.ops import LOAD_OP, STORE_OP
+from peakcut.ir.tags import RematTag
 from peakcut.optimizer import optimize_graph
 from peakcut.optimizer.children import MoveSettings, children
 from peakcut.optimizer.derive import Deriver
@@ -76,7 +75,7 @@ def test_a_registry_refuses_a_kind_twice_and_the_search_s_own_kinds() -> None:
     with pytest.raises(ValueError, match="the search's own move kinds"):
         Registry(regions=(), programs=(Undo(),), rewrites=())
     empty = Registry(regions=(), programs=(), rewrites=())
-    assert empty.move_kinds == () and empty.reserved_names == frozenset()
+    assert empty.move_kinds == ()
 
 
 def test_placements_come_from_the_program_rules() -> None:
@@ -88,31 +87,10 @@ def test_placements_come_from_the_program_rules() -> None:
             expected[nid] = Placement.EARLY
         elif node.op == LOAD_OP:
             expected[nid] = Placement.HIDDEN
-        elif node.tags.remat is not None:
+        elif node.tags.get(RematTag) is not None:
             expected[nid] = Placement.LATE
     assert where == expected and set(where.values()) == set(Placement)
     assert RULES.placements(_graph()) == {}
-
-
-def test_codegen_uses_the_code_hooks_of_the_rules_a_program_holds() -> None:
-    g, order = _with_swap_and_remat()
-    plain = _graph()
-    assert RULES.node_codes(plain, plain.order, _FakeNames()) == []
-    assert len(RULES.node_codes(g, order, _FakeNames())) == 2
-    assert RULES.reserved_names == frozenset({"host", "compute", "d2h", "h2d", "host_ops"})
-    source = generate_source(g, order)
-    assert "# recompute of " in source and "host.empty_strided(" in source and ", host):" in source
-    without_swap = Registry(regions=RULES.regions, programs=(RematRule(),), rewrites=RULES.rewrites)
-    plain_calls = generate_source(g, order, rules=without_swap)   # nobody writes the copies: op calls
-    assert "torch.ops.peakcut.store." in plain_calls and ", host" not in plain_calls
-    assert "# recompute of " in plain_calls
-
-
-class _FakeNames:
-    by_tensor: dict[int, str] = {}
-
-    def fresh(self, text: str) -> str:
-        return text
 
 
 def test_move_settings_name_move_kinds_of_the_registry() -> None:

@@ -131,7 +131,7 @@ def insert_swap(g: Graph, tensor: int, store_after: int, load_before: int,
                       Role.ACTIVATION, f"{meta.name}.host")
     back = TensorMeta(back_t, meta.shape, meta.stride, meta.dtype, back_s, meta.storage_offset,
                       Role.ACTIVATION, f"{meta.name}.loaded")
-    tags = NodeTags(swap=SwapTag(tensor))      # as the swap rule tags its pair
+    tags = NodeTags(SwapTag(tensor))      # as the swap rule tags its pair
     edit.add_node(Node(store_id, STORE_OP, (TensorRef(tensor),), {}, (host_t,),
                        name=f"store_{meta.name}", tags=tags), [host])
     edit.add_node(Node(load_id, LOAD_OP, (TensorRef(host_t),), {"device": torch.device(g.device)},

@@ -20,6 +20,7 @@ from peakcut.codegen.program import Step
 from peakcut.ir.check import check_graph
 from peakcut.memory import simulate
 from peakcut.rules import RULES
+from peakcut.rules.query import Query
 from peakcut.transform.activations import (
     recompute_activations,
     saved_activations,
@@ -54,7 +55,7 @@ def test_rule_sites_and_reasons():
     w = get_workload("resnet50").build("tiny")
     g = peakcut.capture(w.model, w.batch, w.loss_fn, "adamw")
     rule = RULES.rewrite_rule("recompute_activations")
-    sites = list(rule.sites(g, g.order))
+    sites = list(rule.sites(Query(g, g.order)))
     n = len(saved_activations(g))
     assert [len(s.nodes) for s in sites] == [n, n // 2]
     assert rule.why_not(g, g.order, sites[1]) is None
@@ -75,7 +76,7 @@ def test_activations_read_through_a_forward_view(name):
     g = peakcut.capture(w.model, w.batch, w.loss_fn, "adamw", keep_grads=True)
     gelus = [v for v in saved_activations(g) if g.nodes[v].op == "aten.gelu.default"]
     assert gelus and all(why_not_recompute_activation(g, g.order, v) is None for v in gelus)
-    (everything, *_) = RULES.rewrite_rule("recompute_activations").sites(g, g.order)
+    (everything, *_) = RULES.rewrite_rule("recompute_activations").sites(Query(g, g.order))
     assert set(gelus) <= set(everything.nodes)        # the search is offered them
     r, reasons = recompute_activations(g, g.order, gelus)
     assert r is not None and reasons == [None] * len(gelus)

@@ -8,6 +8,7 @@ import pytest
 import peakcut
 from peakcut.ir.check import check_graph
 from peakcut.ir.registry import lookup
+from peakcut.ir.tags import RematTag, SwapTag
 from peakcut.memory import simulate
 from peakcut.rules import RULES
 from peakcut.transform import why_not_remat
@@ -100,5 +101,5 @@ def test_candidates_compose(cnn_train_graph):
         r = c.apply(g, order)
         check_graph(r.graph)
         g, order = r.graph, r.order
-    assert sum(1 for n in g.nodes.values() if n.tags.remat is not None) == 2
-    assert sum(1 for n in g.nodes.values() if n.tags.swap is not None) == 4
+    assert sum(1 for n in g.nodes.values() if n.tags.get(RematTag) is not None) == 2
+    assert sum(1 for n in g.nodes.values() if n.tags.get(SwapTag) is not None) == 4

@@ -31,6 +31,7 @@ from torch import nn
 import peakcut
 from peakcut.codegen.program import Step
 from peakcut.cost import get_cost_model
+from peakcut.ir.tags import RematTag
 from peakcut.ir.tensor import Role
 from peakcut.memory import simulate
 from peakcut.optimizer import optimize_graph
@@ -154,7 +155,7 @@ def test_parameter_updates_wait_for_the_recomputes_that_read_them() -> None:
     _, g = _stack(0.0)
     rw = _checkpointed(g)
     new, pos = rw.graph, positions(rw.order)
-    copies = [v for v in rw.added if new.nodes[v].tags.remat is not None]
+    copies = [v for v in rw.added if new.nodes[v].tags.get(RematTag) is not None]
     guarded = 0
     for c in copies:
         for t in new.nodes[c].input_ids():
@@ -224,7 +225,7 @@ def test_undoing_the_checkpoint(name: str, blocks: list[str]) -> None:
     for label, undo in (("half", modules[1:]), ("all", modules)):
         rw, reasons = uncheckpoint_blocks(done.graph, done.order, undo)
         assert rw is not None and reasons == [None] * len(undo), reasons
-        assert not any(n.tags.remat is not None and n.tags.remat.block in undo for n in rw.graph.nodes.values())
+        assert not any(n.tags.get(RematTag) is not None and n.tags.get(RematTag).block in undo for n in rw.graph.nodes.values())
         assert len(rw.graph.nodes) < len(done.graph.nodes)
         peaks[label] = simulated = simulate(rw.graph, rw.order).peak_bytes
         step = peakcut.build(rw.graph, rw.order)

@@ -35,7 +35,7 @@ from peakcut.transform.checkpoint import (
     why_not_checkpoint,
 )
 from peakcut.transform.checkpoint_segments import blocks_with_inputs, forward_segments, group_units
-from peakcut.transform.taso.find import TasoCandidate
+from peakcut.transform.site import RewriteSite
 from peakcut.workloads import get_workload
 from tests.helpers import cross_entropy_loss, make_mlp, tiny_densenet
 from tests.rules.test_offload_param import assert_close, eager_step
@@ -45,7 +45,7 @@ STEPS = 3
 KIND = "checkpoint_segments"
 
 
-def _sites(g: Graph, order: list[int] | tuple[int, ...]) -> list[TasoCandidate]:
+def _sites(g: Graph, order: list[int] | tuple[int, ...]) -> list[RewriteSite]:
     return list(RULES.rewrite_candidates(g, order, kinds=[KIND]))
 
 

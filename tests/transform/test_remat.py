@@ -86,7 +86,7 @@ def test_refuses_random_ops(dropout_graph):
     g = dropout_graph
     noise = node_with_op(g, "randn_like")
     reason = why_not_remat(g, g.order, noise, later_users(g, noise))
-    assert "random" in reason and "invariant 4" in reason
+    assert "random" in reason and "docs/design.md" in reason
     bernoulli = node_with_op(g, "aten.bernoulli_.float")  # dropout's mask: opaque and in place
     assert why_not_remat(g, g.order, bernoulli, later_users(g, bernoulli)) is not None
 
@@ -192,7 +192,7 @@ def test_rewrite_shape_and_control_edges(cnn_graph):
     (a2,) = r.added
     node = new.nodes[a2]
     assert node.op == g.nodes[conv].op and node.args == g.nodes[conv].args
-    assert node.name == "convolution_remat" and node.tags == NodeTags(remat=RematTag(conv))
+    assert node.name == "convolution_remat" and node.tags == NodeTags(RematTag(conv))
     (out,) = node.output_ids()
     assert new.tensors[out].storage not in g.storages
     original = g.tensors[g.nodes[conv].outputs[0]]
@@ -269,7 +269,7 @@ def test_remat_of_a_remat(cnn_graph):
     users = [u for t in r1.graph.nodes[a2].output_ids() for u in r1.graph.users(t)]
     r2 = remat(r1.graph, r1.order, a2, users)
     check_graph(r2.graph)
-    assert r2.graph.nodes[r2.added[0]].tags == NodeTags(remat=RematTag(a2))
+    assert r2.graph.nodes[r2.added[0]].tags == NodeTags(RematTag(a2))
 
 
 # ---------------------------------------------------------------- de-remat
@@ -297,7 +297,7 @@ def test_deremat_reasons(cnn_graph):
     assert "not in the graph" in why_not_deremat(new, order, 10**9)
     assert "stale order" in why_not_deremat(new, order[:-1], a2)
     assert "not a recompute" in why_not_deremat(new, order, conv)
-    gone = replaced(new, a2, tags=NodeTags(remat=RematTag(10**9)))
+    gone = replaced(new, a2, tags=NodeTags(RematTag(10**9)))
     assert "no longer in the graph" in why_not_deremat(gone, order, a2)
     differs = replaced(new, a2, kwargs={"bogus": 1})
     assert "no longer computes the same" in why_not_deremat(differs, order, a2)
@@ -342,7 +342,7 @@ def test_training_batch_norm_is_recomputed_by_its_own_kernel(cnn, cnn_graph):
     assert g.mutated_tensors(bn)    # the forward's own call writes the running statistics
     r = remat(g, g.order, bn, later_users(g, bn))
     (added,) = (r.graph.nodes[a] for a in r.added)
-    assert added.op == g.nodes[bn].op and added.tags.remat == RematTag(bn)
+    assert added.op == g.nodes[bn].op and added.tags.get(RematTag) == RematTag(bn)
     assert not r.graph.mutated_tensors(added.id)
     report = peakcut.check_equivalence(copy.deepcopy(model), batch, cnn_loss, peakcut.AdamW(),
                                        lambda _m: Step(r.graph, r.order), steps=2)
@@ -435,7 +435,7 @@ def test_readers_of_the_forwards_detach_read_the_copy(kind):
     assert any(u in g.users(view) for u in users)
     if kind == "remat":
         r = remat(g, g.order, detach, users)
-        assert r.graph.nodes[r.added[0]].tags.remat == RematTag(relu)
+        assert r.graph.nodes[r.added[0]].tags.get(RematTag) == RematTag(relu)
         assert why_not_remat(g, g.order, relu, users) is None
     else:
         r = swap(g, g.order, out, users)

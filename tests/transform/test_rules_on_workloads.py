@@ -22,6 +22,7 @@ from peakcut.ir.check import check_graph
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Phase
 from peakcut.ir.ops import STORE_OP
+from peakcut.ir.tags import RematTag
 from peakcut.memory import simulate
 from peakcut.rules import RULES
 from peakcut.transform import Rewrite
@@ -64,7 +65,7 @@ def test_remat_and_swap_keep_numbers_and_memory_agreement(name: str) -> None:
                for kind in ("remat", "swap")}
     g, order, rewrites = apply_plan(captured, name)
     kinds = [k for k, _ in rewrites]
-    assert sum(1 for n in g.nodes.values() if n.tags.remat is not None) == kinds.count("remat") >= 1
+    assert sum(1 for n in g.nodes.values() if n.tags.get(RematTag) is not None) == kinds.count("remat") >= 1
     assert sum(1 for n in g.nodes.values() if n.op == STORE_OP) == kinds.count("swap") >= 1
 
     report = peakcut.check_equivalence(inst.model, inst.batch, inst.loss_fn, SPEC,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -19,7 +20,11 @@ from peakcut.ir.check import check_graph
 from peakcut.ir.graph import Graph
 from peakcut.memory import simulate
 from peakcut.rules import RULES
+from peakcut.rules.base import RewriteRule
+from peakcut.rules.phase import POLISH
+from peakcut.rules.query import Query
 from peakcut.transform.batch_norm import split_batch_norms_everywhere
+from peakcut.transform.site import RewriteSite
 from peakcut.transform.spatial import (
     CONV,
     CONV_BACKWARD,
@@ -35,6 +40,11 @@ from tests.helpers import in_float64, tiny_densenet
 
 RTOL, ATOL = 1e-7, 1e-9   # float64
 CNNS = ["resnet50", "unet", "unetpp", "densenet"]
+
+
+def _at_peak(rule: RewriteRule, g: Graph, order: Sequence[int], nid: int) -> list[RewriteSite]:
+    """The rule's sites in the polish after the search, where a plan peaks at node `nid`."""
+    return list(rule.sites(Query(g, order, phase=POLISH, peak=nid)))
 
 
 def _problem(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], object]:
@@ -165,8 +175,8 @@ def test_rule_sites_apply() -> None:
     model, batch, loss_fn = _problem("unetpp")
     g = peakcut.capture(model, batch, loss_fn, peakcut.AdamW())
     rule = RULES.rewrite_rule("split_rows")
-    sites = list(rule.sites(g, g.order))
-    assert sites and all(len(s.parts) == 1 and s.parts[0] in (2, 4, 8) for s in sites)
+    sites = list(rule.sites(Query(g, g.order)))
+    assert sites and all(len(s.params) == 1 and s.params[0] in (2, 4, 8) for s in sites)
     assert all(g.nodes[s.nodes[0]].op in (CONV, CONV_BACKWARD) for s in sites)
     assert rule.why_not(g, g.order, sites[0]) is None
     r = rule.apply(g, g.order, sites[0])
@@ -304,13 +314,13 @@ def test_at_peak_splits_an_input_gradient_call_not_its_parts() -> None:
     rule = RULES.rewrite_rule("split_rows")
     backward = max((v for v in g.order if g.nodes[v].op == CONV_BACKWARD and not g.nodes[v].args[7]
                     and g.nodes[v].outputs[0] is not None), key=lambda v: _rows(g, v))
-    assert rule.at_peak(g, g.order, backward) is None
+    assert not _at_peak(rule, g, g.order, backward)
     grads = split_conv_grads(g, g.order, [backward])
     h = grads.graph
     calls = {bool(h.nodes[v].args[10][0]): v for v in grads.added if h.nodes[v].op == CONV_BACKWARD}
-    assert rule.at_peak(h, grads.order, calls[False]) is None          # the weight gradient's call
-    site = rule.at_peak(h, grads.order, calls[True])
-    assert site is not None and site.parts == (4,)
+    assert not _at_peak(rule, h, grads.order, calls[False])         # the weight gradient's call
+    (site,) = _at_peak(rule, h, grads.order, calls[True])
+    assert site.params == (4,)
     r = rule.apply(h, grads.order, site)
     parts = [v for v in r.added if r.graph.nodes[v].op == CONV_BACKWARD]
-    assert len(parts) == 4 and all(rule.at_peak(r.graph, r.order, v) is None for v in parts)
+    assert len(parts) == 4 and all(not _at_peak(rule, r.graph, r.order, v) for v in parts)

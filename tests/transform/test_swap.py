@@ -168,7 +168,7 @@ def test_rewrite_shape(cnn_graph):
     check_graph(new)
     store, load = (new.nodes[n] for n in r.added)
     assert store.op == STORE_OP and load.op == LOAD_OP
-    assert store.tags == load.tags == NodeTags(swap=SwapTag(conv))
+    assert store.tags == load.tags == NodeTags(SwapTag(conv))
     assert load.kwargs == {"device": torch.device("cpu")}
     (host,) = store.output_ids()
     (loaded,) = load.output_ids()
@@ -259,10 +259,10 @@ def test_deswap_reasons(cnn_graph):
         return edit.finish()
 
     assert "no swap tag" in why_not_deswap(edited(tags=NO_TAGS), order, load)
-    assert "no longer in the graph" in why_not_deswap(edited(tags=NodeTags(swap=SwapTag(10**9))), order,
+    assert "no longer in the graph" in why_not_deswap(edited(tags=NodeTags(SwapTag(10**9))), order,
                                                       load)
     relu = out(g, "relu")
-    other = edited(tags=NodeTags(swap=SwapTag(relu)))
+    other = edited(tags=NodeTags(SwapTag(relu)))
     assert "does not load a store of" in why_not_deswap(other, order, load)
     assert "one host tensor" in why_not_deswap(edited(args=()), order, load)
     edit = GraphEditor(new)  # pretend a later node writes the original in place

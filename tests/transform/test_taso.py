@@ -21,7 +21,6 @@ from peakcut.codegen.program import Step
 from peakcut.ir.check import check_graph
 from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
-from peakcut.ir.tags import TasoTag
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.memory import simulate
 from peakcut.rules import RULES
@@ -40,6 +39,7 @@ from peakcut.transform.taso import (
     why_not_split_matmul,
 )
 from peakcut.transform.taso.edit import shape_check
+from peakcut.transform.taso.tag import TasoTag
 from peakcut.workloads import get_workload
 from tests.transform.conftest import random_topological_order
 
@@ -98,13 +98,13 @@ def numbers(inst, spec, g, order, **tol):
 
 def merged_mode(g: Graph, nid: int) -> str | None:
     """The merge mode of a matmul merge_matmuls made (None for any other node)."""
-    tag = g.nodes[nid].tags.taso
+    tag = g.nodes[nid].tags.get(TasoTag)
     return tag.mode if tag is not None else None
 
 
 def mode_of(rw):
     return next(tag.mode for a in rw.added
-                if (tag := rw.graph.nodes[a].tags.taso) is not None and tag.mode is not None)
+                if (tag := rw.graph.nodes[a].tags.get(TasoTag)) is not None and tag.mode is not None)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +140,7 @@ def test_forward_qkv_merge(bert):
     assert (view.storage, view.shape, view.stride) == (out.storage, (4, 32, 64), (6144, 192, 1))
     for n in qkv:
         assert g.tensors[g.nodes[n].outputs[0]].storage not in new.storages
-    assert merged.tags.taso == TasoTag("merge_matmuls", mode="cols", sizes=(64, 64, 64),
+    assert merged.tags.get(TasoTag) == TasoTag("merge_matmuls", mode="cols", sizes=(64, 64, 64),
                                        merged=("addmm", "addmm_1", "addmm_2"))
     assert merged.module == "bert.encoder.layer.0.attention.self"
     assert "3 matmul launches become 1" in rw.description
@@ -267,7 +267,7 @@ def test_unmerge_restores_the_graph(bert):
         cur, order = rw.graph, rw.order
     assert sum(n.op == "aten.split_with_sizes.default" for n in cur.nodes.values()) == 4
     merged = [n for n in order if cur.nodes[n].op in ("aten.mm.default", "aten.addmm.default")
-              and cur.nodes[n].tags.taso is not None]
+              and cur.nodes[n].tags.get(TasoTag) is not None]
     assert len(merged) == 6
     for nid in merged:
         assert why_not_split_matmul(cur, order, nid) is None
@@ -414,7 +414,7 @@ def test_all_rules_keep_the_numbers(name):
         rw = checked(g, order, split_matmul(g, order, merged))
         g, order = rw.graph, rw.order
     plain = next(n for n in order if g.nodes[n].op in ("aten.mm.default", "aten.addmm.default")
-                 and g.nodes[n].tags.taso is None and g.nodes[n].phase.value == "backward")
+                 and g.nodes[n].tags.get(TasoTag) is None and g.nodes[n].phase.value == "backward")
     rw = checked(g, order, split_matmul(g, order, plain), full=True)
     g, order = rw.graph, rw.order
     assert len(g.nodes) < len(g0.nodes)

@@ -13,10 +13,11 @@ import peakcut
 from peakcut.ir.graph import Graph
 from peakcut.optimizer.api import detach_loss
 from peakcut.rules import RULES
+from peakcut.rules.query import Query
 from peakcut.transform.rewrite import describe_node
+from peakcut.transform.site import RewriteSite
 from peakcut.transform.taso import algebra, matmul, matmul_merge, matmul_split, merge_groups
 from peakcut.transform.taso.edit import is_view_op
-from peakcut.transform.taso.find import TasoCandidate
 from peakcut.workloads import get_workload
 
 SGD = peakcut.SGD(lr=1e-2, momentum=0.9)
@@ -30,16 +31,16 @@ WHY_NOT = {"drop_identity": (algebra.why_not_drop_identity, algebra.IDENTITY_OPS
            "fold_views": (algebra.why_not_fold_views, algebra.VIEWS)}
 
 
-def _eager_found(g: Graph, order: Sequence[int], kind: str) -> list[TasoCandidate]:
+def _eager_found(g: Graph, order: Sequence[int], kind: str) -> list[RewriteSite]:
     """Every site of `kind`, each validated with the public why_not_* (order checked too)."""
-    out: list[TasoCandidate] = []
+    out: list[RewriteSite] = []
     if kind not in (*WHY_NOT, "merge_matmuls", "split_matmul"):   # not TASO rules: few sites
-        return list(RULES.rewrite_rule(kind).sites(g, order))
+        return list(RULES.rewrite_rule(kind).sites(Query(g, order)))
     if kind == "merge_matmuls":
         for nodes in merge_groups(g):
             plan = matmul_merge.plan_merge(g, order, nodes)
             if not isinstance(plan, str):
-                out.append(TasoCandidate(kind, nodes, matmul_merge.merge_summary(g, plan)))
+                out.append(RewriteSite(kind, nodes, matmul_merge.merge_summary(g, plan)))
         return out
     if kind == "split_matmul":
         merged, plain = [], []
@@ -53,14 +54,14 @@ def _eager_found(g: Graph, order: Sequence[int], kind: str) -> list[TasoCandidat
             if info is not None:
                 if matmul_split.why_not_split_matmul(g, order, nid) is None:
                     k = len(info.sizes)
-                    merged.append(TasoCandidate(kind, (nid,), (
+                    merged.append(RewriteSite(kind, (nid,), (
                         f"un-merge {describe_node(g, nid)} into {k} matmuls: "
                         f"1 matmul launch becomes {k}, its concatenations go")))
             elif g.tensors[m.out].shape[-1] >= 2 and (
                     matmul_split.why_not_split_matmul(g, order, nid, 2) is None):
                 nbytes = g.tensors[m.out].nbytes
                 parts = matmul_split.near_equal_parts(g.tensors[m.out].shape[-1], 2)
-                plain.append((-nbytes, TasoCandidate(
+                plain.append((-nbytes, RewriteSite(
                     kind, (nid,), f"split {describe_node(g, nid)} into {list(parts)} output "
                     "features: 1 matmul launch becomes 2, plus weight slices and a cat of "
                     f"the {nbytes:,}-byte result", parts)))
@@ -70,17 +71,17 @@ def _eager_found(g: Graph, order: Sequence[int], kind: str) -> list[TasoCandidat
         if g.nodes[nid].op in ops and why_not(g, order, nid) is None:
             effect = ("no kernel changes (views only)" if is_view_op(g.nodes[nid].op)
                       else "one elementwise kernel fewer")
-            out.append(TasoCandidate(kind, (nid,), f"{kind} at {describe_node(g, nid)}: {effect}"))
+            out.append(RewriteSite(kind, (nid,), f"{kind} at {describe_node(g, nid)}: {effect}"))
     if kind == "drop_identity":
         out.sort(key=lambda c: is_view_op(g.nodes[c.nodes[0]].op))
     return out
 
 
 def eager_candidates(g: Graph, order: Sequence[int], limit: int,
-                     kinds: Sequence[str] = KINDS) -> list[TasoCandidate]:
+                     kinds: Sequence[str] = KINDS) -> list[RewriteSite]:
     """The eager reference: all sites of every kind, then interleaved up to `limit`."""
     per_kind = [_eager_found(g, order, k) for k in dict.fromkeys(kinds)]
-    out: list[TasoCandidate] = []
+    out: list[RewriteSite] = []
     for i in range(max((len(c) for c in per_kind), default=0)):
         for found in per_kind:
             if i < len(found) and len(out) < limit:
@@ -120,7 +121,7 @@ def test_lazy_matches_eager_with_merged_matmuls(tiny):
             g, order = rw.graph, rw.order
     _same_for_all_queries(g, order)
     everything = RULES.rewrite_candidates(g, order, 10**9, ("split_matmul",))
-    merged = [c for c in everything if not c.parts]
+    merged = [c for c in everything if not c.params]
     assert everything[:len(merged)] == merged
     if g is not tiny:
         assert merged

@@ -5,18 +5,19 @@ two values share a storage exactly when eager PyTorch would make them share
 it (views, in-place results, _unsafe_view). Mutation hazards (a reader of a
 buffer must run before the op that overwrites it, and after the op that last
 wrote it) become explicit control edges, so any topological order of the
-graph computes the same numbers (DESIGN invariant 2).
+graph computes the same numbers (docs/design.md: in-place updates are real).
 
 Output dtypes are the real kernels' (realcheck.py): where a fake kernel's dtype
 is wrong, the tensor gets the real dtype, its storage the real byte size, and
-the node tag fake_dtypes (what the fake kernel says, per output; peakcut.ir.tags).
+the node tag fake_dtypes (FakeDtypesTag: what the fake kernel says, per output).
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -28,8 +29,29 @@ from peakcut.capture.trace import CaptureError, TraceLog, kv_cache_hint
 from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph, StepSignature
 from peakcut.ir.node import Node, Phase, TensorRef
-from peakcut.ir.tags import NO_TAGS, NodeTags
+from peakcut.ir.tags import NO_TAGS, NodeTags, Tag, opt_str
 from peakcut.ir.tensor import Role, TensorMeta, dtype_name
+
+
+@dataclass(frozen=True, slots=True)
+class FakeDtypesTag(Tag):
+    """Per output of a node whose dtypes capture corrected to the real kernel's, the dtype the
+    fake kernel gives (None: not corrected)."""
+
+    kind: ClassVar[str] = "fake_dtypes"
+    dtypes: tuple[str | None, ...]
+
+    def to_json(self) -> list[str | None]:
+        return list(self.dtypes)
+
+    @classmethod
+    def from_json(cls, doc: Any) -> FakeDtypesTag:
+        return cls(tuple(opt_str(d) for d in doc))
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> FakeDtypesTag | None:
+        return cls.from_json(extra["fake_dtypes"]) if "fake_dtypes" in extra else None
+
 
 
 class _Builder:
@@ -140,8 +162,8 @@ def fx_to_graph(
             env[fx_node] = outs if multi else outs[0]
             args = _map_args(fx_node.args, env)
             kwargs = {k: _map_args(v, env) for k, v in fx_node.kwargs.items()}
-            tags = NodeTags(fake_dtypes=tuple(None if not isinstance(v, torch.Tensor) else dtype_name(v.dtype)
-                                              for v in vals)) if real_dtypes else NO_TAGS
+            tags = NodeTags(FakeDtypesTag(tuple(None if not isinstance(v, torch.Tensor) else dtype_name(v.dtype)
+                                                for v in vals))) if real_dtypes else NO_TAGS
             nodes[nid] = Node(
                 id=nid, op=str(fx_node.target), args=tuple(args), kwargs=kwargs, outputs=tuple(outs),
                 multi_output=multi, module=module, phase=phase, name=fx_node.name, tags=tags,

@@ -4,6 +4,15 @@
     cost = get_cost_model("measured")        # timed on this machine, cached on disk
     cost.node_seconds(g, nid); cost.copy_seconds(nbytes, "d2h"); step_seconds(cost, g, order)
 
+- protocol.py: the CostModel interface; model.py: getting a model by name;
+- analytic.py: the roofline model; profiles.py: the device profiles it reads;
+- measured.py: every distinct call timed on the local device; cache.py: its on-disk cache,
+  fingerprint.py: what a cache file depends on;
+- calls.py: a node's call as a cost model sees it (key, meta tensors, work); inputs.py: real
+  argument tensors for timing a call; timer.py: timing calls as a generated program makes them;
+- overhead.py: a generated program's per-line overhead; mix.py: the mix of cheap calls that
+  calibrates it.
+
 See docs/cost.md.
 """
 

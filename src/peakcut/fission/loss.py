@@ -28,6 +28,7 @@ from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
 from peakcut.ir.tensor import Role, TensorMeta, contiguous_strides
+from peakcut.transform.rewrite import RewrittenFromTag
 
 EXACT_COUNT = 2**24  # float32 holds every integer up to here
 NLL_BACKWARD = ("aten.nll_loss_backward.default", "aten.nll_loss2d_backward.default")
@@ -45,7 +46,7 @@ def detach_loss(g: Graph) -> Graph:
                 id=nid, op="aten.scalar_tensor.default", args=(1.0,),
                 kwargs={"dtype": new.tensors[out].torch_dtype, "device": torch.device(g.device)},
                 outputs=node.outputs, module=node.module, phase=node.phase, name=node.name,
-                tags=node.tags._replace(rewritten_from="ones_like")))
+                tags=node.tags.with_tag(RewrittenFromTag("ones_like"))))
         elif node.op in NLL_BACKWARD and _unweighted_mean(node):
             target = node.args[2]
             meta = new.tensors[target.id]

@@ -102,7 +102,7 @@ class RegionExpander:
                         raise FissionError(f"{what} cannot reproduce the layout of "
                                            f"{describe_tensor(g, outputs[j])}")
 
-        tags = NodeTags(fission=tag) if inherit is None else inherit.with_fission(tag)
+        tags = NodeTags(tag) if inherit is None else inherit.with_tag(tag)
         try:
             return self.edit.add_op(op, args, kwargs, name=name, phase=phase, module=module,
                                     tags=tags, multi_output=multi_output, names=names,
@@ -278,7 +278,7 @@ class RegionExpander:
         def rewired(ref: TensorRef) -> TensorRef:
             return TensorRef(mapping.get(ref.id, ref.id))
 
-        origin = node.tags.fission.of if node.tags.fission is not None else None
+        origin = tag.of if (tag := node.tags.get(FissionTag)) is not None else None
         args, kwargs = map_refs(call.args, rewired), map_refs(dict(call.kwargs), rewired)
         copy = self.add(call.op, args, kwargs,
                          name=f"{node.name or v}{suffix}", phase=node.phase, module=node.module,
@@ -320,7 +320,7 @@ class RegionExpander:
         g = self.edit.finish()
         copies: dict[int, list[int]] = {}
         for nid in self.order:
-            tag = g.nodes[nid].tags.fission
+            tag = g.nodes[nid].tags.get(FissionTag)
             if tag is not None and tag.of is not None:
                 copies.setdefault(tag.of, []).append(nid)
         return Expanded(g, list(self.order), {k: tuple(v) for k, v in copies.items()},

@@ -1,4 +1,13 @@
-"""The IR: tensors, nodes, graphs, the op registry, validation and serialization."""
+"""The IR: tensors, nodes, graphs, the op registry, validation and serialization.
+
+- tensor.py: tensor metadata (shape, dtype, storage); node.py: one op call; graph.py: the Graph;
+- edit.py: the one graph editor; infer.py: an op call's output layouts from FakeTensors;
+- registry.py: per-op facts; ops.py: peakcut's own ops (device/host copies); real_dtypes.py:
+  where fake kernels disagree with real ones;
+- tags.py: what a node carries between packages; node_cache.py: values computed for nodes,
+  kept with their keys;
+- check.py: validation (check_graph); serialize.py: versioned JSON;
+- dims/: dimension rules, for fission."""
 
 from peakcut.ir.check import check_graph
 from peakcut.ir.graph import Graph, GraphError, StepSignature

@@ -25,7 +25,7 @@ class Hyper(float):
 
     It is a float, with the value it had at capture, so analyses, cost models and
     FakeTensor re-runs treat it as the constant it was; generated programs read it
-    by `name` from the `hp` mapping passed at every call (see capture.update).
+    by `name` from the `hp` mapping passed at every call (values: spec.scalars).
     """
 
     __slots__ = ("name",)

@@ -8,10 +8,10 @@ Facts kept here:
   (matmuls, convolutions, attention), else one FLOP per output element for
   element-wise and reduction ops, else 0 (views, copies);
 - bytes moved: inputs read + outputs written;
-- random: the op draws from the RNG (never duplicated or split, DESIGN inv. 4);
+- random: the op draws from the RNG (never duplicated or split, docs/design.md: randomness);
 - mutated arguments: read from the op's schema (alias_info.is_write);
 - workspace: not here (peakcut.memory.workspace, per machine);
-- dimension rules: added by the fission work (issue 4).
+- dimension rules: peakcut.ir.dims, for fission.
 """
 
 from __future__ import annotations
@@ -21,10 +21,13 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import cache
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+if TYPE_CHECKING:
+    from peakcut.ir.node import Node
 
 aten = torch.ops.aten
 
@@ -299,6 +302,13 @@ def _overload(op: str) -> torch._ops.OpOverload | None:
         return resolve_op(op)
     except ValueError:
         return None
+
+
+def allocates(node: Node) -> bool:
+    """True when the node makes a new tensor: it has a result, writes no argument in place and
+    is no view (run on the host, such an op writes into a buffer through its out= overload)."""
+    info = lookup(node.op)
+    return bool(node.output_tuple) and not node.mutated_ids() and (info is None or info.kind is not OpKind.VIEW)
 
 
 @cache

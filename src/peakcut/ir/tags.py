@@ -1,30 +1,151 @@
 """Typed tags: what a node carries from the package that made it to the packages that read it.
 
-A Node holds one NodeTags value (immutable, NO_TAGS when it carries nothing):
+A Node holds one NodeTags value (immutable, NO_TAGS when it carries nothing): an open mapping
+from a tag's class to the tag, at most one tag of each kind. A kind is a subclass of Tag with
+its own `kind` name, registered when its module is imported (Tag.__init_subclass__; a second
+class under a kind already taken raises TypeError), which writes itself to the graph JSON
+(to_json / from_json) under that name. A rule that needs a tag of its own defines its kind in
+its own module: nothing here names it.
 
+The kinds defined here are the ones the packages below the rules read (the code generator,
+the memory model, fission):
 - fission (FissionTag): a node of a fission expansion (peakcut.fission.expand), from which
   codegen.fission rebuilds the loops and optimizer.compact prices compact expansions;
 - remat (RematTag): a recompute, and the node it recomputes (peakcut.transform.remat);
 - swap (SwapTag): a store or load of a swap, and the tensor swapped (peakcut.transform.swap);
-- taso (TasoTag): a node a TASO-style rewrite made (peakcut.transform.taso);
 - host (HostTag): a node of a parameter's update run on the host, or a copy it needs
-  (peakcut.rules.host_update_rule); an "update" node runs on the host, on host tensors;
-- fake_dtypes: per output, the dtype the fake kernel gives where capture corrected it to the
-  real kernel's (peakcut.capture.convert);
-- rewritten_from: the op a loss rewrite replaced (peakcut.fission.loss).
+  (peakcut.transform.host_update); an "update" node runs on the host, on host tensors
+  (NodeTags.on_host).
+Others live with their makers: taso (peakcut.transform.taso.tag), rewritten_from
+(peakcut.transform.rewrite), fake_dtypes (peakcut.capture.convert).
 
-Tags are written to and read from the graph JSON by tags_to_json / tags_from_json (and from
-the `extra` dicts of version-1 files by tags_from_extra). The tags are immutable records:
-frozen dataclasses, but for FissionTag and NodeTags, made for every node of every fission
-expansion, which are NamedTuples (three times faster to make).
+Tags are written to and read from the graph JSON by tags_to_json / tags_from_json, and read
+from the `extra` dicts of version-1 files by tags_from_extra (each kind's from_extra). Tags
+are immutable records: frozen dataclasses, but for FissionTag, made for every node of every
+fission expansion, which is a NamedTuple (three times faster to make).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from types import MappingProxyType
+from typing import Any, ClassVar, Literal, NamedTuple, TypeVar
 
+T = TypeVar("T", bound="Tag")
+
+_KINDS: dict[str, type[Tag]] = {}   # filled as tag classes are defined (import time only)
+
+
+class Tag(ABC):
+    """A kind of node tag (module doc). A subclass sets `kind` (its JSON name) and writes
+    to_json and from_json; a class without its own `kind` is not registered (a base of kinds)."""
+
+    __slots__ = ()
+    kind: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        kind = cls.__dict__.get("kind")
+        if kind is None:
+            return
+        known = _KINDS.get(kind)
+        # a slotted dataclass is made twice, under one name: the second class replaces the first
+        if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise TypeError(f"node tag kind {kind!r} is {known.__module__}.{known.__qualname__}'s already")
+        _KINDS[kind] = cls
+
+    @property
+    def on_host(self) -> bool:
+        """The node runs on the host, on host tensors (NodeTags.on_host)."""
+        return False
+
+    @abstractmethod
+    def to_json(self) -> Any:
+        """The tag as a JSON value."""
+
+    @classmethod
+    @abstractmethod
+    def from_json(cls: type[T], doc: Any) -> T:
+        """Inverse of to_json; raises ValueError (or KeyError/TypeError) on a malformed value."""
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> Tag | None:
+        """The tag of this kind in the `extra` dict of a node of a version-1 graph file (None:
+        none there; kinds newer than version 1 have none)."""
+        return None
+
+
+def tag_kinds() -> Mapping[str, type[Tag]]:
+    """Every kind defined so far, by name (read-only)."""
+    return MappingProxyType(_KINDS)
+
+
+class NodeTags:
+    """Everything a node carries between packages (module doc): at most one tag per kind,
+    looked up by the tag's class (get). NO_TAGS when nothing."""
+
+    __slots__ = ("_by", "on_host")
+    _by: dict[type[Tag], Tag]
+    on_host: bool
+    """The node runs on the host (an op of a host update), on host tensors."""
+
+    def __init__(self, *tags: Tag) -> None:
+        by: dict[type[Tag], Tag] = {}
+        host = False
+        for tag in tags:
+            by[type(tag)] = tag
+            if tag.on_host:
+                host = True
+        if len(by) != len(tags):
+            raise ValueError(f"two node tags of one kind: {tags}")
+        self._by = by
+        self.on_host = host
+
+    def get(self, kind: type[T]) -> T | None:
+        """The tag of this class, or None."""
+        return self._by.get(kind)  # type: ignore[return-value]
+
+    def with_tag(self, tag: Tag) -> NodeTags:
+        """These tags with `tag` in place of the one of its kind (what a part copy of a node
+        carries: its own tags and its fission tag)."""
+        new = NodeTags.__new__(NodeTags)
+        by = dict(self._by)
+        by[type(tag)] = tag
+        new._by = by
+        new.on_host = any(t.on_host for t in by.values()) if self.on_host else tag.on_host
+        return new
+
+    def without(self, kind: type[Tag]) -> NodeTags:
+        """These tags less the one of class `kind` (themselves when they have none)."""
+        if kind not in self._by:
+            return self
+        return NodeTags(*(t for k, t in self._by.items() if k is not kind))
+
+    def __iter__(self) -> Iterator[Tag]:
+        return iter(self._by.values())
+
+    def __len__(self) -> int:
+        return len(self._by)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NodeTags) and self._by == other._by
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._by.values()))
+
+    def __repr__(self) -> str:
+        return f"NodeTags({', '.join(map(repr, self._by.values()))})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (NodeTags, tuple(self._by.values()))
+
+
+NO_TAGS = NodeTags()
+
+
+# ------------------------------------------------------------------ the kinds below the rules
 Path = tuple[tuple[int, int], ...]
 """Enclosing (F-Tree node id, part) pairs of a fission node, outermost first."""
 
@@ -32,7 +153,18 @@ FissionRole = Literal["part", "alloc", "slice", "contiguous", "merge", "keep"]
 FISSION_ROLES: tuple[FissionRole, ...] = ("part", "alloc", "slice", "contiguous", "merge", "keep")
 
 
-class FissionTag(NamedTuple):
+class _FissionFields(NamedTuple):
+    region: int
+    role: FissionRole
+    path: Path = ()
+    part: int | None = None
+    n: int | None = None
+    of: int | None = None
+    label: str | None = None
+    component: int | None = None
+
+
+class FissionTag(_FissionFields, Tag):
     """A node of a fission expansion.
 
     region: the F-Tree node expanded. role: "part" for the copy of an original node in one
@@ -45,49 +177,74 @@ class FissionTag(NamedTuple):
     the original node, its label of the D-Graph dimension, the D-Graph component.
     """
 
-    region: int
-    role: FissionRole
-    path: Path = ()
-    part: int | None = None
-    n: int | None = None
-    of: int | None = None
-    label: str | None = None
-    component: int | None = None
+    __slots__ = ()
+    kind = "fission"
+
+    def to_json(self) -> dict[str, Any]:
+        return without_none({
+            "region": self.region, "role": self.role, "path": [list(p) for p in self.path],
+            "part": self.part, "n": self.n, "of": self.of, "label": self.label,
+            "component": self.component})
+
+    @classmethod
+    def from_json(cls, doc: Any) -> FissionTag:
+        role = doc["role"]
+        if role not in FISSION_ROLES:
+            raise ValueError(f"unknown fission role {role!r}")
+        path = tuple((int(f), int(k)) for f, k in doc.get("path", ()))
+        return cls(int(doc["region"]), role, path, opt_int(doc.get("part")), opt_int(doc.get("n")),
+                   opt_int(doc.get("of")), opt_str(doc.get("label")), opt_int(doc.get("component")))
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> FissionTag | None:
+        if "fission" not in extra:
+            return None
+        copy = "of" in extra
+        return cls.from_json({
+            "region": extra["fission"], "role": "part" if copy else extra["role"],
+            "path": extra.get("path", ()), "part": extra.get("part"), "n": extra.get("n"),
+            "of": extra.get("of"), "label": extra.get("label"), "component": extra.get("component")})
 
 
 @dataclass(frozen=True, slots=True)
-class RematTag:
+class RematTag(Tag):
     """A recompute of node `of` (the original stays in the graph unless nothing else reads it);
     `block`: the module of the block whose checkpoint made it (peakcut.transform.checkpoint),
     "" for the remat rule's."""
 
+    kind: ClassVar[str] = "remat"
     of: int
     block: str = ""
 
+    def to_json(self) -> dict[str, Any]:
+        return {"of": self.of, **({"block": self.block} if self.block else {})}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> RematTag:
+        return cls(int(doc["of"]), str(doc.get("block", "")))
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> RematTag | None:
+        return cls(int(extra["remat_of"])) if "remat_of" in extra else None
+
 
 @dataclass(frozen=True, slots=True)
-class SwapTag:
+class SwapTag(Tag):
     """A store (swap-out) or load (swap-in) of tensor `of`."""
 
+    kind: ClassVar[str] = "swap"
     of: int
 
+    def to_json(self) -> dict[str, Any]:
+        return {"of": self.of}
 
-@dataclass(frozen=True, slots=True)
-class TasoTag:
-    """A node made by the TASO-style rule `rule`.
+    @classmethod
+    def from_json(cls, doc: Any) -> SwapTag:
+        return cls(int(doc["of"]))
 
-    A merged matmul (merge_matmuls) also says how it was merged: mode ("cols", "rows" or
-    "sum"), the output sizes of the matmuls merged and their names (what split_matmul needs
-    to un-merge it). A part of a split matmul (split_matmul) says which part it is and the
-    name of the matmul split.
-    """
-
-    rule: str
-    mode: str | None = None
-    sizes: tuple[int, ...] = ()
-    merged: tuple[str, ...] = ()
-    part: int | None = None
-    part_of: str | None = None
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> SwapTag | None:
+        return cls(int(extra["swap_of"])) if "swap_of" in extra else None
 
 
 HostRole = Literal["update", "store", "upload"]
@@ -95,7 +252,7 @@ HOST_ROLES: tuple[HostRole, ...] = ("update", "store", "upload")
 
 
 @dataclass(frozen=True, slots=True)
-class HostTag:
+class HostTag(Tag):
     """A node of the host update of parameter `param` (its program input's tensor id).
 
     role: "update" for an op of the update, which runs on the host on host tensors; "store"
@@ -104,138 +261,56 @@ class HostTag:
     new value back into its device storage.
     """
 
+    kind: ClassVar[str] = "host"
     param: int
     role: HostRole
 
-
-class NodeTags(NamedTuple):
-    """Everything a node carries between packages (see module doc); NO_TAGS when nothing."""
-
-    fission: FissionTag | None = None
-    remat: RematTag | None = None
-    swap: SwapTag | None = None
-    taso: TasoTag | None = None
-    fake_dtypes: tuple[str | None, ...] = ()
-    rewritten_from: str | None = None
-    host: HostTag | None = None
-
-    def with_fission(self, fission: FissionTag) -> NodeTags:
-        """These tags with `fission` as the fission tag (what a part copy of a node carries)."""
-        return NodeTags(fission, self.remat, self.swap, self.taso, self.fake_dtypes,
-                        self.rewritten_from, self.host)
-
     @property
     def on_host(self) -> bool:
-        """The node runs on the host (an op of a host update), on host tensors."""
-        return self.host is not None and self.host.role == "update"
+        return self.role == "update"
 
+    def to_json(self) -> dict[str, Any]:
+        return {"param": self.param, "role": self.role}
 
-NO_TAGS = NodeTags()
+    @classmethod
+    def from_json(cls, doc: Any) -> HostTag:
+        role = doc["role"]
+        if role not in HOST_ROLES:
+            raise ValueError(f"unknown host role {role!r}")
+        return cls(int(doc["param"]), role)
 
 
 # ------------------------------------------------------------------ JSON
 def tags_to_json(tags: NodeTags) -> dict[str, Any]:
-    """The tags as a JSON object (only the tags present)."""
-    doc: dict[str, Any] = {}
-    if tags.fission is not None:
-        f = tags.fission
-        doc["fission"] = _without_none({
-            "region": f.region, "role": f.role, "path": [list(p) for p in f.path], "part": f.part,
-            "n": f.n, "of": f.of, "label": f.label, "component": f.component})
-    if tags.remat is not None:
-        doc["remat"] = {"of": tags.remat.of, **({"block": tags.remat.block} if tags.remat.block else {})}
-    if tags.swap is not None:
-        doc["swap"] = {"of": tags.swap.of}
-    if tags.taso is not None:
-        t = tags.taso
-        doc["taso"] = _without_none({
-            "rule": t.rule, "mode": t.mode, "sizes": list(t.sizes) or None,
-            "merged": list(t.merged) or None, "part": t.part, "part_of": t.part_of})
-    if tags.fake_dtypes:
-        doc["fake_dtypes"] = list(tags.fake_dtypes)
-    if tags.rewritten_from is not None:
-        doc["rewritten_from"] = tags.rewritten_from
-    if tags.host is not None:
-        doc["host"] = {"param": tags.host.param, "role": tags.host.role}
-    return doc
+    """The tags as a JSON object, by kind (only the tags present)."""
+    return {tag.kind: tag.to_json() for tag in sorted(tags, key=lambda t: t.kind)}
 
 
 def tags_from_json(doc: Mapping[str, Any]) -> NodeTags:
-    """Inverse of tags_to_json; raises ValueError (or KeyError/TypeError) on a malformed object."""
-    unknown = set(doc) - {"fission", "remat", "swap", "taso", "fake_dtypes", "rewritten_from", "host"}
+    """Inverse of tags_to_json; raises ValueError (or KeyError/TypeError) on a malformed object
+    or a kind no imported module defines."""
+    unknown = sorted(set(doc) - set(_KINDS))
     if unknown:
-        raise ValueError(f"unknown node tags {sorted(unknown)}")
-    tags = NO_TAGS
-    if "fission" in doc:
-        tags = tags._replace(fission=_fission(doc["fission"]))
-    if "remat" in doc:
-        tags = tags._replace(remat=RematTag(int(doc["remat"]["of"]), str(doc["remat"].get("block", ""))))
-    if "swap" in doc:
-        tags = tags._replace(swap=SwapTag(int(doc["swap"]["of"])))
-    if "taso" in doc:
-        t = doc["taso"]
-        tags = tags._replace(taso=TasoTag(
-            str(t["rule"]), _opt_str(t.get("mode")), tuple(int(s) for s in t.get("sizes", ())),
-            tuple(str(m) for m in t.get("merged", ())), _opt_int(t.get("part")),
-            _opt_str(t.get("part_of"))))
-    if "fake_dtypes" in doc:
-        tags = tags._replace(fake_dtypes=tuple(_opt_str(d) for d in doc["fake_dtypes"]))
-    if "rewritten_from" in doc:
-        tags = tags._replace(rewritten_from=str(doc["rewritten_from"]))
-    if "host" in doc:
-        role = doc["host"]["role"]
-        if role not in HOST_ROLES:
-            raise ValueError(f"unknown host role {role!r}")
-        tags = tags._replace(host=HostTag(int(doc["host"]["param"]), role))
-    return tags
+        raise ValueError(f"unknown node tags {unknown}; known: {sorted(_KINDS)}")
+    return NodeTags(*(_KINDS[kind].from_json(value) for kind, value in doc.items())) if doc else NO_TAGS
 
 
 def tags_from_extra(extra: Mapping[str, Any]) -> NodeTags:
-    """The tags of a node of a version-1 graph file, from its `extra` dict (string keys: "fission",
-    "part", "of", "path", "n", "label", "component", "role"; "remat_of"; "swap_of"; "taso";
-    "fake_dtypes"; "rewritten_from")."""
-    tags = NO_TAGS
-    if "fission" in extra:
-        copy = "of" in extra
-        tags = tags._replace(fission=_fission({
-            "region": extra["fission"], "role": "part" if copy else extra["role"],
-            "path": extra.get("path", ()), "part": extra.get("part"), "n": extra.get("n"),
-            "of": extra.get("of"), "label": extra.get("label"), "component": extra.get("component")}))
-    if "remat_of" in extra:
-        tags = tags._replace(remat=RematTag(int(extra["remat_of"])))
-    if "swap_of" in extra:
-        tags = tags._replace(swap=SwapTag(int(extra["swap_of"])))
-    if "taso" in extra:
-        t = extra["taso"]
-        merge = t.get("rule") == "merge_matmuls"
-        tags = tags._replace(taso=TasoTag(
-            str(t["rule"]), _opt_str(t.get("mode")), tuple(int(s) for s in t.get("sizes", ())),
-            tuple(str(m) for m in t.get("of", ())) if merge else (), _opt_int(t.get("part")),
-            None if merge or "of" not in t else str(t["of"])))
-    if "fake_dtypes" in extra:
-        tags = tags._replace(fake_dtypes=tuple(_opt_str(d) for d in extra["fake_dtypes"]))
-    if "rewritten_from" in extra:
-        tags = tags._replace(rewritten_from=str(extra["rewritten_from"]))
-    return tags
+    """The tags of a node of a version-1 graph file, from its `extra` dict (each kind's
+    from_extra: "fission", "part", "of", "path", "n", "label", "component", "role";
+    "remat_of"; "swap_of"; "taso"; "fake_dtypes"; "rewritten_from")."""
+    found = [tag for cls in _KINDS.values() if (tag := cls.from_extra(extra)) is not None]
+    return NodeTags(*found) if found else NO_TAGS
 
 
-def _fission(doc: Mapping[str, Any]) -> FissionTag:
-    role = doc["role"]
-    if role not in FISSION_ROLES:
-        raise ValueError(f"unknown fission role {role!r}")
-    path = tuple((int(f), int(k)) for f, k in doc.get("path", ()))
-    return FissionTag(int(doc["region"]), role, path, _opt_int(doc.get("part")), _opt_int(doc.get("n")),
-                      _opt_int(doc.get("of")), _opt_str(doc.get("label")),
-                      _opt_int(doc.get("component")))
-
-
-def _without_none(doc: dict[str, Any]) -> dict[str, Any]:
+def without_none(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` without its None values (what a tag's to_json leaves out)."""
     return {k: v for k, v in doc.items() if v is not None}
 
 
-def _opt_int(value: Any) -> int | None:
+def opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _opt_str(value: Any) -> str | None:
+def opt_str(value: Any) -> str | None:
     return None if value is None else str(value)

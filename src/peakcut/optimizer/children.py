@@ -10,8 +10,9 @@ duplicates before paying for it) and builds it on demand (`build`). In the regis
   one by one and all of a kind at once (a step the size of the hot-spot: many small
   activations are saved for backward in a CNN); a batched rule (offloads of a model's
   parameters and state) also at every one of its sites at once;
-- rewrite rules (TASO-style rewrites of the base graph: merge matmuls sharing an operand and
-  its inverse, algebraic simplifications), outside enabled regions, all of move kind "taso";
+- rewrite rules of a phase during the search (TASO-style rewrites of the base graph, block
+  checkpoints, splits), outside enabled regions unless a phase lets them in, all of move kind
+  "taso";
 - undo: dropping a recipe the state holds (de-remat, de-swap), or all of a batched rule's.
 """
 
@@ -23,12 +24,14 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 from peakcut.ir.graph import Graph
+from peakcut.ir.tags import FissionTag
 from peakcut.memory import MemoryProfile, simulate
 from peakcut.optimizer.derive import Deriver, recomputed, region_nodes, resolved
 from peakcut.optimizer.state import Recipe, State
 from peakcut.rules import REWRITE_MOVES, UNDO_MOVES, Candidate, Registry
-from peakcut.rules.hotspot import Hotspot
-from peakcut.rules.protocol import ProgramRule, Site
+from peakcut.rules.base import ProgramRule, Site
+from peakcut.rules.phase import inside_regions
+from peakcut.rules.query import Query
 
 CANDIDATES_PER_KIND = 4     # program-rule candidates tried per kind per expanded state
 TASO_SITES = 16             # TASO-style sites listed per base graph (the kinds interleaved)
@@ -90,12 +93,13 @@ def children(state: State, deriver: Deriver, settings: MoveSettings, rng: random
     if state.pending is not None:
         raise ValueError(f"state {state.applied[-1:]} is pending: Deriver.resolve it before its moves")
     rules = deriver.rules
+    query = Query(state.program, state.order, tree=state.tree, direct_enable=settings.direct_enable)
     for region_rule in rules.regions:
         if not settings.uses(region_rule.kind):
             continue
-        for mutation in region_rule.mutations(state.tree, settings.direct_enable):
+        for mutation in region_rule.sites(query):
             tree = region_rule.apply(state.tree, mutation)
-            what = region_rule.describe(state.tree, mutation, tree)
+            what = region_rule.describe(query, mutation)
             yield Move(region_rule.kind, make_key(state, tuple((g.id, g.n) for g in tree.enabled())), what,
                        partial(deriver.with_tree, state, tree, what))
     kinds = [k for k in rules.program_kinds if settings.uses(k)]
@@ -104,10 +108,11 @@ def children(state: State, deriver: Deriver, settings: MoveSettings, rng: random
     if rules.rewrites and settings.uses(REWRITE_MOVES):
         regions = region_nodes(state.tree)
         outside = [s for s in deriver.sites(state, TASO_SITES)
-                   if rules.rewrite_rule(s.kind).in_regions or not regions.intersection(s.nodes)]
+                   if inside_regions(rules.rewrite_rule(s.kind)) or not regions.intersection(s.nodes)]
+        on_base = Query(state.base, state.base_order)
         for site in outside[:settings.taso_per_state]:
-            key = (REWRITE_MOVES, *make_key(state), site.kind, site.nodes, site.parts)
-            yield Move(REWRITE_MOVES, key, rules.rewrite_rule(site.kind).describe(site),
+            key = (REWRITE_MOVES, *make_key(state), site.kind, site.nodes, site.params)
+            yield Move(REWRITE_MOVES, key, rules.rewrite_rule(site.kind).describe(on_base, site),
                        partial(deriver.with_taso, state, site), rule=site.kind)
     yield from _undo_moves(state, deriver)
 
@@ -139,6 +144,7 @@ def _program_moves(state: State, deriver: Deriver, settings: MoveSettings, kinds
     regions = region_nodes(state.tree)
     base = state.base
     profile = simulate(program, order, deriver.workspace)
+    query = Query(program, order, profile=profile)
     if settings.hotspots_only:
         found = deriver.rules.hotspot_candidates(program, order, profile, limit=4 * settings.per_kind,
                                                  kinds=kinds)
@@ -146,7 +152,7 @@ def _program_moves(state: State, deriver: Deriver, settings: MoveSettings, kinds
         found = _anywhere(program, order, deriver.rules, settings, kinds, rng)
     picked: dict[str, list[Recipe]] = {k: [] for k in kinds}
     for c in found:
-        recipe = _recipe(c.rule, c, program, base, regions)
+        recipe = _recipe(c.rule, c, query, base, regions)
         if recipe is not None:
             picked[c.kind].append(recipe)
     for kind, group in picked.items():
@@ -158,32 +164,31 @@ def _program_moves(state: State, deriver: Deriver, settings: MoveSettings, kinds
             yield Move(kind, make_key(state, recipes=(*state.recipes, *group)), what,
                        partial(deriver.with_recipes, state, tuple(group)))
     if settings.bulk:
-        yield from _bulk_moves(state, deriver, kinds, profile, regions, {k: len(v) for k, v in picked.items()})
+        yield from _bulk_moves(state, deriver, kinds, query, regions, {k: len(v) for k, v in picked.items()})
 
 
-def _bulk_moves(state: State, deriver: Deriver, kinds: list[str], profile: MemoryProfile,
+def _bulk_moves(state: State, deriver: Deriver, kinds: list[str], query: Query,
                 regions: frozenset[int], picked: dict[str, int]) -> Iterator[Move]:
     """Each batched rule (ProgramRule.batched) at every one of its sites, as one move, where
     that is more than the hot-spot moves above took: the step from a model's state on the
     device to all of it offloaded is one move, not one per parameter. The sites are checked
     when the move is built (Deriver.with_recipes, in one edit)."""
-    program, order, base = state.program, state.order, state.base
-    spot = Hotspot(program, order, profile)
+    base = state.base
     for kind in kinds:
         rule = deriver.rules.program_rule(kind)
         if not rule.batched:
             continue
         held = {(r.kind, r.tensor) for r in state.recipes}
-        recipes = tuple(r for site in rule.sites(spot) if (kind, site.tensor) not in held
-                        and (r := _recipe(rule, site, program, base, regions)) is not None)
+        recipes = tuple(r for site in rule.sites(query) if (kind, site.tensor) not in held
+                        and (r := _recipe(rule, site, query, base, regions)) is not None)
         if len(recipes) > max(1, picked.get(kind, 0)):
             yield Move(kind, make_key(state, recipes=(*state.recipes, *recipes)),
                        f"{kind} at all {len(recipes)} of its sites at once",
                        partial(deriver.with_recipes, state, recipes))
 
 
-def _recipe(rule: ProgramRule, site: Site, program: Graph, base: Graph, regions: frozenset[int]) -> Recipe | None:
-    """The recipe of `rule` at a site of the state's program, in base ids; None where the site
+def _recipe(rule: ProgramRule, site: Site, query: Query, base: Graph, regions: frozenset[int]) -> Recipe | None:
+    """The recipe of `rule` at a site of the state's program (query.g), in base ids; None where the site
     touches a region (a region node or a part copy: the rule would cross a region boundary)
     or names what the base does not have. A batched rule's sites are their tensors (its
     apply reads no node of the site), so nodes other recipes added (a host update's copies
@@ -192,6 +197,7 @@ def _recipe(rule: ProgramRule, site: Site, program: Graph, base: Graph, regions:
     they recompute (Recipe.copies_of). Without them a ReLU output that a recomputed
     convolution reads could never be swapped: paper U-Net at <= 10% on RTX 3090 kept two
     512 MiB encoder ReLUs in device memory across its whole step (simulated)."""
+    program = query.g
     if site.tensor not in base.tensors:
         return None
     touched = (site.node, *site.users)
@@ -201,14 +207,14 @@ def _recipe(rule: ProgramRule, site: Site, program: Graph, base: Graph, regions:
         touched = tuple(v for v in touched if v in base.nodes)
         if not touched:
             return None
-        return Recipe(rule.kind, site.tensor, touched[0], tuple(touched[1:]), rule.describe(program, site))
+        return Recipe(rule.kind, site.tensor, touched[0], tuple(touched[1:]), rule.describe(query, site))
     if site.node not in base.nodes:
         return None
     copies = [recomputed(program, v) for v in site.users if v not in base.nodes]
     if any(v is None or v not in base.nodes for v in copies):
         return None
     recipe = Recipe(rule.kind, site.tensor, site.node, tuple(v for v in site.users if v in base.nodes),
-                    rule.describe(program, site), tuple(sorted({v for v in copies if v is not None})))
+                    rule.describe(query, site), tuple(sorted({v for v in copies if v is not None})))
     # the recipe must name no more and no fewer readers than the site: not where a node is
     # recomputed twice and the site reads one copy, nor where a copy reads a view of the tensor
     return recipe if set(resolved(program, recipe).users) == set(site.users) else None
@@ -216,7 +222,7 @@ def _recipe(rule: ProgramRule, site: Site, program: Graph, base: Graph, regions:
 
 def _part_copy(program: Graph, nid: int) -> bool:
     node = program.nodes.get(nid)
-    return node is None or node.tags.fission is not None
+    return node is None or node.tags.get(FissionTag) is not None
 
 
 def _anywhere(program: Graph, order: list[int], rules: Registry, settings: MoveSettings, kinds: list[str],

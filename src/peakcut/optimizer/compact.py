@@ -16,6 +16,7 @@ from math import prod
 from peakcut.cost.protocol import CostModel
 from peakcut.fission.ftree import FTree
 from peakcut.ir.graph import Graph
+from peakcut.ir.tags import FissionTag
 
 
 class RepeatedCost:
@@ -29,12 +30,12 @@ class RepeatedCost:
 
     def repeat(self, g: Graph, nid: int) -> int:
         """How many times node `nid` of the compact graph runs in the full expansion."""
-        tag = g.nodes[nid].tags.fission
+        tag = g.nodes[nid].tags.get(FissionTag)
         path = tag.path if tag is not None else ()
         return prod(self._n[f] for f, _ in path) if path else 1
 
     def node_seconds(self, g: Graph, nid: int) -> float:
-        tag = g.nodes[nid].tags.fission
+        tag = g.nodes[nid].tags.get(FissionTag)
         if tag is not None and tag.role == "keep":
             return 0.0
         seconds = self.cost.node_seconds(g, nid)

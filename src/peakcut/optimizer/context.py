@@ -42,12 +42,12 @@ from typing import Any
 
 import torch
 
-from peakcut.capture.constants import bound_constants
 from peakcut.codegen.program import Step
 from peakcut.cost.measured import MeasuredCostModel
 from peakcut.cost.model import step_seconds
 from peakcut.ir.graph import Graph
 from peakcut.optimizer.verify import Restore, Verdict, model_device, sync_device
+from peakcut.spec.constants import bound_constants
 
 RUNS = 3
 SETTLE = 1

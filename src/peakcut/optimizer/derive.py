@@ -10,13 +10,13 @@ The rules come from a registry (peakcut.rules: Deriver.rules, RULES by default).
 - removing a recipe (de-remat, de-swap) replays the others from the expanded base;
 - a TASO-style rewrite changes the base. Where it adds nothing (drops an identity,
   cancels transposes, folds views), touches no recipe, and touches a region's nodes only
-  to make them read a tensor of the same layout and storage (_outside, _alike), it is
+  to make them read a tensor of the same layout and storage (rebase.py: outside, alike), it is
   applied to the parent's program directly (the same edit the base takes) and the state
   is "pending": base, F-Tree and D-Graph stay the parent's until `resolve`, which the
   search calls when it expands the state (MAGIS Algorithm 3 line 16: Analyze updates the
   F-Tree of the state taken from the queue). resolve rewrites the base, updates the F-Tree
   (the F-Tree update after a non-fission rewrite: kept as it is where the rewrite leaves
-  every F-Tree node's dimension rules alone, _kept_tree, else Algorithm 1 again) and
+  every F-Tree node's dimension rules alone, rebase.kept_tree, else Algorithm 1 again) and
   carries the enabled nodes over; when they cover the same nodes with the same labels, ids
   and n, the program and figures stand, else the state is derived again on the new base (a
   new program, which the search judges as a new state). Elsewhere the eager way: the base
@@ -40,57 +40,46 @@ program that runs, and the figures reported.
 from __future__ import annotations
 
 import itertools
-import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from peakcut.cost.protocol import CostModel
 from peakcut.fission.analyzer import DEFAULT_LEVELS
-from peakcut.fission.build import find_ftree
 from peakcut.fission.dgraph import DGraph
 from peakcut.fission.expand import expand
 from peakcut.fission.expanded import FissionError
 from peakcut.fission.ftree import FTree
 from peakcut.fission.reuse import ExpansionCache
 from peakcut.ir.graph import Graph, GraphError
-from peakcut.ir.node import Node, TensorRef, map_refs
+from peakcut.ir.tags import RematTag
 from peakcut.memory import simulate
 from peakcut.memory.workspace import WorkspaceSpec, workspace_model
 from peakcut.optimizer.compact import RepeatedCost
+from peakcut.optimizer.rebase import Rebased, alike, carry_enabled, outside, rebase, same_regions
 from peakcut.optimizer.state import PendingRebase, Recipe, State, computation_hash
+from peakcut.optimizer.timing import DeriveTimes
 from peakcut.rules import RULES, Registry
+from peakcut.rules.phase import inside_regions
+from peakcut.rules.query import Query
 from peakcut.schedule import Problem, Reachability, incremental_schedule, place
 from peakcut.schedule.incremental import reschedule_interval
 from peakcut.simulate import simulate_timeline
 from peakcut.transform import Rewrite, RuleError
-from peakcut.transform.taso import TasoCandidate
+from peakcut.transform.site import RewriteSite
 
 RESCHEDULE_SECONDS = 0.3   # cap on one incremental reschedule (a fallback to a full one included)
 REBASED_KEPT = 16          # rewritten bases kept for reuse (each holds a graph, F-Tree and D-Graph)
-EXACT_OVER_FINISH = 10.0   # a full expansion's seconds a node over `finish`'s (simulate, hash) before
-# any is measured: 125 us vs 12-13 us a node (median) on GPT-2-XL and Llama-2-7B at paper size
-PER_NODE_SAMPLES = 32      # recent `finish` durations a node whose median prices an expansion
 
 
 class DeriveError(ValueError):
     """A child state could not be built (the message says which rule and why)."""
 
 
-@dataclass(frozen=True)
-class Rebased:
-    """A base graph after a TASO-style rewrite: order, F-Tree (nothing enabled), D-Graph, digest."""
-
-    base: Graph
-    order: tuple[int, ...]
-    tree: FTree
-    dgraph: DGraph
-    digest: str
-
-
 @dataclass
-class Deriver:
-    """What every derivation needs: the cost model, the rules, how F-Trees are built, timing stats."""
+class Deriver(DeriveTimes):
+    """What every derivation needs: the cost model, the rules, how F-Trees are built; and, as
+    a DeriveTimes, how long derivations took."""
 
     cost: CostModel
     workspace: WorkspaceSpec = "auto"
@@ -98,12 +87,9 @@ class Deriver:
     levels: int = DEFAULT_LEVELS
     batch_only: bool = True
     compact: bool = True
-    seconds: dict[str, list[float]] = field(default_factory=dict)   # kind -> durations
-    node_seconds: dict[str, list[float]] = field(default_factory=dict)   # "finish"/"exact" -> seconds a node
-    full_nodes: dict[str, int] = field(default_factory=dict)    # state digest -> full_expansion_nodes
     memo: dict[tuple, list] = field(default_factory=dict)   # expand's FakeTensor-run memo
-    taso_sites: dict[str, list[TasoCandidate]] = field(default_factory=dict)   # base digest -> sites
-    rewritten: dict[tuple[str, TasoCandidate], Rebased] = field(default_factory=dict)   # see rebased
+    taso_sites: dict[str, list[RewriteSite]] = field(default_factory=dict)   # base digest -> sites
+    rewritten: dict[tuple[str, RewriteSite], Rebased] = field(default_factory=dict)   # see rebased
     expansions: ExpansionCache = field(default_factory=ExpansionCache)    # see expanded
     lazy_taso: bool = True     # TASO-style rewrites on the program where they can (see module doc)
     rules: Registry = RULES
@@ -112,28 +98,6 @@ class Deriver:
         # the workspace model is resolved once, here: every simulation reuses it, and forked
         # search workers (which run torch on one thread) model this process's machine
         self.workspace = workspace_model(self.workspace)
-
-    def record(self, kind: str, t0: float) -> None:
-        """Note how long a step of this kind took since t0 (expected_seconds reads it)."""
-        self.seconds.setdefault(kind, []).append(time.perf_counter() - t0)
-
-    def expected_seconds(self, kind: str) -> float:
-        """The longest recent duration of a derivation of this kind (0 when never seen)."""
-        return max(self.seconds.get(kind, [0.0])[-8:])
-
-    def expected_exact_seconds(self, state: State) -> float:
-        """How long `exact(state)` should take (0 for a state that is exact already): its full
-        expansion's nodes (full_expansion_nodes) at the median seconds a node of the recent exact
-        derivations, or, before one, EXACT_OVER_FINISH times that of recent simulations."""
-        if not state.compact:
-            return 0.0
-        exact = self.node_seconds.get("exact")
-        per_node = (_median(exact[-PER_NODE_SAMPLES:]) if exact
-                    else EXACT_OVER_FINISH * _median(self.node_seconds.get("finish", [0.0])[-PER_NODE_SAMPLES:]))
-        nodes = self.full_nodes.get(state.digest)
-        if nodes is None:
-            nodes = self.full_nodes[state.digest] = full_expansion_nodes(state)
-        return nodes * per_node
 
     # ------------------------------------------------------------ building blocks
     def finish(self, base: Graph, base_order: list[int], tree: FTree, dgraph: DGraph,
@@ -153,7 +117,7 @@ class Deriver:
                       tl.latency_seconds, applied, computation_hash(program, order), depth, base_digest,
                       rewrites=rewrites)
         state.compact = cost is not self.cost
-        self.node_seconds.setdefault("finish", []).append((time.perf_counter() - t0) / max(1, len(program.nodes)))
+        self.record_per_node("finish", (time.perf_counter() - t0) / max(1, len(program.nodes)))
         return state
 
     def expanded(self, base: Graph, base_order: list[int], tree: FTree,
@@ -183,7 +147,7 @@ class Deriver:
                             base_digest=state.base_digest, rewrites=state.rewrites)
         exact.compact_estimate = (state.peak_bytes, state.latency_s)
         self.record("exact", t0)
-        self.node_seconds.setdefault("exact", []).append(self.seconds["exact"][-1] / len(program.nodes))
+        self.record_per_node("exact", self.seconds["exact"][-1] / len(program.nodes))
         return exact
 
     def replay(self, program: Graph, order: list[int], recipes: Iterable[Recipe],
@@ -307,35 +271,35 @@ class Deriver:
         self.record("undo", t0)
         return state
 
-    def with_taso(self, parent: State, site: TasoCandidate) -> State:
+    def with_taso(self, parent: State, site: RewriteSite) -> State:
         """A TASO-style rewrite of the base: on the parent's program where it can (a pending
         state), else on the base, with the F-Tree rebuilt on it and the enabled nodes carried
         over to the new nodes that cover the same ops (see module doc)."""
         t0 = time.perf_counter()
         rule = self.rules.rewrite_rule(site.kind)
-        inside = [] if rule.in_regions else [v for v in site.nodes if v in region_nodes(parent.tree)]
+        inside = [] if inside_regions(rule) else [v for v in site.nodes if v in region_nodes(parent.tree)]
         if inside:
             raise DeriveError(f"{site.description}: inside an enabled fission region")
         state = self._taso_on_program(parent, site) if self.lazy_taso else None
         if state is None:
             new = self.rebased(parent.base_digest, parent.base, parent.base_order, site,
                                parent.tree, parent.dgraph)
-            what = rule.describe(site)
+            what = rule.describe(Query(parent.base, parent.base_order), site)
             state = self._on_rebased(new, parent.tree, parent.recipes, (*parent.applied, what),
                                      parent.depth + 1, (*parent.rewrites, what))
         self.record("taso", t0)
         return state
 
-    def _taso_on_program(self, parent: State, site: TasoCandidate) -> State | None:
+    def _taso_on_program(self, parent: State, site: RewriteSite) -> State | None:
         """The rewrite applied to the parent's program, when everything it touches is a base
         node outside every region and recipe (a pending state); None where it is not."""
         try:
             rw = self.rules.apply_rewrite(parent.program, parent.order, site)
         except (RuleError, ValueError):
             return None
-        if not _outside(parent, rw):
+        if not outside(parent, rw):
             return None
-        what = self.rules.rewrite_rule(site.kind).describe(site)
+        what = self.rules.rewrite_rule(site.kind).describe(Query(parent.base, parent.base_order), site)
         state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph, parent.recipes,
                             rw.graph, list(rw.order), (*parent.applied, what),
                             parent.depth + 1, base_digest=parent.base_digest,
@@ -366,7 +330,7 @@ class Deriver:
         new = self.rebased(pending.base_digest, pending.base, pending.base_order, pending.site,
                            state.tree, state.dgraph)
         carried, lost = carry_enabled(state.tree, new.tree)
-        if not lost and _same_regions(state.tree, carried):
+        if not lost and same_regions(state.tree, carried):
             if new.dgraph is state.dgraph:    # the F-Tree stood: expansions can be carried
                 self._carry_expansions(pending, new)
             state.base, state.base_order, state.tree, state.dgraph = (new.base, list(new.order), carried,
@@ -381,7 +345,7 @@ class Deriver:
 
     def _carry_expansions(self, pending: PendingRebase, new: Rebased) -> None:
         """Link the new base to the old one in the expansion cache: its compact expansions may
-        start from the old base's snapshots edited alike (peakcut.fission.reuse, _alike)."""
+        start from the old base's snapshots edited alike (peakcut.fission.reuse, rebase.alike)."""
         old = pending.base
         site = pending.site
         rules = self.rules
@@ -391,15 +355,15 @@ class Deriver:
                 rw = rules.apply_rewrite(graph, order, site)
             except (RuleError, ValueError):
                 return None
-            return (rw.graph, list(rw.order), rw.removed) if _alike(graph, old, rw, set(), set()) else None
+            return (rw.graph, list(rw.order), rw.removed) if alike(graph, old, rw, set(), set()) else None
 
         self.expansions.link(old, pending.base_order, new.base, new.dgraph, edit)
 
     def rebased(self, digest: str, base: Graph, base_order: list[int] | tuple[int, ...],
-                site: TasoCandidate, tree: FTree, dgraph: DGraph) -> Rebased:
+                site: RewriteSite, tree: FTree, dgraph: DGraph) -> Rebased:
         """`base` (of computation hash `digest`, F-Tree `tree`, D-Graph `dgraph`) rewritten at
         `site`, with its F-Tree (all disabled), D-Graph and digest: the same tree and D-Graph
-        where the rewrite leaves every F-Tree node's dimensions alone (_kept_tree), else
+        where the rewrite leaves every F-Tree node's dimensions alone (rebase.kept_tree), else
         Algorithm 1 on the new base. Made once per (base, site): states that share a base
         (they differ in fission or recipes only) offer the same sites, and the rewrite and
         the F-Tree update do not depend on the rest of the state."""
@@ -411,19 +375,14 @@ class Deriver:
             rw = self.rules.apply_rewrite(base, list(base_order), site)
         except (RuleError, ValueError) as e:
             raise DeriveError(f"{site.description}: {e}") from None
-        order = list(rw.order)
-        kept = _kept_tree(base, rw, tree)
-        if kept is None:
-            kept, dgraph = find_ftree(rw.graph, order, self.levels, batch_only=self.batch_only,
-                                      workspace=self.workspace)
-        found = Rebased(rw.graph, tuple(order), kept, dgraph, computation_hash(rw.graph, order))
+        found = rebase(base, rw, tree, dgraph, self.levels, self.batch_only, self.workspace)
         if digest:
             if len(self.rewritten) >= REBASED_KEPT:
                 del self.rewritten[next(iter(self.rewritten))]    # the oldest
             self.rewritten[key] = found
         return found
 
-    def sites(self, state: State, limit: int) -> list[TasoCandidate]:
+    def sites(self, state: State, limit: int) -> list[RewriteSite]:
         """TASO-style sites of the state's base (found once per base graph)."""
         digest = state.base_digest
         if digest not in self.taso_sites:
@@ -461,140 +420,14 @@ def _copies(program: Graph, r: Recipe) -> tuple[int, ...]:
 
 def recomputed(program: Graph, nid: int) -> int | None:
     """The node that program node `nid` recomputes, or None where it is not a recompute."""
-    tag = program.nodes[nid].tags.remat
+    tag = program.nodes[nid].tags.get(RematTag)
     return None if tag is None else tag.of
-
-
-def _outside(parent: State, rw: Rewrite) -> bool:
-    """Whether a rewrite of parent's program is one the base takes alike (_alike), touching
-    no recipe's nodes or tensor."""
-    held = {v for r in parent.recipes for v in (r.node, *r.users, *r.copies_of)}
-    return _alike(parent.program, parent.base, rw, held, {r.tensor for r in parent.recipes})
-
-
-def _alike(program: Graph, base: Graph, rw: Rewrite, held: set[int], held_tensors: set[int]) -> bool:
-    """Whether rewrite rw of `program` (base with regions expanded, perhaps recipes applied)
-    is the edit it makes on `base`:
-    - it adds no node, tensor or storage (so no id of the program's part copies can meet an
-      id the base rewrite makes);
-    - the nodes it removes, and those it rewires, are base nodes outside every region and
-      not in `held`, or region nodes (part copies, slices, keep-aliases) rewired only to a
-      tensor of the same layout and storage (a view-only rewrite: the region reads the same
-      memory, and its original nodes are rewired alike in the base);
-    - no node it rewires now reads a tensor a region node makes (a preallocated output:
-      expansion makes its readers wait for the last part's write by a control edge, which
-      the rewrite would not add);
-    - the readers of tensors whose layout it changes are such nodes too, and no tensor of
-      `held_tensors` changes or goes.
-    Base nodes are compared by value: an earlier rewrite made on the program and on the base
-    apart gives equal nodes, not the same objects."""
-    if rw.added:
-        return False
-    new = rw.graph
-    if any(t not in program.tensors for t in new.tensors) or any(s not in program.storages
-                                                                for s in new.storages):
-        return False
-    if any(v in held or program.nodes[v] != base.nodes.get(v) for v in rw.removed):
-        return False
-    producer = program.producer_map()
-    for v in rw.changed:
-        old = program.nodes[v]
-        if v in held or (old != base.nodes.get(v) and not (
-                _same_reads(program, old, new, new.nodes[v]) and program.control.get(v) == new.control.get(v))):
-            return False
-        for t in new.nodes[v].input_tuple:
-            p = producer.get(t)
-            if t not in old.input_tuple and p is not None and program.nodes[p].tags.fission is not None:
-                return False    # a region's output (or slice): its readers wait for its writes
-    moved = [t for t, meta in new.tensors.items() if program.tensors[t] is not meta]
-    if any(t in held_tensors for t in moved) or any(t not in new.tensors for t in held_tensors):
-        return False
-    changed = set(rw.changed)     # checked above
-    return all(u in changed or (u not in held and program.nodes[u] == base.nodes.get(u))
-               for t in moved for u in new.users(t))
-
-
-def _same_reads(ga: Graph, a: Node, gb: Graph, b: Node) -> bool:
-    """a (in ga) and b (in gb) are the same call on tensors of the same layouts and storages."""
-    def layout(g: Graph) -> Callable[[TensorRef], tuple]:
-        def of(ref: TensorRef) -> tuple:
-            m = g.tensors[ref.id]
-            return (m.shape, m.stride, m.storage_offset, m.dtype, m.storage)
-        return of
-
-    return ((a.op, a.outputs, a.multi_output, a.tags) == (b.op, b.outputs, b.multi_output, b.tags)
-            and map_refs(a.args, layout(ga)) == map_refs(b.args, layout(gb))
-            and map_refs(a.kwargs, layout(ga)) == map_refs(b.kwargs, layout(gb)))
-
-
-def _kept_tree(base: Graph, rw: Rewrite, tree: FTree) -> FTree | None:
-    """The F-Tree update after a rewrite of `base` that adds nothing, removes no node of any
-    F-Tree node and makes F-Tree nodes' nodes read tensors of the same layout and storage
-    only: every node's dimension rule, hence the D-Graph and the F-Tree, stand (the tree is
-    returned with every node disabled). None where the rewrite does anything else (Algorithm 1
-    then runs again)."""
-    new = rw.graph
-    if rw.added or any(t not in base.tensors for t in new.tensors):
-        return None
-    members: set[int] = set().union(*(f.nodes for f in tree.nodes))
-    if any(v in members for v in rw.removed):
-        return None
-    changed = set(rw.changed)
-    if any(v in members and not _same_reads(base, base.nodes[v], new, new.nodes[v]) for v in changed):
-        return None
-    moved = [t for t, meta in new.tensors.items() if base.tensors[t] is not meta]
-    if any(u in members and u not in changed for t in moved for u in new.users(t)):
-        return None
-    return FTree(tuple(replace(f, n=1) for f in tree.nodes))
-
-
-def _same_regions(a: FTree, b: FTree) -> bool:
-    """The same enabled F-Tree nodes: ids, n, nodes and labels."""
-    ea, eb = a.enabled(), b.enabled()
-    return len(ea) == len(eb) and all(
-        f.id == g.id and f.n == g.n and f.nodes == g.nodes and dict(f.labels) == dict(g.labels)
-        for f, g in zip(ea, eb, strict=True))
-
-
-def carry_enabled(old: FTree, new: FTree) -> tuple[FTree, list[int]]:
-    """`new` with the nodes enabled that best cover old's enabled ones (Jaccard >= 0.5), at the
-    same n where it divides; returns the tree and the old nodes that found no match."""
-    lost = []
-    for f in old.enabled():
-        score, best = max(((len(f.nodes & g.nodes) / len(f.nodes | g.nodes), g.id) for g in new.nodes),
-                          default=(0.0, None))
-        if best is None or score < 0.5 or new.nodes[best].length % f.n:
-            lost.append(f.id)
-            continue
-        new = new.with_n(best, f.n)
-    return new, lost
 
 
 def narrow_waist(g: Graph, order: list[int]) -> dict[int, int]:
     h = g.with_order(order)
     problem = Problem(h)
     return {problem.ids[v]: value for v, value in Reachability(problem).narrow_waist().items()}
-
-
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
-
-
-def full_expansion_nodes(state: State) -> int:
-    """How many nodes `state`'s program has on the full expansion: a node of a compact program
-    in part 0 of regions r1, r2, ... (its fission tag's path) is there n1 x n2 x ... times; a
-    compact program's keep-alive nodes are not."""
-    if not state.compact:
-        return len(state.program.nodes)
-    tree = state.tree
-    total = 0
-    for node in state.program.nodes.values():
-        tag = node.tags.fission
-        if tag is None:
-            total += 1
-        elif tag.role != "keep":        # (a compact expansion's keep-alive only)
-            total += math.prod(tree.node(r).n for r, _ in tag.path)
-    return total
 
 
 def region_nodes(tree: FTree) -> frozenset[int]:

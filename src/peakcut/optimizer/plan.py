@@ -19,12 +19,12 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from peakcut.capture.constants import held
-from peakcut.capture.inputs import batch_problem
 from peakcut.capture.trace import CaptureError
 from peakcut.codegen.program import Step, StepBindingError
 from peakcut.ir.graph import Graph
 from peakcut.ir.serialize import graph_from_json, graph_to_json
+from peakcut.spec.constants import held
+from peakcut.spec.tensor_kinds import batch_problem
 from peakcut.units import format_bytes, format_seconds
 
 PLAN_FILES = ("graph.json", "order.json", "report.json", "program.py")
@@ -170,7 +170,7 @@ class Plan:
 
 def plan_contents(report: dict[str, Any]) -> list[str]:
     """What a plan does, one line each: its rewrites, fission regions and remat/swap/offload
-    recipes (report entries made by optimizer.api._plan_entries); report["applied"] is the
+    recipes (report entries made by optimizer.report.plan_entries); report["applied"] is the
     search's path to the plan instead."""
     regions = [f"fission: F-Tree node {f['ftree_node']} ({f['ops']} ops) in {f['n']} parts"
                for f in report.get("fission", [])]

@@ -1,9 +1,11 @@
-"""Rewrites made on the search's root before the search, where they dominate it.
+"""Rewrites made on the search's root before the search, where they dominate it: every phase
+that runs before the search (peakcut.rules.phase; the built-in one is ROOT).
 
     root = with_root_rewrites(root, deriver)
 
-A rewrite rule with `on_root` (peakcut.rules.protocol.RewriteRule) has its first site applied
-to the root; the rewritten state replaces the root where its simulated peak is lower and its
+Phase by phase, in the order the registry's rules declare them, each rewrite rule of the phase
+has its first site (RewriteRule.sites, Query.phase the phase) applied to the root; the
+rewritten state replaces the root where its simulated peak is lower and its
 simulated latency not higher (a Pareto improvement on the step the search starts from, so no
 limit it could have met becomes unreachable), and also where the objective prefers it at a
 latency at most ROOT_LATENCY_SLACK above the root's: a latency limit the root meets, the
@@ -25,6 +27,8 @@ from peakcut.optimizer.derive import DeriveError, Deriver
 from peakcut.optimizer.objective import Objective
 from peakcut.optimizer.state import State
 from peakcut.rules import REWRITE_MOVES
+from peakcut.rules.phase import Phase, declared
+from peakcut.rules.query import Query
 from peakcut.transform.rewrite import RuleError
 
 ROOT_LATENCY_SLACK = 0.01    # of the root's simulated latency, where the objective prefers the rewrite
@@ -32,15 +36,22 @@ ROOT_LATENCY_SLACK = 0.01    # of the root's simulated latency, where the object
 
 def with_root_rewrites(root: State, deriver: Deriver, settings: MoveSettings | None = None,
                        objective: Objective | None = None) -> State:
-    """`root` with every on_root rule's first site applied where that dominates, or where
-    `objective` prefers it within ROOT_LATENCY_SLACK (module doc); none where `settings`
-    leave the rewrite moves out."""
+    """`root` with the first site of every rule of a phase before the search applied where
+    that dominates, or where `objective` prefers it within ROOT_LATENCY_SLACK (module doc);
+    none where `settings` leave the rewrite moves out."""
     if settings is not None and not settings.uses(REWRITE_MOVES):
         return root
+    for phase in declared(deriver.rules.rewrites, "before"):
+        root = _phase(phase, root, deriver, objective)
+    return root
+
+
+def _phase(phase: Phase, root: State, deriver: Deriver, objective: Objective | None) -> State:
+    """`root` after the rules of one phase before the search (module doc)."""
     for rule in deriver.rules.rewrites:
-        if not getattr(rule, "on_root", False):   # a rule written to the protocol without subclassing it
+        if phase not in rule.phases:
             continue
-        site = next(iter(rule.sites(root.base, root.base_order)), None)
+        site = next(iter(rule.sites(Query(root.base, root.base_order, phase=phase))), None)
         if site is None:
             continue
         try:

@@ -28,7 +28,7 @@ from peakcut.ir.node import Node, TensorRef
 from peakcut.ir.node_cache import NodeCache
 
 if TYPE_CHECKING:
-    from peakcut.transform.taso import TasoCandidate
+    from peakcut.transform.site import RewriteSite
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class PendingRebase:
     base: Graph
     base_order: tuple[int, ...]
     base_digest: str
-    site: TasoCandidate
+    site: RewriteSite
 
 
 @dataclass

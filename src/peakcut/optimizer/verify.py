@@ -49,13 +49,13 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from peakcut.capture.constants import bound_constants
 from peakcut.codegen.program import Step
 from peakcut.cost.inputs import error_line
 from peakcut.optimizer.numbers import NumbersCheck, check, float32_math, tolerance_for
 from peakcut.optimizer.objective import Objective
 from peakcut.optimizer.state import State
 from peakcut.runtime.measure import bound_peak, held_input_bytes, run_peak, storage_bytes
+from peakcut.spec.constants import bound_constants
 
 MIN_ROUNDS = 5
 MAX_ROUNDS = 9

@@ -1,15 +1,25 @@
 """The rules of the search, one registry: every rule's way to find where it applies, why it
-does not, how to apply and describe it, and the hooks placement and codegen need.
+does not, how to apply and describe it, and the hook placement needs (codegen needs none).
+Each rule file is an adapter of a body in peakcut.transform.
 
-- protocol.py: the Rule protocols (RegionRule, ProgramRule, RewriteRule) and code hooks;
+- base.py: the abstract base class of each family (RegionRule, ProgramRule, RewriteRule) and
+  apply_in_one_edit;
+- query.py: Query, what every family's `sites` and `describe` read;
+- phase.py: Phase, the phases a rewrite rule runs in (ROOT, SEARCH, REGIONS, POLISH);
 - registry.py: Registry and RULES, the one place rules are listed (one line each);
 - hotspot.py: the memory hot-spot program rules are tried at;
-- fission_rule.py, swap_rule.py (+ swap_code.py), remat_rule.py, taso_rules.py: the rules.
+- fission_rule.py: the region rule (F-Tree mutations);
+- swap_rule.py, remat_rule.py, offload_state_rule.py, offload_param_rule.py,
+  host_update_rule.py: the program rules;
+- taso_rules.py (merge_matmuls, split_matmul, drop_identity, cancel_transposes, fold_views),
+  conv_cat_rule.py, conv_grads_rule.py, checkpoint_rule.py (checkpoint_blocks,
+  uncheckpoint_blocks), checkpoint_segments_rule.py, activations_rule.py, spatial_rule.py
+  (split_rows), batch_norm_rule.py (split_batch_norms): the rewrite rules.
 
 docs/rules.md says how to add a rule.
 """
 
-from peakcut.rules.protocol import REWRITE_MOVES, ProgramRule, RegionRule, RewriteRule, Site
+from peakcut.rules.base import REWRITE_MOVES, ProgramRule, RegionRule, RewriteRule, Site
 from peakcut.rules.registry import RULES, UNDO_MOVES, Candidate, Registry
 
 __all__ = ["REWRITE_MOVES", "RULES", "UNDO_MOVES", "Candidate", "ProgramRule", "RegionRule", "Registry",

@@ -9,14 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from peakcut.ir.graph import Graph
-from peakcut.rules.protocol import RewriteRule
+from peakcut.rules.base import RewriteRule
+from peakcut.rules.query import Query
 from peakcut.transform.activations import (
     recompute_activations,
     saved_activations,
     why_not_recompute_activation,
 )
 from peakcut.transform.rewrite import Rewrite, RuleError
-from peakcut.transform.taso.find import TasoCandidate
+from peakcut.transform.site import RewriteSite
 
 
 class RecomputeActivationsRule(RewriteRule):
@@ -24,23 +25,24 @@ class RecomputeActivationsRule(RewriteRule):
 
     kind = "recompute_activations"
 
-    def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+    def sites(self, query: Query) -> Iterator[RewriteSite]:
+        g, order = query.g, query.order
         ready = [v for v in saved_activations(g) if why_not_recompute_activation(g, order, v, exact=False) is None]
         if ready:
-            yield TasoCandidate(self.kind, tuple(ready), f"recompute {len(ready)} saved activations")
+            yield RewriteSite(self.kind, tuple(ready), f"recompute {len(ready)} saved activations")
         if len(ready) >= 4:
             half = ready[:len(ready) // 2]
-            yield TasoCandidate(self.kind, tuple(half), f"recompute the first {len(half)} saved activations")
+            yield RewriteSite(self.kind, tuple(half), f"recompute the first {len(half)} saved activations")
 
-    def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
+    def why_not(self, g: Graph, order: Sequence[int], site: RewriteSite) -> str | None:
         reasons = [why_not_recompute_activation(g, order, v, exact=False) for v in site.nodes]
         return None if None in reasons else reasons[0]
 
-    def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
+    def apply(self, g: Graph, order: Sequence[int], site: RewriteSite) -> Rewrite:
         done, reasons = recompute_activations(g, order, site.nodes)
         if done is None:
             raise RuleError(next(r for r in reasons if r))
         return done
 
-    def describe(self, site: TasoCandidate) -> str:
+    def describe(self, query: Query, site: RewriteSite) -> str:
         return site.description

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from peakcut.ir.graph import Graph
-from peakcut.rules.protocol import RewriteRule
+from peakcut.rules.base import RewriteRule
+from peakcut.rules.query import Query
 from peakcut.transform.batch_norm import (
     BatchNormSite,
     find_batch_norms,
@@ -20,7 +21,7 @@ from peakcut.transform.batch_norm import (
     why_not_split,
 )
 from peakcut.transform.rewrite import Rewrite, RuleError
-from peakcut.transform.taso.find import TasoCandidate
+from peakcut.transform.site import RewriteSite
 
 
 class SplitBatchNormsRule(RewriteRule):
@@ -28,19 +29,20 @@ class SplitBatchNormsRule(RewriteRule):
 
     kind = "split_batch_norms"
 
-    def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+    def sites(self, query: Query) -> Iterator[RewriteSite]:
+        g = query.g
         ready = [s.forward for s in find_batch_norms(g) if why_not_split(g, s) is None]
         if ready:
-            yield TasoCandidate(self.kind, tuple(ready), f"split {len(ready)} batch norms for batch fission")
+            yield RewriteSite(self.kind, tuple(ready), f"split {len(ready)} batch norms for batch fission")
 
-    def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
+    def why_not(self, g: Graph, order: Sequence[int], site: RewriteSite) -> str | None:
         targets = _targets(g, site)
         if isinstance(targets, str):
             return targets
         reasons = [why_not_split(g, s) for s in targets]
         return None if None in reasons else reasons[0]
 
-    def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
+    def apply(self, g: Graph, order: Sequence[int], site: RewriteSite) -> Rewrite:
         targets = _targets(g, site)
         if isinstance(targets, str):
             raise RuleError(targets)
@@ -49,11 +51,11 @@ class SplitBatchNormsRule(RewriteRule):
             raise RuleError(next(r for r in reasons if r))
         return done
 
-    def describe(self, site: TasoCandidate) -> str:
+    def describe(self, query: Query, site: RewriteSite) -> str:
         return site.description
 
 
-def _targets(g: Graph, site: TasoCandidate) -> list[BatchNormSite] | str:
+def _targets(g: Graph, site: RewriteSite) -> list[BatchNormSite] | str:
     """The batch norms the site names, as they are in g."""
     found = {s.forward: s for s in find_batch_norms(g)}
     missing = [v for v in site.nodes if v not in found]

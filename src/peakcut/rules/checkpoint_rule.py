@@ -7,18 +7,22 @@ every second block 73% at +13%). uncheckpoint_blocks' sites: the last half of th
 blocks of a list, then all of them: where memory allows, the search trades recompute back for latency (a rewrite has no
 undo move of its own).
 
-They are the rewrites that may touch enabled fission regions (`in_regions`): the copies
+They are the rewrites that may touch enabled fission regions (phase REGIONS): the copies
 become base nodes, the F-Tree is found again on the new base and the enabled regions carried
 over, so a region that micro-batches the whole step recomputes each block per part (what
 the program rules, which stay outside regions, cannot do)."""
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from peakcut.ir.graph import Graph
-from peakcut.rules.protocol import RewriteRule
+from peakcut.ir.tags import RematTag
+from peakcut.rules.base import RewriteRule
+from peakcut.rules.phase import REGIONS, SEARCH
+from peakcut.rules.query import Query
 from peakcut.transform.checkpoint import (
     Block,
     blocks_of,
@@ -30,32 +34,35 @@ from peakcut.transform.checkpoint import (
     why_not_uncheckpoint,
 )
 from peakcut.transform.rewrite import Rewrite, RuleError
-from peakcut.transform.taso.find import TasoCandidate
+from peakcut.transform.site import RewriteSite
 
 
 class BlockRule(RewriteRule):
     """What the block rules do alike: a site names blocks; it applies where one of them does."""
 
-    in_regions = True
+    phases = frozenset({SEARCH, REGIONS})
 
-    def targets(self, g: Graph, site: TasoCandidate) -> list[Any] | str:
+    @abstractmethod
+    def targets(self, g: Graph, site: RewriteSite) -> list[Any] | str:
         """The blocks the site names in g, or why it names none."""
-        raise NotImplementedError
 
+    @abstractmethod
     def why_not_one(self, g: Graph, order: Sequence[int], target: Any) -> str | None:
-        raise NotImplementedError
+        """Why the rule does not apply to one target; None when it does."""
 
+    @abstractmethod
     def apply_all(self, g: Graph, order: Sequence[int], targets: list[Any]) -> tuple[Rewrite | None, list[str | None]]:
-        raise NotImplementedError
+        """The rule applied to every target it applies to (None: to none), and per target why
+        it does not apply (None: applied)."""
 
-    def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
+    def why_not(self, g: Graph, order: Sequence[int], site: RewriteSite) -> str | None:
         targets = self.targets(g, site)
         if isinstance(targets, str):
             return targets
         reasons = [self.why_not_one(g, order, t) for t in targets]
         return None if None in reasons else reasons[0]
 
-    def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
+    def apply(self, g: Graph, order: Sequence[int], site: RewriteSite) -> Rewrite:
         targets = self.targets(g, site)
         if isinstance(targets, str):
             raise RuleError(targets)
@@ -64,7 +71,7 @@ class BlockRule(RewriteRule):
             raise RuleError(next(r for r in reasons if r))
         return done
 
-    def describe(self, site: TasoCandidate) -> str:
+    def describe(self, query: Query, site: RewriteSite) -> str:
         return site.description
 
 
@@ -74,7 +81,8 @@ class CheckpointBlocksRule(BlockRule):
 
     kind = "checkpoint_blocks"
 
-    def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+    def sites(self, query: Query) -> Iterator[RewriteSite]:
+        g, order = query.g, query.order
         for name, blocks in find_blocks(g).items():
             ready = [b for b in blocks if why_not_checkpoint(g, order, b) is None]
             if not ready:
@@ -84,7 +92,7 @@ class CheckpointBlocksRule(BlockRule):
                 half = ready[:len(ready) // 2]
                 yield _site(half, f"checkpoint the first {len(half)} blocks of {name}")
 
-    def targets(self, g: Graph, site: TasoCandidate) -> list[Any] | str:
+    def targets(self, g: Graph, site: RewriteSite) -> list[Any] | str:
         return _blocks(g, site)
 
     def why_not_one(self, g: Graph, order: Sequence[int], target: Any) -> str | None:
@@ -99,14 +107,15 @@ class UncheckpointBlocksRule(BlockRule):
 
     kind = "uncheckpoint_blocks"
 
-    def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+    def sites(self, query: Query) -> Iterator[RewriteSite]:
+        g = query.g
         for name, modules in checkpointed_blocks(g).items():
             if len(modules) >= 2:
                 half = modules[len(modules) // 2:]
                 yield _undo_site(g, half, f"un-checkpoint the last {len(half)} checkpointed blocks of {name}")
             yield _undo_site(g, modules, f"un-checkpoint {len(modules)} blocks of {name}")
 
-    def targets(self, g: Graph, site: TasoCandidate) -> list[Any] | str:
+    def targets(self, g: Graph, site: RewriteSite) -> list[Any] | str:
         return _modules(g, site)
 
     def why_not_one(self, g: Graph, order: Sequence[int], target: Any) -> str | None:
@@ -116,33 +125,33 @@ class UncheckpointBlocksRule(BlockRule):
         return uncheckpoint_blocks(g, order, targets)
 
 
-def _undo_site(g: Graph, modules: Sequence[str], what: str) -> TasoCandidate:
+def _undo_site(g: Graph, modules: Sequence[str], what: str) -> RewriteSite:
     """A site naming the recomputes of `modules` (one node each stands for its block)."""
     wanted = set(modules)
     firsts: dict[str, int] = {}
     for v in g.order:
-        tag = g.nodes[v].tags.remat
+        tag = g.nodes[v].tags.get(RematTag)
         if tag is not None and tag.block in wanted and tag.block not in firsts:
             firsts[tag.block] = v
-    return TasoCandidate("uncheckpoint_blocks", tuple(firsts[m] for m in modules), what)
+    return RewriteSite("uncheckpoint_blocks", tuple(firsts[m] for m in modules), what)
 
 
-def _modules(g: Graph, site: TasoCandidate) -> list[str] | str:
+def _modules(g: Graph, site: RewriteSite) -> list[str] | str:
     """The checkpointed blocks a site of uncheckpoint_blocks names."""
     out = []
     for v in site.nodes:
         node = g.nodes.get(v)
-        tag = node.tags.remat if node is not None else None
+        tag = node.tags.get(RematTag) if node is not None else None
         if tag is None or not tag.block:
             return f"node {v} of the site is not a block's recompute in this graph"
         out.append(tag.block)
     return out
 
 
-def _site(blocks: Sequence[Block], what: str) -> TasoCandidate:
-    return TasoCandidate("checkpoint_blocks", tuple(v for b in blocks for v in b.nodes), what)
+def _site(blocks: Sequence[Block], what: str) -> RewriteSite:
+    return RewriteSite("checkpoint_blocks", tuple(v for b in blocks for v in b.nodes), what)
 
 
-def _blocks(g: Graph, site: TasoCandidate) -> list[Block] | str:
+def _blocks(g: Graph, site: RewriteSite) -> list[Block] | str:
     """The site's blocks in g: its nodes grouped by block, in order."""
     return blocks_of(g, site.nodes)

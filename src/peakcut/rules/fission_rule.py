@@ -5,23 +5,25 @@ code: peakcut.codegen.fission)."""
 from __future__ import annotations
 
 from peakcut.fission.ftree import FTree, divisors
-from peakcut.rules.protocol import RegionRule
+from peakcut.rules.base import Mutation, RegionRule
+from peakcut.rules.query import Query
 
-ENABLE_ANY = "enable-any"   # the mutation that enables a root directly (FissionRule.mutations)
+ENABLE_ANY = "enable-any"   # the mutation that enables a root directly (FissionRule.sites)
 
 
 class FissionRule(RegionRule):
     """Enable, lift, disable and mutate F-Tree nodes (FTree.mutations), plus enabling a root
-    without enabled descendants directly (`direct_enable`)."""
+    without enabled descendants directly (Query.direct_enable)."""
 
     kind = "fission"
 
-    def mutations(self, tree: FTree, direct_enable: bool) -> list[tuple[str, int]]:
+    def sites(self, query: Query) -> list[Mutation]:
         """The F-Tree mutations of §5.1, plus (beyond the paper) enabling a root whose
         descendants are all disabled: the root at n = 2 in one step instead of a leaf lifted
         level by level through states that each must look good enough to be expanded."""
+        tree = query.tree
         rules = tree.mutations()
-        if direct_enable:
+        if query.direct_enable:
             plain = {k for rule, k in rules if rule == "enable"}
             for k in tree.roots():
                 f = tree.nodes[k]
@@ -30,14 +32,15 @@ class FissionRule(RegionRule):
                     rules.append((ENABLE_ANY, k))
         return rules
 
-    def apply(self, tree: FTree, mutation: tuple[str, int]) -> FTree:
-        rule, k = mutation
+    def apply(self, tree: FTree, site: Mutation) -> FTree:
+        rule, k = site
         if rule == ENABLE_ANY:
             return tree.with_n(k, divisors(tree.nodes[k].length)[0])
         return tree.apply(rule, k)
 
-    def describe(self, tree: FTree, mutation: tuple[str, int], new: FTree) -> str:
-        rule, k = mutation
+    def describe(self, query: Query, site: Mutation) -> str:
+        rule, k = site
+        new = self.apply(query.tree, site)
         f = new.nodes[k]
         what = f"fission: {rule} F-Tree node {k} ({len(f.nodes)} ops) -> n = {f.n}"
         if rule == "lift" and f.parent is not None:

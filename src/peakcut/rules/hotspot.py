@@ -8,11 +8,11 @@ through views the readers make of x, which follow x into the copy). The readers 
 rule's users: once they read a swapped-in or recomputed copy, the storage is free from its
 last access before t* to its next access after t*.
 
-Score (the reference code's, notes §4, weighted by size): storage bytes × min(t* - last access
+Score (the MAGIS reference code's, weighted by size): storage bytes × min(t* - last access
 before t*, next access after t* - t*): long idle gaps on both sides of the peak leave room to
 hide a swap's copies or to recompute far from the original.
 
-A Hotspot is what a program rule's `sites` hook reads (peakcut.rules.protocol): the program,
+A Hotspot is what a program rule's `sites` hook reads (Query.hotspot, peakcut.rules.query): the program,
 its order and memory profile, and the idle storages, found once however many rules ask.
 """
 

@@ -1,80 +1,30 @@
-"""Optimizer-state offload: a state tensor (an Adam moment, a momentum buffer) lives in host
-memory between steps and comes to the device only for its own update.
-
-On a program whose state input x (storage S) is read by its update nodes:
-
-    before                                  after
-    lerp_(x, g, ..)  -> x1 (in S)           x_dev = peakcut.load(x)                (new storage S')
-    mul_(x1, ..)     -> x2 (in S)           lerp_(x_dev, g, ..) -> x1 (now in S')
-    ...                                     mul_(x1, ..)        -> x2 (in S')
-                                            ...
-                                            peakcut.writeback(x, x2)   after every write of S'
-
-x is then a host-resident input (Graph.host_inputs): device memory holds S' only from the load
-to its last use instead of the whole step, and the step binding keeps the optimizer's state
-tensor in (pinned) host memory. The update's numbers do not change: it runs on the same values
-in another buffer, and the writeback puts the result where the optimizer keeps it.
+"""The offload_state rule in the registry: an optimizer-state tensor (an Adam moment, a momentum
+buffer) lives in host memory between steps and comes to the device only for its own update
+(the rule itself: peakcut.transform.offload_state).
 
 Sites: the optimizer-state inputs still on the device whose update window (load to last write)
 lies away from the memory peak, largest first; score = bytes x the distance from the peak to
-the window. The load goes as late as its copy can be hidden, the writeback right after the last
-write. Generated code copies on the copy streams on CUDA (rules/input_copy_code.py), plainly on CPU.
+the window. The load goes as late as its copy can be hidden, the writeback right after the
+last write; the code is codegen's (codegen/input_copy_code.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
-import torch
-
-from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import Node, Phase, TensorRef
-from peakcut.ir.ops import LOAD_OP, WRITEBACK_OP
-from peakcut.ir.tensor import Role, TensorMeta
-from peakcut.rules.hotspot import Hotspot, HotspotSite
-from peakcut.rules.input_copy_code import InputCopyCode, input_copies
-from peakcut.rules.protocol import (
-    LoopRefusal,
-    Names,
-    NodeCode,
-    ProgramRule,
-    Site,
-    apply_in_one_edit,
-)
+from peakcut.ir.ops import LOAD_OP
+from peakcut.rules.base import ProgramRule, Site, apply_in_one_edit
+from peakcut.rules.hotspot import HotspotSite
+from peakcut.rules.query import Query
 from peakcut.schedule.placement import Placement
-from peakcut.transform.rewrite import (
-    Rewrite,
-    RuleError,
-    StorageMove,
-    alias_closure,
-    apply_moves,
-    check_order_matches,
-    describe_tensor,
-    positions,
-    spliced,
+from peakcut.transform.offload_state import (
+    offload_state,
+    offload_state_nodes,
+    state_windows,
+    why_not_offload_state,
 )
-from peakcut.transform.swap import is_dense
-
-
-def _offload_nodes(g: Graph) -> dict[int, Node]:
-    """This rule's nodes in g: loads and writebacks of optimizer state kept in host memory."""
-    return input_copies(g, Role.OPT_STATE)
-
-
-def _aliases(g: Graph, tensor: int) -> list[int]:
-    """The tensors the step makes in `tensor`'s storage (in-place results and views of it)."""
-    return alias_closure(g, g.tensors[tensor].storage, g.users(tensor))
-
-
-def _window(g: Graph, pos: Mapping[int, int], tensor: int) -> tuple[list[int], list[int], int]:
-    """(readers of `tensor`, nodes writing its storage in place, each by position `pos`; the
-    last position at which the storage is touched: by them or by a reader of an alias)."""
-    readers = sorted(g.users(tensor), key=pos.__getitem__)
-    writers = sorted(g.storage_writers(g.tensors[tensor].storage), key=pos.__getitem__)
-    alias_readers = (u for a in _aliases(g, tensor) for u in g.users(a))
-    end = max((pos[n] for n in (*readers, *writers, *alias_readers)), default=-1)
-    return readers, writers, end
+from peakcut.transform.rewrite import Rewrite, RuleError, describe_tensor
 
 
 class OffloadStateRule(ProgramRule):
@@ -84,120 +34,35 @@ class OffloadStateRule(ProgramRule):
     frees_by_host_copy = True
     batched = True
 
-    def sites(self, spot: Hotspot) -> Iterable[HotspotSite]:
-        g, peak = spot.g, spot.profile.peak_index
-        pos = positions(spot.order)
+    def sites(self, query: Query) -> Iterable[HotspotSite]:
+        spot = query.hotspot
+        g = spot.g
         found = []
-        for t in g.inputs:
-            meta = g.tensors[t]
-            if meta.role is not Role.OPT_STATE or g.is_host_storage(meta.storage) or not g.users(t):
-                continue    # (why_not has the full list of refusals)
-            readers, _, end = _window(g, pos, t)
-            start = pos[readers[0]]
-            gap = start - peak if peak < start else peak - end
-            if gap > 0:
-                size = g.storages[meta.storage]
-                found.append(HotspotSite(t, readers[0], tuple(readers), size, size * gap))
+        for t, readers, gap in state_windows(g, spot.order, spot.profile.peak_index):
+            size = g.storages[g.tensors[t].storage]
+            found.append(HotspotSite(t, readers[0], readers, size, size * gap))
         found.sort(key=lambda s: (-s.score, s.tensor))
         return found
 
     def why_not(self, g: Graph, order: Sequence[int], site: Site) -> str | None:
-        t = site.tensor
-        if t not in g.tensors or t not in g.inputs:
-            return f"tensor {t} is not a program input"
-        stale = check_order_matches(g, order)
-        if stale:
-            return stale
-        meta = g.tensors[t]
-        what = describe_tensor(g, t)
-        if meta.role is not Role.OPT_STATE or not g.input_names[g.inputs.index(t)].startswith("state:"):
-            return f"{what} is not optimizer state ({meta.role.value})"   # e.g. a GradScaler's scale
-        if g.is_host_storage(meta.storage):
-            return f"{what} is kept in host memory already"
-        if not g.users(t):
-            return f"{what} is not read by the step"
-        if not is_dense(meta.shape, meta.stride) or meta.storage_offset or g.storages[meta.storage] != meta.nbytes:
-            return f"{what} is not a dense tensor filling its storage (the host copy holds just it)"
-        if meta.storage in g.output_storages():
-            return f"{what} shares its storage with a program output"
-        others = [i for i in g.inputs if i != t and g.tensors[i].storage == meta.storage]
-        if others:
-            return f"{what} shares its storage with another program input ({describe_tensor(g, others[0])})"
-        phases = {g.nodes[n].phase for n in (*g.users(t), *g.storage_writers(meta.storage))}
-        if phases - {Phase.OPTIMIZER}:
-            return f"{what} is read or written outside the optimizer update"
-        return None
+        return why_not_offload_state(g, order, site.tensor)
 
     def apply(self, g: Graph, order: Sequence[int], site: Site) -> Rewrite:
         reason = self.why_not(g, order, site)
         if reason:
             raise RuleError(reason)
-        return _offload(g, order, [site.tensor], self.describe(g, site))
+        return offload_state(g, order, [site.tensor], self.describe(Query(g, order), site))
 
     def apply_many(self, g: Graph, order: Sequence[int], sites: Sequence[Site]
                    ) -> tuple[Rewrite | None, list[str | None]]:
         """The state inputs of `sites` where the rule applies, kept in host memory in one edit
         (each input's load and writeback touch its own storage only)."""
-        return apply_in_one_edit(self, g, order, sites, _offload, "keep {n} optimizer-state tensors in host memory")
+        return apply_in_one_edit(self, g, order, sites, offload_state,
+                                 "keep {n} optimizer-state tensors in host memory")
 
-    def describe(self, g: Graph, site: Site) -> str:
-        return f"keep {describe_tensor(g, site.tensor)} in host memory, on the device for its update only"
+    def describe(self, query: Query, site: Site) -> str:
+        return f"keep {describe_tensor(query.g, site.tensor)} in host memory, on the device for its update only"
 
     def placements(self, g: Graph) -> Iterable[tuple[int, Placement]]:
         return [(nid, Placement.HIDDEN if n.op == LOAD_OP else Placement.EARLY)
-                for nid, n in _offload_nodes(g).items()]
-
-    def loop_refusal(self, g: Graph) -> LoopRefusal | None:
-        mine = set(_offload_nodes(g))
-        if not mine:
-            return None
-
-        def refuse(nodes: Sequence[int]) -> str | None:
-            if mine.intersection(nodes):
-                return "it holds optimizer-state copies, which are emitted at the top level only"
-            return None
-
-        return refuse
-
-    def code(self, g: Graph, order: Sequence[int], names: Names) -> NodeCode | None:
-        if not _offload_nodes(g):
-            return None
-        return InputCopyCode(g, order, names, Role.OPT_STATE, "optimizer state", lambda _: "its update")
-
-
-def _offload(g: Graph, order: Sequence[int], tensors: Sequence[int], description: str) -> Rewrite:
-    """State inputs `tensors` (each checked by why_not on g) kept in host memory, in one edit."""
-    pos = positions(order)
-    edit = GraphEditor(g)
-    before: dict[int, list[int]] = {}       # load -> its readers (it goes right before the first)
-    after: dict[int, list[int]] = {}        # writeback -> the writes it follows
-    added: list[int] = []
-    changed: list[int] = []
-    for t in tensors:
-        meta = g.tensors[t]
-        readers, writers, _ = _window(g, pos, t)
-        label = meta.name or str(t)
-        storage = edit.add_storage(meta.nbytes)
-        device_copy = TensorMeta(edit.new_id(), meta.shape, meta.stride, meta.dtype, storage, 0,
-                                 Role.ACTIVATION, f"{label}_device")
-        load = Node(id=edit.new_id(), op=LOAD_OP, args=(TensorRef(t),),
-                    kwargs={"device": torch.device(g.device)}, outputs=(device_copy.id,),
-                    phase=Phase.OPTIMIZER, name=f"load_{label}")
-        edit.add_node(load, [device_copy])
-        apply_moves(edit, [StorageMove(meta.storage, storage, 0, tuple(_aliases(g, t)))])
-        for nid in readers:
-            edit.rewire(nid, {t: device_copy.id})
-        before[load.id] = readers
-        added.append(load.id)
-        changed.extend(readers)
-        if writers:
-            # the whole copy goes back once every write is done (control edges order it)
-            back = Node(id=edit.new_id(), op=WRITEBACK_OP, args=(TensorRef(t), TensorRef(device_copy.id)),
-                        kwargs={}, outputs=(None,), phase=Phase.OPTIMIZER, name=f"writeback_{label}")
-            edit.add_node(back)
-            edit.set_control(back.id, writers)
-            after[back.id] = writers
-            added.append(back.id)
-    edit.set_order(spliced(edit.graph.order, (), after, before))
-    return Rewrite(graph=edit.finish(), order=spliced(order, (), after, before), added=tuple(added),
-                   changed=tuple(changed), removed=(), description=description)
+                for nid, n in offload_state_nodes(g).items()]

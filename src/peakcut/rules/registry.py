@@ -1,13 +1,12 @@
 """The rule registry: every rule the search uses, listed once (RULES, at the bottom), and the
-loops over it that the search, the scheduler's placement and codegen share.
+loops over it that the search and the scheduler's placement share.
 
 - hotspot_candidates: where each program rule applies at the memory hot-spot;
 - rewrite_candidates: the rewrite rules' sites, interleaved;
 - placements: where the nodes program rules added go (schedule.place);
-- loop_refusal, node_codes, reserved_names: what codegen.source needs from them;
 - move_kinds: the search's move kinds, in the order it tries them.
 
-A new rule is its own file (implementing a protocol of peakcut.rules.protocol) plus one line
+A new rule is its own file (a subclass of a base class of peakcut.rules.base) plus one line
 in RULES (docs/rules.md).
 """
 
@@ -20,6 +19,7 @@ from types import MappingProxyType
 from peakcut.ir.graph import Graph
 from peakcut.memory import MemoryProfile, simulate
 from peakcut.rules.activations_rule import RecomputeActivationsRule
+from peakcut.rules.base import REWRITE_MOVES, ProgramRule, RegionRule, RewriteRule
 from peakcut.rules.batch_norm_rule import SplitBatchNormsRule
 from peakcut.rules.checkpoint_rule import CheckpointBlocksRule, UncheckpointBlocksRule
 from peakcut.rules.checkpoint_segments_rule import CheckpointSegmentsRule
@@ -27,18 +27,10 @@ from peakcut.rules.conv_cat_rule import SplitConvCatRule
 from peakcut.rules.conv_grads_rule import SplitConvGradsRule
 from peakcut.rules.fission_rule import FissionRule
 from peakcut.rules.host_update_rule import HostUpdateRule
-from peakcut.rules.hotspot import Hotspot
 from peakcut.rules.offload_param_rule import OffloadParamRule
 from peakcut.rules.offload_state_rule import OffloadStateRule
-from peakcut.rules.protocol import (
-    REWRITE_MOVES,
-    LoopRefusal,
-    Names,
-    NodeCode,
-    ProgramRule,
-    RegionRule,
-    RewriteRule,
-)
+from peakcut.rules.phase import in_search
+from peakcut.rules.query import Query
 from peakcut.rules.remat_rule import RematRule
 from peakcut.rules.spatial_rule import SplitRowsRule
 from peakcut.rules.swap_rule import SwapRule
@@ -51,7 +43,7 @@ from peakcut.rules.taso_rules import (
 )
 from peakcut.schedule.placement import Placement
 from peakcut.transform.rewrite import Rewrite, check_candidate_query
-from peakcut.transform.taso.find import TasoCandidate
+from peakcut.transform.site import RewriteSite
 
 UNDO_MOVES = "undo"   # the search's move kind of dropping a recipe (de-remat, de-swap, ...)
 
@@ -82,7 +74,7 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Registry:
-    """The rules, by family (peakcut.rules.protocol), each family in the order the search
+    """The rules, by family (peakcut.rules.base), each family in the order the search
     tries its moves: regions, then program rules, then rewrites (then undos). Kinds are
     unique across families."""
 
@@ -134,7 +126,7 @@ class Registry:
             raise KeyError(f"no rewrite rule {kind!r}; known: {self.rewrite_kinds}")
         return found
 
-    def apply_rewrite(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
+    def apply_rewrite(self, g: Graph, order: Sequence[int], site: RewriteSite) -> Rewrite:
         """The rewrite rule of site.kind applied at `site` of (g, order) (RuleError or ValueError
         where it does not apply)."""
         return self.rewrite_rule(site.kind).apply(g, order, site)
@@ -155,12 +147,12 @@ class Registry:
             profile = simulate(g, list(order))
         elif tuple(profile.order) != tuple(order):
             raise ValueError("profile was simulated for another order; pass simulate(g, order)")
-        spot = Hotspot(g, order, profile)
+        query = Query(g, order, profile=profile)
         out: list[Candidate] = []
         for kind in dict.fromkeys(kinds):
             rule = self._program[kind]
             found = 0
-            for site in rule.sites(spot) if limit else ():
+            for site in rule.sites(query) if limit else ():
                 if rule.why_not(g, order, site) is None:
                     out.append(Candidate(rule, site.tensor, site.node, site.users, site.bytes, site.score))
                     found += 1
@@ -170,18 +162,20 @@ class Registry:
         return out
 
     def rewrite_candidates(self, g: Graph, order: Sequence[int], limit: int = 32,
-                           kinds: Sequence[str] | None = None) -> list[TasoCandidate]:
-        """Sites of the rewrite rules of `kinds` (default all) on (g, order): at most `limit`,
+                           kinds: Sequence[str] | None = None) -> list[RewriteSite]:
+        """Sites of the rewrite rules of `kinds` (default: those of a phase during the search,
+        peakcut.rules.phase) on (g, order): at most `limit`,
         the kinds interleaved in the order of `kinds` (the first site of each kind, then the
         second of each, ...) so that a limit keeps some of every kind; each kind's sites in its
         rule's order. Sites are validated lazily: only as many as the limit keeps (the same
         list as validating all). Deterministic for a given graph."""
-        kinds = self.rewrite_kinds if kinds is None else kinds
+        kinds = [r.kind for r in self.rewrites if in_search(r)] if kinds is None else kinds
         check_candidate_query(g, order, kinds, self.rewrite_kinds, limit, "TASO candidate")
-        live = [self._rewrite[k].sites(g, order) for k in dict.fromkeys(kinds)]
-        out: list[TasoCandidate] = []
+        query = Query(g, order)
+        live = [self._rewrite[k].sites(query) for k in dict.fromkeys(kinds)]
+        out: list[RewriteSite] = []
         while live and len(out) < limit:   # one round: the next site of each kind left
-            still: list[Iterator[TasoCandidate]] = []
+            still: list[Iterator[RewriteSite]] = []
             for sites in live:
                 if len(out) >= limit:
                     break
@@ -192,36 +186,13 @@ class Registry:
             live = still
         return out
 
-    # ------------------------------------------------------------------ placement and codegen
+    # ------------------------------------------------------------------ placement
     def placements(self, g: Graph) -> dict[int, Placement]:
         """Node -> where it goes (schedule.place), for every node a program rule added to g."""
         out: dict[int, Placement] = {}
         for rule in self.programs:
             out.update(rule.placements(g))
         return out
-
-    def loop_refusal(self, g: Graph) -> LoopRefusal | None:
-        """Why a fission region of g cannot be a loop, from every program rule (None: no rule
-        refuses any)."""
-        refusals = [r for rule in self.programs if (r := rule.loop_refusal(g)) is not None]
-        if not refusals:
-            return None
-        if len(refusals) == 1:
-            return refusals[0]
-
-        def refuse(nodes: Sequence[int]) -> str | None:
-            return next((why for r in refusals if (why := r(nodes)) is not None), None)
-
-        return refuse
-
-    def node_codes(self, g: Graph, order: Sequence[int], names: Names) -> list[NodeCode]:
-        """The code hooks of the program rules whose nodes program (g, order) holds."""
-        return [c for rule in self.programs if (c := rule.code(g, order, names)) is not None]
-
-    @property
-    def reserved_names(self) -> frozenset[str]:
-        """Identifiers the rules' generated code uses (never given to a tensor)."""
-        return frozenset(name for rule in self.programs for name in rule.reserved_names)
 
 
 RULES = Registry(

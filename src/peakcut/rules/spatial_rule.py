@@ -9,7 +9,7 @@ part's padded input and gradient beside the whole one); the search keeps a site 
 the simulated step pays for it. There is no inverse rule (the search starts again from the
 unrewritten base instead).
 
-at_peak (the polish after the search, optimizer.polish): where the best plan peaks at a
+In the polish after the search (phase POLISH, optimizer.polish): where the best plan peaks at a
 convolution's backward that makes only the input gradient (split_conv_grads made it), that
 call in 4 parts."""
 
@@ -20,8 +20,11 @@ from collections.abc import Iterator, Sequence
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import TensorRef
 from peakcut.memory import simulate
-from peakcut.rules.protocol import RewriteRule
+from peakcut.rules.base import RewriteRule
+from peakcut.rules.phase import POLISH, SEARCH
+from peakcut.rules.query import Query
 from peakcut.transform.rewrite import Rewrite, RuleError
+from peakcut.transform.site import RewriteSite
 from peakcut.transform.spatial import (
     CONV,
     CONV_BACKWARD,
@@ -30,25 +33,31 @@ from peakcut.transform.spatial import (
     split_rows,
     why_not_split_rows,
 )
-from peakcut.transform.taso.find import TasoCandidate
 
 SITES = 3
 PARTS = (4, 8, 2)
 AT_PEAK_PARTS = 4
 
 
-def _parts(site: TasoCandidate) -> int | str:
-    if len(site.parts) != 1:
+def _parts(site: RewriteSite) -> int | str:
+    if len(site.params) != 1:
         return f"site {site.description!r} does not name one number of parts"
-    return site.parts[0]
+    return site.params[0]
 
 
 class SplitRowsRule(RewriteRule):
     """Convolutions (forward or backward) near the peak, run in parts along the rows."""
 
     kind = "split_rows"
+    phases = frozenset({SEARCH, POLISH})
 
-    def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+    def sites(self, query: Query) -> Iterator[RewriteSite]:
+        g, order = query.g, query.order
+        if query.peak is not None:
+            site = self._at_peak(g, order, query.peak)
+            if site is not None:
+                yield site
+            return
         convs = [i for i, v in enumerate(order) if g.nodes[v].op in (CONV, CONV_BACKWARD)]
         if len(convs) > SITES:            # ranked by the base's memory only where there is a choice
             timeline = simulate(g, order).timeline
@@ -58,9 +67,9 @@ class SplitRowsRule(RewriteRule):
             for n in PARTS:
                 if why_not_split_rows(g, order, [v], n) is None:
                     name = g.nodes[v].name or str(v)
-                    yield TasoCandidate(self.kind, (v,), f"split {name} in {n} parts along the rows", parts=(n,))
+                    yield RewriteSite(self.kind, (v,), f"split {name} in {n} parts along the rows", params=(n,))
 
-    def at_peak(self, g: Graph, order: Sequence[int], nid: int) -> TasoCandidate | None:
+    def _at_peak(self, g: Graph, order: Sequence[int], nid: int) -> RewriteSite | None:
         """Where a plan peaks at a convolution's backward that makes only the input gradient
         (after split_conv_grads) and reads whole tensors (not a part of an earlier split): that
         call in AT_PEAK_PARTS parts. Its parts read a shape-only view of the input, so only
@@ -75,18 +84,18 @@ class SplitRowsRule(RewriteRule):
         if why_not_split_rows(g, order, [nid], AT_PEAK_PARTS) is not None:
             return None
         name = g.nodes[nid].name or str(nid)
-        return TasoCandidate(self.kind, (nid,), f"split {name} in {AT_PEAK_PARTS} parts along the rows",
-                             parts=(AT_PEAK_PARTS,))
+        return RewriteSite(self.kind, (nid,), f"split {name} in {AT_PEAK_PARTS} parts along the rows",
+                           params=(AT_PEAK_PARTS,))
 
-    def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
+    def why_not(self, g: Graph, order: Sequence[int], site: RewriteSite) -> str | None:
         n = _parts(site)
         return n if isinstance(n, str) else why_not_split_rows(g, order, site.nodes, n)
 
-    def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
+    def apply(self, g: Graph, order: Sequence[int], site: RewriteSite) -> Rewrite:
         n = _parts(site)
         if isinstance(n, str):
             raise RuleError(n)
         return split_rows(g, order, site.nodes, n)
 
-    def describe(self, site: TasoCandidate) -> str:
+    def describe(self, query: Query, site: RewriteSite) -> str:
         return site.description

@@ -1,8 +1,7 @@
 """The swap rule in the registry: a tensor is copied to host memory right after it is made and
 copied back before some later readers (the rule itself: peakcut.transform.swap). Tried at the
 storages idle across the memory peak; the store runs right after the producer, the load as
-late as its transfer can still be hidden; the code is peakcut.rules.swap_code's, and a fission
-region holding swap code is not emitted as a loop."""
+late as its transfer can still be hidden; the code is peakcut.codegen.swap_code's."""
 
 from __future__ import annotations
 
@@ -11,9 +10,10 @@ from collections.abc import Iterable, Sequence
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node
 from peakcut.ir.ops import LOAD_OP, STORE_OP
-from peakcut.rules.hotspot import Hotspot, HotspotSite
-from peakcut.rules.protocol import LoopRefusal, Names, NodeCode, ProgramRule, Site
-from peakcut.rules.swap_code import SwapCode
+from peakcut.ir.tags import SwapTag
+from peakcut.rules.base import ProgramRule, Site
+from peakcut.rules.hotspot import HotspotSite
+from peakcut.rules.query import Query
 from peakcut.schedule.placement import Placement
 from peakcut.transform.rewrite import Rewrite, describe_tensor
 from peakcut.transform.swap import swap, why_not_swap
@@ -21,7 +21,7 @@ from peakcut.transform.swap import swap, why_not_swap
 
 def is_swap_store(node: Node) -> bool:
     """A swap's store (an update on the host's stores are that rule's: NodeTags.host)."""
-    return node.op == STORE_OP and node.tags.swap is not None
+    return node.op == STORE_OP and node.tags.get(SwapTag) is not None
 
 
 def has_swaps(g: Graph) -> bool:
@@ -34,10 +34,9 @@ class SwapRule(ProgramRule):
 
     kind = "swap"
     frees_by_host_copy = True
-    reserved_names = ("host", "compute", "d2h", "h2d")
 
-    def sites(self, spot: Hotspot) -> Iterable[HotspotSite]:
-        return spot.idle()
+    def sites(self, query: Query) -> Iterable[HotspotSite]:
+        return query.hotspot.idle()
 
     def why_not(self, g: Graph, order: Sequence[int], site: Site) -> str | None:
         return why_not_swap(g, order, site.tensor, site.users)
@@ -45,30 +44,10 @@ class SwapRule(ProgramRule):
     def apply(self, g: Graph, order: Sequence[int], site: Site) -> Rewrite:
         return swap(g, order, site.tensor, site.users)
 
-    def describe(self, g: Graph, site: Site) -> str:
-        return f"swap {describe_tensor(g, site.tensor)} out, back in for {len(site.users)} reader(s)"
+    def describe(self, query: Query, site: Site) -> str:
+        return f"swap {describe_tensor(query.g, site.tensor)} out, back in for {len(site.users)} reader(s)"
 
     def placements(self, g: Graph) -> Iterable[tuple[int, Placement]]:
         early, hidden = Placement.EARLY, Placement.HIDDEN
         return [(nid, early if node.op == STORE_OP else hidden) for nid, node in g.nodes.items()
                 if is_swap_store(node) or (node.op == LOAD_OP and not g.is_input_copy(node))]
-
-    def loop_refusal(self, g: Graph) -> LoopRefusal | None:
-        """Regions holding swap code (or reading a swapped-in tensor) are not loops: swap code
-        is written at the top level only."""
-        if not has_swaps(g):
-            return None
-        loads = {nid for nid, n in g.nodes.items() if n.op == LOAD_OP and not g.is_input_copy(n)}
-        loaded = {t for nid in loads for t in g.nodes[nid].output_ids()}
-
-        def refuse(nodes: Sequence[int]) -> str | None:
-            for nid in nodes:
-                node = g.nodes[nid]
-                if is_swap_store(node) or nid in loads or loaded.intersection(node.input_ids()):
-                    return "it holds swap code, which is emitted at the top level only"
-            return None
-
-        return refuse
-
-    def code(self, g: Graph, order: Sequence[int], names: Names) -> NodeCode | None:
-        return SwapCode(g, order, names) if has_swaps(g) else None

@@ -4,19 +4,21 @@ three one-node algebraic simplifications. Their sites are found by transform.tas
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 
 from peakcut.ir.graph import Graph
-from peakcut.rules.protocol import RewriteRule
+from peakcut.rules.base import RewriteRule
+from peakcut.rules.query import Query
 from peakcut.transform.rewrite import Rewrite
+from peakcut.transform.site import RewriteSite
 from peakcut.transform.taso import algebra, find, matmul_merge, matmul_split
-from peakcut.transform.taso.find import TasoCandidate
 
 
 class _TasoRule(RewriteRule):
     """What every TASO-style rule describes alike."""
 
-    def describe(self, site: TasoCandidate) -> str:
+    def describe(self, query: Query, site: RewriteSite) -> str:
         return f"taso: {site.description}"
 
 
@@ -25,13 +27,13 @@ class MergeMatmulsRule(_TasoRule):
 
     kind = "merge_matmuls"
 
-    def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
-        return find.merge_sites(g, order)
+    def sites(self, query: Query) -> Iterator[RewriteSite]:
+        return find.merge_sites(query.g, query.order)
 
-    def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
+    def why_not(self, g: Graph, order: Sequence[int], site: RewriteSite) -> str | None:
         return matmul_merge.why_not_merge_matmuls(g, order, site.nodes)
 
-    def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
+    def apply(self, g: Graph, order: Sequence[int], site: RewriteSite) -> Rewrite:
         return matmul_merge.merge_matmuls(g, order, site.nodes)
 
 
@@ -40,14 +42,14 @@ class SplitMatmulRule(_TasoRule):
 
     kind = "split_matmul"
 
-    def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
-        return find.split_sites(g, order)
+    def sites(self, query: Query) -> Iterator[RewriteSite]:
+        return find.split_sites(query.g, query.order)
 
-    def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
-        return matmul_split.why_not_split_matmul(g, order, site.nodes[0], list(site.parts) or None)
+    def why_not(self, g: Graph, order: Sequence[int], site: RewriteSite) -> str | None:
+        return matmul_split.why_not_split_matmul(g, order, site.nodes[0], list(site.params) or None)
 
-    def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
-        return matmul_split.split_matmul(g, order, site.nodes[0], list(site.parts) or None)
+    def apply(self, g: Graph, order: Sequence[int], site: RewriteSite) -> Rewrite:
+        return matmul_split.split_matmul(g, order, site.nodes[0], list(site.params) or None)
 
 
 class _OneNodeRule(_TasoRule):
@@ -56,20 +58,22 @@ class _OneNodeRule(_TasoRule):
     ops: tuple[str, ...] = ()
     views_last = False      # sites: the nodes that run a kernel first, then the views
 
+    @abstractmethod
     def why_not_at(self, g: Graph, order: Sequence[int], node: int, *,
                    checked: bool = False) -> str | None:
-        raise NotImplementedError
+        """Why the rule does not apply at `node` (checked: `order` is known to be an order of g)."""
 
+    @abstractmethod
     def rewrite_at(self, g: Graph, order: Sequence[int], node: int) -> Rewrite:
-        raise NotImplementedError
+        """The rule applied at `node`."""
 
-    def sites(self, g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
-        return find.single_sites(g, order, self.kind, self.why_not_at, self.ops, self.views_last)
+    def sites(self, query: Query) -> Iterator[RewriteSite]:
+        return find.single_sites(query.g, query.order, self.kind, self.why_not_at, self.ops, self.views_last)
 
-    def why_not(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> str | None:
+    def why_not(self, g: Graph, order: Sequence[int], site: RewriteSite) -> str | None:
         return self.why_not_at(g, order, site.nodes[0])
 
-    def apply(self, g: Graph, order: Sequence[int], site: TasoCandidate) -> Rewrite:
+    def apply(self, g: Graph, order: Sequence[int], site: RewriteSite) -> Rewrite:
         return self.rewrite_at(g, order, site.nodes[0])
 
 

@@ -1,8 +1,23 @@
-"""Graph transformations: the bodies of the scheduling-based rules (remat / de-remat, swap /
-de-swap) and what every rule shares (Rewrite, RuleError). Every rule is a pure function
-(Graph, order, ...) -> Rewrite with a why_not_* twin that says why it does not apply (None
-when it does). Where the search tries them, and their placement and codegen hooks: the rule
-registry, peakcut.rules."""
+"""Graph transformations: the body of every rule of the search and what every rule shares
+(Rewrite, RuleError, RewriteSite). Every body is a pure function (Graph, order, ...) -> Rewrite
+with a why_not_* twin that says why it does not apply (None when it does). Where the search
+tries them, and where the nodes they add go: the rule adapters and the registry, peakcut.rules.
+
+Files:
+- rewrite.py: Rewrite, RuleError, the rewritten_from tag and the graph helpers the rules
+  share; site.py: where a
+  rewrite of the base graph applies (RewriteSite);
+- remat.py: re-materialization and its dual; remat_chain.py: remat with the inputs only
+  its recompute keeps alive; activations.py: cheap saved activations recomputed;
+- swap.py: swapping to host memory and back, and its dual;
+- offload_state.py, offload_param.py: optimizer state and parameters kept in host memory
+  between steps; host_update.py: a parameter's update run on the host;
+- batch_norm.py: training-mode batch norm as ops a batch split can cross;
+- checkpoint/: activation checkpointing of repeated blocks, and its inverse;
+  checkpoint_segments.py: the forward ops outside the blocks, as units to checkpoint;
+- spatial/: spatial fission, a region split along its images' rows;
+- taso/: TASO-style rewrites of the base graph.
+"""
 
 from peakcut.transform.remat import deremat, remat, why_not_deremat, why_not_remat
 from peakcut.transform.rewrite import Rewrite, RuleError

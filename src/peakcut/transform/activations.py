@@ -20,6 +20,7 @@ from peakcut.ir.edit import GraphEditor, rewired
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Phase, TensorRef
 from peakcut.ir.registry import OpKind, lookup
+from peakcut.ir.tags import RematTag
 from peakcut.transform.remat import why_not_recompute_node, why_not_remat
 from peakcut.transform.remat_chain import remat_chain
 from peakcut.transform.rewrite import Rewrite, RuleError, identity_views, positions, spliced
@@ -76,7 +77,7 @@ def saved_activations(g: Graph) -> list[int]:
         n = g.nodes[v]
         info = lookup(n.op)
         if (n.phase is Phase.FORWARD and info is not None and info.kind is OpKind.ELEMENTWISE
-                and len(n.output_ids()) == 1 and n.tags.remat is None
+                and len(n.output_ids()) == 1 and n.tags.get(RematTag) is None
                 and (_later_readers(g, v) or _through_views(g, v))):
             found.append(v)
     return found

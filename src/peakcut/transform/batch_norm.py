@@ -1,4 +1,4 @@
-"""Training-mode batch norm as ops a batch split can cross (issue 18).
+"""Training-mode batch norm as ops a batch split can cross.
 
 `native_batch_norm` in training mode takes its statistics over the whole batch, so no
 fission region can split the batch across it (peakcut.fission.build BATCH_STATISTICS). This
@@ -41,7 +41,13 @@ from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.infer import InferenceError
 from peakcut.ir.node import Node, Phase, TensorRef
 from peakcut.ir.tags import NodeTags
-from peakcut.transform.rewrite import Rewrite, RuleError, check_order_matches, describe_node
+from peakcut.transform.rewrite import (
+    Rewrite,
+    RewrittenFromTag,
+    RuleError,
+    check_order_matches,
+    describe_node,
+)
 
 FORWARD_OP = "aten.native_batch_norm.default"
 BACKWARD_OP = "aten.native_batch_norm_backward.default"
@@ -105,7 +111,7 @@ class BatchNormOps:
 
     def __init__(self, edit: GraphEditor, base: Node, phase: Phase) -> None:
         self.edit, self.base, self.phase = edit, base, phase
-        self.tags = NodeTags(rewritten_from="native_batch_norm")
+        self.tags = NodeTags(RewrittenFromTag("native_batch_norm"))
         self.added: list[int] = []
 
     def __call__(self, op: str, *args: object, tag: str, outputs: Sequence[int] | None = None,

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Phase
+from peakcut.ir.tags import RematTag
 from peakcut.transform.checkpoint import Block, find_blocks
 
 JOIN = " with "     # between a joined unit's block and its segment in the unit's name
@@ -50,7 +51,7 @@ def _walk(g: Graph, in_block: dict[int, str]) -> tuple[list[list[int]], dict[str
     current: list[int] = []       # the forward nodes outside blocks since the last block node
     for v in g.order:
         node = g.nodes[v]
-        if node.phase is not Phase.FORWARD or node.tags.remat is not None:
+        if node.phase is not Phase.FORWARD or node.tags.get(RematTag) is not None:
             continue
         module = in_block.get(v)
         if module is None:

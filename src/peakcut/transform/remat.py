@@ -1,7 +1,8 @@
 """Re-materialization (MAGIS §5.2, Fig. 8a-d): later users read a recomputed copy A' of an op A
 instead of A's outputs, so A's outputs can be freed early; and its dual, de-re-materialization.
 
-Safety (DESIGN invariants 2 and 4, and the MAGIS reference code's bugs, notes §4):
+Safety (docs/design.md: in-place updates are real, randomness is not duplicated; and the MAGIS
+reference code's bugs):
 - only ops the registry knows, that are not views, swap ops, random ops (a recompute would
   draw new numbers) or uninitialized allocations, and that write nothing in place;
 - every output of A lives in a storage A allocates, nobody writes later, and that is not a
@@ -18,11 +19,11 @@ and the users read the recompute in place of the view.
 
 A training-mode batch norm is recomputed by its own kernel, without its running statistics
 (recompute_call): the same statistics and the same result, bit for bit. Its result
-recomputed as the normalize from the saved mean and invstd (one addcmul over x) was tried and
-is not used: that kernel rounds differently from the batch norm's in some shapes (on this CPU
+recomputed as the normalize from the saved mean and invstd (one addcmul over x) is not used:
+that kernel rounds differently from the batch norm's in some shapes (on a 2-core CPU,
 [6,128,64,64]: 14,137 elements differ), so a ReLU's backward could read a mask that differs
 from the forward's where the result is within rounding of 0; on the medium U-Net the AdamW
-moments of batch-norm biases then differed from eager's by 8.4e-4 (tolerance 4.9e-4), and by
+moments of batch-norm biases would differ from eager's by 8.4e-4 (tolerance 4.9e-4), and by
 7.7e-2 in a plan with many such recomputes.
 """
 
@@ -119,7 +120,7 @@ def why_not_recompute_op(g: Graph, node: int, *, views: bool = False) -> str | N
                 "the op that allocates the storage")
     if draws_random(n.op, n.args, n.kwargs):
         return (f"{what} draws random numbers: a recompute would not give the same result "
-                "(DESIGN invariant 4)")
+                "(docs/design.md: randomness)")
     if n.op in UNINITIALIZED_OPS:
         return f"{what} returns uninitialized memory: a recompute would not give the same values"
     written = recompute_call(n).mutated_ids()
@@ -272,7 +273,7 @@ def remat(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> Re
     first_user = g.nodes[plan.users[0]]
     a2 = Node(id=edit.new_id(), op=a.op, args=a.args, kwargs=dict(a.kwargs), outputs=tuple(outputs),
               multi_output=a.multi_output, module=a.module, phase=first_user.phase,
-              name=f"{a.name or a.id}_remat", tags=NodeTags(remat=RematTag(a.id)))
+              name=f"{a.name or a.id}_remat", tags=NodeTags(RematTag(a.id)))
     moves = [StorageMove(s, s2, 0, tuple(v for v in alias_closure(g, s, plan.users)
                                          if v not in out_map))
              for s, s2 in storage_map.items()]
@@ -304,7 +305,7 @@ def _why_not_deremat(g: Graph, order: Sequence[int], remat_node: int) -> str | N
         return stale
     n2 = g.nodes[remat_node]
     what = describe_node(g, remat_node)
-    orig = n2.tags.remat.of if n2.tags.remat is not None else None
+    orig = tag.of if (tag := n2.tags.get(RematTag)) is not None else None
     if orig is None:
         return f"{what} is not a recompute (no remat tag)"
     if orig not in g.nodes:
@@ -331,7 +332,7 @@ def _why_not_deremat(g: Graph, order: Sequence[int], remat_node: int) -> str | N
 
 def _original(remat_node: Node) -> int:
     """The node a recompute recomputes (its remat tag; checked by _why_not_deremat)."""
-    tag = remat_node.tags.remat
+    tag = remat_node.tags.get(RematTag)
     if tag is None:
         raise RuleError(f"internal: node {remat_node.name} is not a recompute")
     return tag.of

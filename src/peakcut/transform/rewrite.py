@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
+from peakcut.ir.tags import Tag
 from peakcut.ir.tensor import TensorMeta
 
 
@@ -43,6 +45,26 @@ class Rewrite:
     changed: tuple[int, ...]
     removed: tuple[int, ...]
     description: str
+
+
+@dataclass(frozen=True, slots=True)
+class RewrittenFromTag(Tag):
+    """A node a rewrite made in place of an op `op` it replaced (the loss rewrite,
+    peakcut.fission.loss; split_batch_norms, peakcut.transform.batch_norm)."""
+
+    kind: ClassVar[str] = "rewritten_from"
+    op: str
+
+    def to_json(self) -> str:
+        return self.op
+
+    @classmethod
+    def from_json(cls, doc: Any) -> RewrittenFromTag:
+        return cls(str(doc))
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> RewrittenFromTag | None:
+        return cls(str(extra["rewritten_from"])) if "rewritten_from" in extra else None
 
 
 def compose_rewrites(g: Graph, steps: Sequence[Rewrite], description: str) -> Rewrite:

@@ -2,7 +2,7 @@
 produced (Store, peakcut.store) and copied back right before the first of some later users
 (Load, peakcut.load), which then read the loaded copy; and its dual, de-swapping.
 
-Safety (DESIGN invariants 1-3, notes §4):
+Safety (docs/design.md: same numbers, in-place updates are real, memory counted per storage):
 - never a caller-held tensor (parameter, buffer, optimizer state, batch): the optimizer's
   in-place update of a swapped parameter would land on the copy (the MAGIS reference code
   lost 6 of 20 parameter updates on UNet this way);
@@ -180,7 +180,7 @@ def swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> R
                       Role.ACTIVATION, f"{label}_host")
     loaded = TensorMeta(edit.new_id(), meta.shape, meta.stride, meta.dtype, device_storage, 0,
                         Role.ACTIVATION, f"{label}_loaded")
-    tags = NodeTags(swap=SwapTag(tensor))
+    tags = NodeTags(SwapTag(tensor))
     store = Node(id=edit.new_id(), op=STORE_OP, args=(TensorRef(tensor),), kwargs={},
                  outputs=(host.id,), module=prod.module, phase=prod.phase,
                  name=f"store_{label}", tags=tags)
@@ -219,7 +219,7 @@ def _why_not_deswap(g: Graph, order: Sequence[int], load_node: int) -> str | Non
     what = describe_node(g, load_node)
     if load.op != LOAD_OP:
         return f"{what} is not a load (peakcut.load)"
-    tensor = load.tags.swap.of if load.tags.swap is not None else None
+    tensor = tag.of if (tag := load.tags.get(SwapTag)) is not None else None
     if tensor is None:
         return f"{what} carries no swap tag"
     if tensor not in g.tensors:
@@ -244,7 +244,7 @@ def _why_not_deswap(g: Graph, order: Sequence[int], load_node: int) -> str | Non
 
 def _swapped(load: Node) -> int:
     """The tensor a load loads back (its swap tag; checked by _why_not_deswap)."""
-    tag = load.tags.swap
+    tag = load.tags.get(SwapTag)
     if tag is None:
         raise RuleError(f"internal: node {load.name} carries no swap tag")
     return tag.of

@@ -1,6 +1,16 @@
-"""The seven benchmark workloads of the MAGIS paper (Table 2) and the full-size LLMs of issue 17
+"""The seven benchmark workloads of the MAGIS paper (Table 2) and two full-size LLMs beyond it
 (Llama-2-7B, GPT-2-XL), at paper, medium and tiny size, and the random NASNet-like networks of
-the paper's incremental-scheduling benchmark (random_nasnet)."""
+the paper's incremental-scheduling benchmark (random_nasnet).
+
+- base.py: the registry (Workload, WorkloadInstance, the names and sizes), and GPT-2-XL deepened
+  for scale tests (deepened_gpt2_xl);
+- resnet.py: ResNet-50;
+- hf.py: the transformers models (BERT-base, ViT-base, GPT-Neo-1.3B) and their losses;
+- btlm.py: BTLM-3B-8K;
+- unet.py: U-Net and U-Net++;
+- llm.py: Llama-2-7B and GPT-2-XL;
+- nasnet.py: random NASNet-like inference networks.
+"""
 
 from peakcut.workloads.base import (
     ALL_WORKLOAD_NAMES,

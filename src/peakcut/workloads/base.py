@@ -1,5 +1,5 @@
 """Workload registry: the seven benchmark training steps of the MAGIS paper (Table 2),
-:data:`WORKLOAD_NAMES`, and the full-size LLMs of issue 17, :data:`LLM_WORKLOAD_NAMES`
+:data:`WORKLOAD_NAMES`, and two full-size LLMs beyond the paper, :data:`LLM_WORKLOAD_NAMES`
 (Llama-2-7B, GPT-2-XL; :mod:`.llm`). :data:`ALL_WORKLOAD_NAMES` is both.
 
 A :class:`Workload` describes one benchmark; :meth:`Workload.build` turns it into a
@@ -233,7 +233,7 @@ _LLM_WORKLOADS: tuple[Workload, ...] = (
 WORKLOAD_NAMES: tuple[str, ...] = tuple(w.name for w in _WORKLOADS)
 """The seven MAGIS Table 2 workloads (what benchmarks iterate; no 7B model among them)."""
 LLM_WORKLOAD_NAMES: tuple[str, ...] = tuple(w.name for w in _LLM_WORKLOADS)
-"""The full-size LLMs of issue 17."""
+"""The full-size LLMs beyond the paper's table: Llama-2-7B and GPT-2-XL."""
 ALL_WORKLOAD_NAMES: tuple[str, ...] = WORKLOAD_NAMES + LLM_WORKLOAD_NAMES
 
 

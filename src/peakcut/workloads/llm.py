@@ -1,4 +1,4 @@
-"""Full-size LLM workloads (issue 17): Llama-2-7B and GPT-2-XL causal LM, ``transformers`` models.
+"""Full-size LLM workloads beyond the paper's table: Llama-2-7B and GPT-2-XL causal LM, ``transformers`` models.
 
 Built from configs with random weights (nothing is downloaded), like :mod:`.hf`: eager attention
 (the T x T scores are explicit ops), every dropout probability 0, ``use_cache=False``; the loss
@@ -14,8 +14,8 @@ Paper configs reproduce the published checkpoints' ``config.json``:
   ``n_positions`` 1024, ``gelu_new``, LM head tied to the token embedding: 1,557,611,200
   parameters. Batch 16 x seq 1024, fp32.
 
-Optimizer state: peakcut captures the update of ``torch.optim`` (``capture.optimizers``), whose
-Adam/AdamW state slots are ``zeros_like(param)`` (``capture.__init__._trace`` makes them the same
+Optimizer state: peakcut captures the update of ``torch.optim`` (``spec.optimizers``), whose
+Adam/AdamW state slots are ``zeros_like(param)`` (``capture.training_step`` makes them the same
 way), so over bf16 Llama weights the captured ``exp_avg`` / ``exp_avg_sq`` are **bf16**, not the
 fp32 moments of a mixed-precision recipe: the paper-size llama2-7b step holds 3 x 13.5 GB of
 weights and moments, not 13.5 + 2 x 27 GB. No mixed-precision optimizer is modelled here.
@@ -30,9 +30,9 @@ CPU takes seconds and holds a few GB, see :mod:`.base`), both at batch 1 x seq 1
   faster without narrowing the layer: 202M of the parameters are that one layer.
 * gpt2-xl: the paper's widths and vocabulary, 2 of its 48 layers (143.5M parameters).
 
-Measured 2026-11-25, ``python -m bench.medium_sizes gpt-neo-1.3b llama2-7b gpt2-xl`` (2-core
-AMD EPYC, torch 2.13 CPU, the machine shared: load average 2; gpt-neo-1.3b took 3.75 s in the
-same run, 3.29 s in BENCHMARKS.md): eager step median (min-max) of 3, held / peak GiB:
+Measured with ``python -m bench.medium_sizes gpt-neo-1.3b llama2-7b gpt2-xl`` (2-core AMD EPYC,
+torch 2.13 CPU, the machine shared: load average 2; gpt-neo-1.3b took 3.75 s in the same run):
+eager step median (min-max) of 3, held / peak GiB:
 llama2-7b 4.63 s (3.24-4.69), 2.99 / 4.50 GiB; gpt2-xl 1.80 s (1.73-2.01), 1.60 / 2.74 GiB.
 
 ``tiny``: 2 layers, hidden 64, 4 heads, vocab 256, seq 32, batch 4, fp32.

@@ -6,7 +6,8 @@
 
 Layout: rule.py (DimRule, merge kinds), call.py (what builders see and the
 generic checks), one module per op family (views, pointwise, reductions,
-linalg, norms, movement), table.py (op -> builder, ops without a rule,
+linalg, norms, movement), shapes.py (labelling, broadcasting, reshape
+alignment shared by the builders), table.py (op -> builder, ops without a rule,
 dim_rule), split.py (running a node in parts and merging the results).
 """
 

@@ -50,7 +50,7 @@ def efficient_attention(call: Call) -> Labeling | None:
 
     Query/key lengths stay whole (causal masks and the log-sum-exp padding
     depend on absolute positions). With dropout the op draws random numbers:
-    no rule (DESIGN invariant 4). The philox seed/offset outputs do not
+    no rule (docs/design.md: randomness). The philox seed/offset outputs do not
     depend on the split ("same").
     """
     if call.args.get("dropout_p", 0.0):

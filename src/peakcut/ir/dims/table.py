@@ -28,7 +28,7 @@ BUILDERS: Mapping[str, Builder] = MappingProxyType({
 })
 """Every op with a dimension rule (a builder that may still decline for some calls)."""
 
-_RANDOM = "draws random numbers: never split or duplicated (DESIGN invariant 4)"
+_RANDOM = "draws random numbers: never split or duplicated (docs/design.md: randomness)"
 
 NO_RULE: Mapping[str, str] = MappingProxyType({
     aten("as_strided"): "arbitrary sizes and strides: output axes need not match input axes",

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
 from peakcut.ir.registry import CONV, CONV_BACKWARD, conv_backward_mask
-from peakcut.ir.tags import TasoTag
+from peakcut.ir.tags import RematTag
 from peakcut.transform.rewrite import (
     Rewrite,
     RuleError,
@@ -48,6 +48,7 @@ from peakcut.transform.rewrite import (
 )
 from peakcut.transform.taso.edit import Edit
 from peakcut.transform.taso.matmul import ADD, CAT, SLICE
+from peakcut.transform.taso.tag import TasoTag
 
 RULE = "split_conv_cat"
 # argument positions: convolution(input, weight, bias, stride, padding, dilation, transposed,
@@ -106,7 +107,7 @@ def _why_not_reader(g: Graph, out: int, nid: int, channels: int) -> str | None:
                 "their backwards reading it as their input are split")
     if node.kwargs:
         return f"{what} takes keyword arguments {sorted(node.kwargs)}"
-    if node.tags.remat is not None:
+    if node.tags.get(RematTag) is not None:
         return f"{what} is a recompute (its checkpoint would lose track of the parts)"
     refs = [i for i, a in enumerate(node.args) if isinstance(a, TensorRef) and a.id == out]
     if refs != [slot]:
@@ -146,7 +147,7 @@ def plan_conv_cat(g: Graph, order: Sequence[int], cat: int, *, checked: bool = F
     sizes = tuple(g.tensors[t].shape[1] for t in pieces)
     if any(s <= 0 for s in sizes):
         return f"{what} concatenates a tensor without channels"
-    if node.tags.remat is not None:
+    if node.tags.get(RematTag) is not None:
         return f"{what} is a recompute (its checkpoint would lose track of the parts)"
     if out in g.outputs:
         return f"{describe_tensor(g, out)} is a program output"

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.registry import CONV_BACKWARD, conv_backward_mask
-from peakcut.ir.tags import TasoTag
+from peakcut.ir.tags import RematTag
 from peakcut.transform.rewrite import (
     Rewrite,
     RuleError,
@@ -38,6 +38,7 @@ from peakcut.transform.rewrite import (
     node_calling,
 )
 from peakcut.transform.taso.edit import Edit
+from peakcut.transform.taso.tag import TasoTag
 
 RULE = "split_conv_grads"
 _MASK = 10          # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding,
@@ -61,7 +62,7 @@ def why_not_split_conv_grads(g: Graph, order: Sequence[int], nid: int, *, checke
         return f"{what} makes no input gradient"
     if not ((mask[1] and outs[1] is not None) or (mask[2] and outs[2] is not None)):
         return f"{what} makes no weight or bias gradient"
-    if node.tags.remat is not None:
+    if node.tags.get(RematTag) is not None:
         return f"{what} is a recompute (its checkpoint would lose track of the calls)"
     return None
 

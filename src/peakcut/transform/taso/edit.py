@@ -20,7 +20,7 @@ from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.infer import FakeStorages, InferenceError, Layout
 from peakcut.ir.node import Node, Phase, iter_refs
 from peakcut.ir.registry import OpKind, lookup, mutated_arguments
-from peakcut.ir.tags import NodeTags, TasoTag
+from peakcut.ir.tags import NodeTags
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.transform.rewrite import (
     Rewrite,
@@ -32,6 +32,7 @@ from peakcut.transform.rewrite import (
     positions,
     writers_of,
 )
+from peakcut.transform.taso.tag import TasoTag
 
 
 # ------------------------------------------------------------------ small queries
@@ -165,7 +166,7 @@ class Edit:
         None for a new tensor."""
         try:
             node = self.editor.add_op(op, tuple(args), dict(kwargs or {}), name=name, phase=phase,
-                                      module=module, tags=NodeTags(taso=tag or TasoTag(self.rule)),
+                                      module=module, tags=NodeTags(tag or TasoTag(self.rule)),
                                       multi_output=multi_output, tensor_ids_first=True,
                                       outputs=outputs)
         except InferenceError as e:

@@ -18,29 +18,13 @@ early validates only the sites it pulled, with the same result as validating eve
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 from peakcut.ir.graph import Graph
-from peakcut.ir.tags import TasoTag
 from peakcut.transform.rewrite import describe_node, positions
+from peakcut.transform.site import RewriteSite
 from peakcut.transform.taso import matmul, matmul_merge, matmul_split
 from peakcut.transform.taso.edit import is_view_op
-
-
-@dataclass(frozen=True)
-class TasoCandidate:
-    """One applicable TASO-style rewrite.
-
-    kind: its rule's kind (a peakcut.rules RewriteRule); nodes: the nodes the rule is applied
-    to (the matmuls to merge, the matmul to split, or the one node of an algebraic rule);
-    parts: split_matmul's parts (empty: un-merge a merged node); description: what the
-    rewrite would do, in words.
-    """
-
-    kind: str
-    nodes: tuple[int, ...]
-    description: str
-    parts: tuple[int, ...] = ()
+from peakcut.transform.taso.tag import TasoTag
 
 
 def _key(g: Graph, t: int) -> tuple:
@@ -93,15 +77,15 @@ def merge_groups(g: Graph) -> list[tuple[int, ...]]:
 # The site generators run the why_not_* with checked=True: their caller (the registry's
 # rewrite_candidates) has verified that `order` is an order of g and consumes them before
 # returning.
-def merge_sites(g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+def merge_sites(g: Graph, order: Sequence[int]) -> Iterator[RewriteSite]:
     """Maximal merge groups (merge_groups) whose plan_merge succeeds, validated as pulled."""
     for nodes in merge_groups(g):
         plan = matmul_merge.plan_merge(g, order, nodes, checked=True)
         if not isinstance(plan, str):
-            yield TasoCandidate("merge_matmuls", nodes, matmul_merge.merge_summary(g, plan))
+            yield RewriteSite("merge_matmuls", nodes, matmul_merge.merge_summary(g, plan))
 
 
-def split_sites(g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
+def split_sites(g: Graph, order: Sequence[int]) -> Iterator[RewriteSite]:
     """Merged nodes (un-merge) in capture order, then the other matmuls, largest output first
     (stable): sorted on the cheap key first, validated one by one as they are pulled."""
     kind = "split_matmul"
@@ -120,21 +104,21 @@ def split_sites(g: Graph, order: Sequence[int]) -> Iterator[TasoCandidate]:
             plain.append((-g.tensors[m.out].nbytes, nid, m))
     for nid, info in merged:
         if matmul_split.why_not_split_matmul(g, order, nid, checked=True) is None:
-            yield TasoCandidate(kind, (nid,), (
+            yield RewriteSite(kind, (nid,), (
                 f"un-merge {describe_node(g, nid)} into {len(info.sizes)} matmuls: "
                 f"1 matmul launch becomes {len(info.sizes)}, its concatenations go"))
     plain.sort(key=lambda p: p[0])
     for _, nid, m in plain:
         if matmul_split.why_not_split_matmul(g, order, nid, 2, checked=True) is None:
             parts = matmul_split.near_equal_parts(g.tensors[m.out].shape[-1], 2)
-            yield TasoCandidate(
+            yield RewriteSite(
                 kind, (nid,), f"split {describe_node(g, nid)} into {list(parts)} output "
                 "features: 1 matmul launch becomes 2, plus weight slices and a cat of "
                 f"the {g.tensors[m.out].nbytes:,}-byte result", parts)
 
 
 def single_sites(g: Graph, order: Sequence[int], kind: str, why_not: Callable[..., str | None],
-                 ops: Sequence[str], views_last: bool = False) -> Iterator[TasoCandidate]:
+                 ops: Sequence[str], views_last: bool = False) -> Iterator[RewriteSite]:
     """Nodes of `ops` where the one-node rule `kind` applies (why_not(g, order, nid,
     checked=True) is None), in order; with views_last the nodes that run a kernel first, then
     the views (each group in order)."""
@@ -145,4 +129,4 @@ def single_sites(g: Graph, order: Sequence[int], kind: str, why_not: Callable[..
         if why_not(g, order, nid, checked=True) is None:
             effect = ("no kernel changes (views only)" if is_view_op(g.nodes[nid].op)
                       else "one elementwise kernel fewer")
-            yield TasoCandidate(kind, (nid,), f"{kind} at {describe_node(g, nid)}: {effect}")
+            yield RewriteSite(kind, (nid,), f"{kind} at {describe_node(g, nid)}: {effect}")

@@ -30,7 +30,6 @@ from typing import Any
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
-from peakcut.ir.tags import TasoTag
 from peakcut.transform.rewrite import (
     Rewrite,
     RuleError,
@@ -58,6 +57,7 @@ from peakcut.transform.taso.matmul import (
     transposed_source,
     why_not_output,
 )
+from peakcut.transform.taso.tag import TasoTag
 
 
 @dataclass(frozen=True)
@@ -384,5 +384,5 @@ def _shape(edit: Edit, node: Node) -> tuple[int, ...]:
 
 def merged_info(g: Graph, nid: int) -> TasoTag | None:
     """The tag merge_matmuls left on the merged node `nid` (mode, sizes, names), or None."""
-    tag = g.nodes[nid].tags.taso
+    tag = g.nodes[nid].tags.get(TasoTag)
     return tag if tag is not None and tag.rule == "merge_matmuls" else None

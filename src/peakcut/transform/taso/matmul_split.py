@@ -14,7 +14,6 @@ from typing import Any
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
-from peakcut.ir.tags import TasoTag
 from peakcut.transform.rewrite import (
     Rewrite,
     RuleError,
@@ -37,6 +36,7 @@ from peakcut.transform.taso.matmul import (
     why_not_output,
 )
 from peakcut.transform.taso.matmul_merge import merged_info
+from peakcut.transform.taso.tag import TasoTag
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,78 @@
+"""optimize's verification: the candidate plans run against the user's eager step
+(peakcut.optimizer.verify), the one kept and the verdict in the report; and the host
+allocator set up for a CPU model's measurements."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any
+
+import torch
+
+from peakcut.optimizer.context import ContextCalibration, refit
+from peakcut.optimizer.limit_messages import measured_shortfall, none_ran
+from peakcut.optimizer.optimized import Optimized
+from peakcut.optimizer.report import estimate, plan_entries
+from peakcut.optimizer.shares import VERIFY_CANDIDATES
+from peakcut.optimizer.state import State
+from peakcut.optimizer.verify import (
+    EagerStep,
+    candidate_name,
+    choose,
+    model_device,
+    needed_seconds,
+    programs_for,
+)
+from peakcut.runtime.host_allocator import keep_freed_host_memory
+
+
+def host_memory(model: torch.nn.Module, keep: bool) -> str:
+    """Apply keep_freed_host_memory for a CPU model when asked; what was done, for the report."""
+    if model_device(model).type != "cpu":
+        return "not a CPU model: left alone"
+    if not keep:
+        return "left alone (keep_host_memory=False)"
+    if keep_freed_host_memory():
+        return "glibc malloc keeps freed memory (mallopt M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)"
+    return "left alone: not glibc"
+
+
+def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: Any, eager: EagerStep,
+             opt: torch.optim.Optimizer | None,
+             calibration: ContextCalibration | None) -> tuple[State, bool, str]:
+    """The candidate that meets the limit when run (peakcut.optimizer.verify), whether one
+    did, and why not; the verdict goes into found.report["verification"]."""
+    mode = found.objective.mode
+    t0 = time.perf_counter()
+    report = found.report
+    predicted = found.reference_s
+    if seconds < needed_seconds(predicted):
+        report["verification"] = {"skipped": f"{seconds:.1f} s of the time budget left; running eager and one "
+                                  f"plan takes about {needed_seconds(predicted):.1f} s (raise time_budget)"}
+        warnings.warn(f"peakcut: the plan was not verified by running it: {report['verification']['skipped']}; "
+                      "its limit is met as predicted only", stacklevel=6)
+        return found.best, found.feasible, ""
+    candidates = found.candidates(programs_for(predicted, seconds, VERIFY_CANDIDATES))
+    state, verdict = choose(candidates, found.captured, found.objective, predicted,
+                            model, batch, eager, opt, max(0.0, seconds - (time.perf_counter() - t0)))
+    report["verification"] = dict(verdict.report(mode), seconds=round(time.perf_counter() - t0, 3))
+    if state is not found.best:
+        report.update(plan_entries(state, found.eager, found.eager_ratio),
+                      search=dict(report["search"], compact_estimate=estimate(state)))
+    root = found.captured
+    refitted = refit(state.latency_s / root.latency_s if root.latency_s > 0 else 0.0, calibration, verdict,
+                     candidate_name(root, root))
+    if refitted is not None:
+        report["refit"] = refitted
+    if verdict.chosen is not None:
+        m = verdict.candidates[verdict.chosen]
+        report["feasible"] = True
+        report.pop("whole_op_floor", None)       # a floor of the simulated bytes, which the run undercut
+        report["measured"] = dict(m.as_dict(), latency_ratio=m.ratio, peak_ratio=m.peak_bytes / verdict.eager.peak_bytes)
+        return state, True, ""
+    report["feasible"] = False
+    rejected = () if verdict.numbers is None else verdict.numbers.rejected
+    if not verdict.candidates:
+        return state, False, none_ran(verdict, rejected, candidate_name(found.captured, found.captured))
+    return state, False, measured_shortfall(verdict, mode, rejected)
