@@ -190,7 +190,7 @@ def test_a_resolved_pending_state_keeps_the_numbers(case) -> None:
 
 
 def test_rebased_keeps_the_tree_after_a_view_only_rewrite(case) -> None:
-    """_kept_tree: a view-only rewrite outside every F-Tree node keeps the D-Graph object and
+    """rebase.kept_tree: a view-only rewrite outside every F-Tree node keeps the D-Graph object and
     the F-Tree's node sets (all disabled); merge_matmuls builds a new D-Graph."""
     _, _, root = case
     deriver = Deriver(cost())

@@ -18,6 +18,7 @@ from peakcut.optimizer.children import _recipe
 from peakcut.optimizer.derive import Deriver, region_nodes
 from peakcut.optimizer.state import State
 from peakcut.rules import RULES
+from peakcut.rules.query import Query
 from peakcut.rules.hotspot import HotspotSite
 from peakcut.workloads import get_workload
 from tests.helpers import in_float64
@@ -59,7 +60,7 @@ def _remat_then_swap(root: State, deriver: Deriver):
         site = _site(g, out, readers)
         if not readers or remat_rule.why_not(g, order, site) is not None:
             continue
-        remat = _recipe(remat_rule, site, g, root.base, regions)
+        remat = _recipe(remat_rule, site, Query(g, order), root.base, regions)
         recomputed = deriver.with_recipe(root, remat)
         copy = next(v for v, n in recomputed.program.nodes.items()
                     if n.tags.get(RematTag) is not None and n.tags.get(RematTag).of == conv)
@@ -68,7 +69,7 @@ def _remat_then_swap(root: State, deriver: Deriver):
         swap_site = _site(recomputed.program, x, users)
         if copy not in users or swap_rule.why_not(recomputed.program, recomputed.order, swap_site) is not None:
             continue
-        swap = _recipe(swap_rule, swap_site, recomputed.program, root.base, regions)
+        swap = _recipe(swap_rule, swap_site, Query(recomputed.program, recomputed.order), root.base, regions)
         return conv, copy, remat, swap, recomputed, deriver.with_recipe(recomputed, swap)
     raise AssertionError("no convolution whose recompute reads a swappable input")
 
@@ -114,8 +115,8 @@ def test_no_recipe_names_fewer_copies_than_its_site(case) -> None:
         halves = (_site(g, out, readers[:1]), _site(g, out, readers[1:]))
         if len(readers) < 2 or any(remat_rule.why_not(g, order, h) is not None for h in halves):
             continue
-        twice = deriver.with_recipe(root, _recipe(remat_rule, halves[0], g, root.base, regions))
-        twice = deriver.with_recipe(twice, _recipe(remat_rule, halves[1], g, root.base, regions))
+        twice = deriver.with_recipe(root, _recipe(remat_rule, halves[0], Query(g, order), root.base, regions))
+        twice = deriver.with_recipe(twice, _recipe(remat_rule, halves[1], Query(g, order), root.base, regions))
         copies = [v for v, n in twice.program.nodes.items() if n.tags.get(RematTag) is not None and n.tags.get(RematTag).of == nid]
         x = node.input_ids()[0]
         users = _later_readers(twice.program, twice.order, x, nid)
@@ -123,8 +124,8 @@ def test_no_recipe_names_fewer_copies_than_its_site(case) -> None:
                 swap_rule.why_not(twice.program, twice.order, _site(twice.program, x, users)) is not None:
             continue
         one = tuple(u for u in users if u != copies[0])
-        assert _recipe(swap_rule, _site(twice.program, x, one), twice.program, root.base, regions) is None
-        both = _recipe(swap_rule, _site(twice.program, x, users), twice.program, root.base, regions)
+        assert _recipe(swap_rule, _site(twice.program, x, one), Query(twice.program, twice.order), root.base, regions) is None
+        both = _recipe(swap_rule, _site(twice.program, x, users), Query(twice.program, twice.order), root.base, regions)
         assert both is not None and both.copies_of == (nid,)
         return
     raise AssertionError("no node recomputed twice whose input a swap can take")

@@ -1,4 +1,4 @@
-"""Checkpointing repeated blocks (transform/checkpoint.py, rules/checkpoint_rule.py).
+"""Checkpointing repeated blocks (transform/checkpoint/, rules/checkpoint_rule.py).
 
 Covered:
 - the blocks of the tiny models are found by module path: the transformers' layer lists,

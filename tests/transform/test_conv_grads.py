@@ -3,7 +3,7 @@ gradient call, then an input gradient call. Every call is ATen's own per-gradien
 the rewritten step is bit for bit the captured one (tiny ResNet-50, U-Net, U-Net++ and a model
 with transposed convolutions, a bias and an image without gradient); the two calls' FLOPs add
 up to the one call's; the simulated peak of the node goes down (and the step's does not go up
-where it peaks at a convolution's backward) and the CPU-measured peak is within 5% of the simulated one; refusals name the node; the rule's sites and at_peak; the
+where it peaks at a convolution's backward) and the CPU-measured peak is within 5% of the simulated one; refusals name the node; the rule's sites, in the search and at the plan's peak (polish); the
 polish after the search (optimizer.polish) puts it where a tiny U-Net's plan peaks, and that
 plan gives eager's numbers."""
 

@@ -1,6 +1,6 @@
 """The forward ops outside a model's repeated blocks, as units to checkpoint like blocks.
 
-find_blocks (transform/checkpoint.py) finds the repeated modules; what runs between them is
+find_blocks (transform/checkpoint/blocks.py) finds the repeated modules; what runs between them is
 left whole: a ResNet's stem (conv1, bn1, relu, maxpool: at medium size 67 MiB of activations
 held through the whole backward once every bottleneck is checkpointed), a U-Net's input
 double convolution and the upsampling and concatenation before each decoder stage, U-Net++'s
