@@ -31,7 +31,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, TypeVar
 
 T = TypeVar("T", bound="Tag")
 
@@ -82,64 +82,71 @@ def tag_kinds() -> Mapping[str, type[Tag]]:
     return MappingProxyType(_KINDS)
 
 
-class NodeTags:
+class NodeTags(dict):  # type: ignore[type-arg]
     """Everything a node carries between packages (module doc): at most one tag per kind,
-    looked up by the tag's class (get). NO_TAGS when nothing."""
+    looked up by the tag's class (get). NO_TAGS when nothing.
 
-    __slots__ = ("_by", "on_host")
-    _by: dict[type[Tag], Tag]
+    A read-only dict from tag class to tag, so that `get` is the dict's own (every node of
+    every fission expansion is asked for its tags many times per state); iterating gives the
+    tags, as a collection of tags would."""
+
+    __slots__ = ("on_host",)
     on_host: bool
     """The node runs on the host (an op of a host update), on host tensors."""
 
     def __init__(self, *tags: Tag) -> None:
-        by: dict[type[Tag], Tag] = {}
-        host = False
+        if len(tags) == 1:      # the common case, made for every node of every fission expansion
+            (tag,) = tags
+            dict.__setitem__(self, type(tag), tag)
+            self.on_host = tag.on_host
+            return
         for tag in tags:
-            by[type(tag)] = tag
-            if tag.on_host:
-                host = True
-        if len(by) != len(tags):
+            dict.__setitem__(self, type(tag), tag)
+        if dict.__len__(self) != len(tags):
             raise ValueError(f"two node tags of one kind: {tags}")
-        self._by = by
-        self.on_host = host
+        self.on_host = any(tag.on_host for tag in tags)
 
-    def get(self, kind: type[T]) -> T | None:
-        """The tag of this class, or None."""
-        return self._by.get(kind)  # type: ignore[return-value]
+    if TYPE_CHECKING:   # at run time `get` is the dict's own, the cheapest lookup there is
+        def get(self, kind: type[T], default: None = None) -> T | None:  # type: ignore[override]
+            """The tag of this class, or None."""
 
     def with_tag(self, tag: Tag) -> NodeTags:
         """These tags with `tag` in place of the one of its kind (what a part copy of a node
         carries: its own tags and its fission tag)."""
         new = NodeTags.__new__(NodeTags)
-        by = dict(self._by)
-        by[type(tag)] = tag
-        new._by = by
-        new.on_host = any(t.on_host for t in by.values()) if self.on_host else tag.on_host
+        dict.update(new, self)
+        dict.__setitem__(new, type(tag), tag)
+        new.on_host = any(t.on_host for t in dict.values(new)) if self.on_host else tag.on_host
         return new
 
     def without(self, kind: type[Tag]) -> NodeTags:
         """These tags less the one of class `kind` (themselves when they have none)."""
-        if kind not in self._by:
+        if kind not in self:
             return self
-        return NodeTags(*(t for k, t in self._by.items() if k is not kind))
+        return NodeTags(*(t for k, t in dict.items(self) if k is not kind))
 
     def __iter__(self) -> Iterator[Tag]:
-        return iter(self._by.values())
-
-    def __len__(self) -> int:
-        return len(self._by)
+        return iter(dict.values(self))
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, NodeTags) and self._by == other._by
+        return isinstance(other, NodeTags) and dict.__eq__(self, other)
 
-    def __hash__(self) -> int:
-        return hash(frozenset(self._by.values()))
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(dict.values(self)))
 
     def __repr__(self) -> str:
-        return f"NodeTags({', '.join(map(repr, self._by.values()))})"
+        return f"NodeTags({', '.join(map(repr, dict.values(self)))})"
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("NodeTags are read-only: use with_tag or without")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _read_only  # type: ignore[assignment]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (NodeTags, tuple(self._by.values()))
+        return (NodeTags, tuple(dict.values(self)))
 
 
 NO_TAGS = NodeTags()
