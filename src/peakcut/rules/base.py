@@ -1,4 +1,5 @@
-"""What a rule is: one abstract base class per family (docs/rules.md: how to add one).
+"""What a rule is: one abstract base class per family, all three a Rule (docs/rules.md: how to
+add one).
 
 Three families, by what a rule edits:
 - RegionRule: the F-Tree, i.e. which regions run in parts (fission). The search expands the
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from peakcut.fission.ftree import FTree
 from peakcut.ir.graph import Graph
@@ -37,9 +38,13 @@ REWRITE_MOVES = "taso"   # the search's move kind of every RewriteRule (MoveSett
 Mutation = tuple[str, int]
 """A region rule's site: what it changes (an F-Tree rule such as "enable") and the F-Tree node."""
 
+SiteT = TypeVar("SiteT")
+"""A family's site type: Mutation, Site (program rules) or RewriteSite."""
 
-class RegionRule(ABC):
-    """A change of the F-Tree: which regions run in parts (see module doc)."""
+
+class Rule(ABC, Generic[SiteT]):
+    """What every rule is, whatever its family: a unique kind, the sites it finds for a query,
+    and a line for the report about one of them."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -47,19 +52,25 @@ class RegionRule(ABC):
     @property
     @abstractmethod
     def kind(self) -> str:
-        """Unique name: a move's kind and its MoveSettings switch."""
+        """Unique name across the registry: a move's kind and its MoveSettings switch (a
+        recipe's kind for program rules, RewriteSite.kind for rewrite rules)."""
 
     @abstractmethod
-    def sites(self, query: Query) -> Iterable[Mutation]:
-        """The changes that apply to query.tree."""
+    def sites(self, query: Query) -> Iterable[SiteT]:
+        """Where the rule may apply on what `query` holds (each family's doc says what it reads)."""
+
+    @abstractmethod
+    def describe(self, query: Query, site: SiteT) -> str:
+        """One line for the search's report: what applying at `site` does."""
+
+
+class RegionRule(Rule[Mutation]):
+    """A change of the F-Tree: which regions run in parts (see module doc). Its sites are the
+    changes that apply to query.tree."""
 
     @abstractmethod
     def apply(self, tree: FTree, site: Mutation) -> FTree:
         """`tree` after `site` (one of sites(...) of a query of this tree)."""
-
-    @abstractmethod
-    def describe(self, query: Query, site: Mutation) -> str:
-        """One line for the search's report: what `site` does to query.tree."""
 
 
 class Site(Protocol):
@@ -76,7 +87,7 @@ class Site(Protocol):
     def users(self) -> tuple[int, ...]: ...
 
 
-class ProgramRule(ABC):
+class ProgramRule(Rule[Site]):
     """A rule applied to the state's program at a site, kept as a recipe (see module doc)."""
 
     frees_by_host_copy: bool = False
@@ -87,14 +98,6 @@ class ProgramRule(ABC):
     """True when the rule's sites are independent of each other (each its own parameter's or
     input's tensors) and apply_many applies many in one edit: the search then also offers all
     of its sites at once as one move, and replays runs of its recipes in one edit."""
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-    @property
-    @abstractmethod
-    def kind(self) -> str:
-        """Unique name: a recipe's kind, a move's kind and its MoveSettings switch."""
 
     @abstractmethod
     def sites(self, query: Query) -> Iterable[HotspotSite]:
@@ -108,10 +111,6 @@ class ProgramRule(ABC):
     @abstractmethod
     def apply(self, g: Graph, order: Sequence[int], site: Site) -> Rewrite:
         """The rule applied at `site`; raises transform.RuleError where it does not apply."""
-
-    @abstractmethod
-    def describe(self, query: Query, site: Site) -> str:
-        """One line for the search's report: what applying at `site` of query.g does."""
 
     def apply_many(self, g: Graph, order: Sequence[int], sites: Sequence[Site]
                    ) -> tuple[Rewrite | None, list[str | None]]:
@@ -136,20 +135,12 @@ class ProgramRule(ABC):
         return ()
 
 
-class RewriteRule(ABC):
+class RewriteRule(Rule[RewriteSite]):
     """A rewrite of the base graph (see module doc)."""
 
     phases: frozenset[Phase] = frozenset({SEARCH})
     """The phases the rule runs in (peakcut.rules.phase): by default the search's moves,
     outside every enabled fission region."""
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-    @property
-    @abstractmethod
-    def kind(self) -> str:
-        """Unique name (RewriteSite.kind of its sites)."""
 
     @abstractmethod
     def sites(self, query: Query) -> Iterator[RewriteSite]:
@@ -166,10 +157,6 @@ class RewriteRule(ABC):
     def apply(self, g: Graph, order: Sequence[int], site: RewriteSite) -> Rewrite:
         """The rule applied at `site`; raises transform.RuleError (or ValueError) where it
         does not apply."""
-
-    @abstractmethod
-    def describe(self, query: Query, site: RewriteSite) -> str:
-        """One line for the search's report: what applying at `site` of query.g does."""
 
 
 def apply_in_one_edit(rule: ProgramRule, g: Graph, order: Sequence[int], sites: Sequence[Site],
