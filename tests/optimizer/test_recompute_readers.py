@@ -18,8 +18,8 @@ from peakcut.optimizer.children import _recipe
 from peakcut.optimizer.derive import Deriver, region_nodes
 from peakcut.optimizer.state import State
 from peakcut.rules import RULES
-from peakcut.rules.query import Query
 from peakcut.rules.hotspot import HotspotSite
+from peakcut.rules.query import Query
 from peakcut.workloads import get_workload
 from tests.helpers import in_float64
 
