@@ -8,7 +8,8 @@ resolved). What counts:
 - module-level and function-level imports alike: an import deferred into a function still
   ties the two modules together (each needs the other to work), it only hides the cycle from
   the interpreter's import order; a deferred import is no way out of a cycle here;
-- imports under `if TYPE_CHECKING:` do not count (they never run);
+- imports under `if TYPE_CHECKING:` count too: they never run, but a reader (and the type
+  checker) of one module needs the other, so the two are as tied as by any import;
 - an import names its module only, not the packages above it: `import peakcut.ir.graph` runs
   `peakcut/__init__.py` too, but a package `__init__` that re-exports its submodules is not a
   dependency of those submodules.
@@ -39,23 +40,11 @@ def module_files(src: Path = SRC, root: str = ROOT) -> dict[str, Path]:
     return out
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement in the tree, at any depth, except under `if TYPE_CHECKING:`."""
-    stack: list[ast.AST] = [tree]
-    while stack:
-        node = stack.pop()
+    """Every import statement in the tree, at any depth (under `if TYPE_CHECKING:` too)."""
+    for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-            continue
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            stack.extend(node.orelse)
-            continue
-        stack.extend(ast.iter_child_nodes(node))
 
 
 def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -198,9 +187,9 @@ def test_checker_finds_module_and_function_level_cycles(tmp_path: Path) -> None:
     (pkg / "d.py").write_text("import pkg.c\n")
     graph = import_graph(tmp_path, "pkg")
     assert graph["pkg.sub.b"] == {"pkg.a"}        # function-level, relative
-    assert graph["pkg.c"] == set()                # TYPE_CHECKING only
+    assert graph["pkg.c"] == {"pkg.d"}            # TYPE_CHECKING counts
     assert graph["pkg"] == {"pkg.a"}              # from package import submodule
-    assert import_cycles(graph) == ["pkg.a -> pkg.sub.b -> pkg.a"]
+    assert import_cycles(graph) == ["pkg.a -> pkg.sub.b -> pkg.a", "pkg.c -> pkg.d -> pkg.c"]
 
 
 # ------------------------------------------------------------------ the source tree

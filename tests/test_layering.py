@@ -3,8 +3,8 @@
 The table ("Layers: who may import whom") has a row per package (`name/`) and per module at
 the top of src/peakcut (`name.py`; `__init__.py` is the package `peakcut` itself), naming
 what its files may import outside it. Imports are read as tests/test_imports.py reads them
-(with `ast`, nothing imported): module-level and function-level imports count, imports under
-`if TYPE_CHECKING:` do not. The test fails on every import the table does not allow, naming
+(with `ast`, nothing imported): module-level, function-level and `if TYPE_CHECKING:`
+imports all count. The test fails on every import the table does not allow, naming
 the file, the line and the imported module; on a row for a package or module that does not
 exist, and on one that exists without a row; and on a table whose rows form a cycle. It also
 holds the table to the seams it exists for: only `optimizer/` imports `rules/` (besides
@@ -155,6 +155,7 @@ def test_checker_reads_the_table_and_names_each_import_it_does_not_allow(tmp_pat
                      "__init__.py": frozenset({"high/"}), "gone/": frozenset()}
     assert units(tmp_path, "pkg") == {"__init__.py", "low/", "high/", "util.py"}
     assert violations(table, tmp_path, "pkg") == [
+        "pkg/low/a.py:3 imports pkg.high.mod (low/ may not import high/)",   # TYPE_CHECKING counts
         "pkg/low/a.py:5 imports pkg.high.mod (low/ may not import high/)"]   # function-level counts
     assert row_problems(table, units(tmp_path, "pkg")) == [
         "the table has a row for gone/, which is not in src/peakcut",

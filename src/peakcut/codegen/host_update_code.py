@@ -37,7 +37,7 @@ from peakcut.codegen.hooks import CodeHook, LoopRefusal, Names, NodeCode
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node
 from peakcut.ir.ops import LOAD_OP
-from peakcut.ir.registry import allocates, out_variant
+from peakcut.ir.registry import out_variant
 from peakcut.ir.tags import HostTag
 
 
@@ -149,7 +149,7 @@ class HostUpdateCode(NodeCode):
         args = argument_sources(node, names, self.g.device)
         target = op_target(node.op)
         (out,) = node.output_ids() or (None,)
-        if out is not None and allocates(node):
+        if out is not None and node.allocates():
             variant = out_variant(node.op)
             if variant is None:     # refused when the update was moved to the host
                 raise ValueError(f"{node.op} has no out= overload to run on the host")

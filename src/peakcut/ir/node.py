@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from peakcut.ir.registry import argument_names, mutated_arguments, resolve_op
+from peakcut.ir.registry import OpKind, argument_names, lookup, mutated_arguments, resolve_op
 from peakcut.ir.tags import NO_TAGS, NodeTags
 
 
@@ -168,6 +168,13 @@ class Node(_WeakReferable):
 
     def overload(self) -> torch._ops.OpOverload:
         return resolve_op(self.op)
+
+    def allocates(self) -> bool:
+        """True when the node makes a new tensor: it has a result, writes no argument in place
+        and is no view (run on the host, such an op writes into a buffer through its out=
+        overload)."""
+        info = lookup(self.op)
+        return bool(self.output_tuple) and not self.mutated_ids() and (info is None or info.kind is not OpKind.VIEW)
 
 
 _INIT_FIELDS = tuple(f.name for f in fields(Node) if f.init)

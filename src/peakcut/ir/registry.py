@@ -21,13 +21,10 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import cache
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
-
-if TYPE_CHECKING:
-    from peakcut.ir.node import Node
 
 aten = torch.ops.aten
 
@@ -302,13 +299,6 @@ def _overload(op: str) -> torch._ops.OpOverload | None:
         return resolve_op(op)
     except ValueError:
         return None
-
-
-def allocates(node: Node) -> bool:
-    """True when the node makes a new tensor: it has a result, writes no argument in place and
-    is no view (run on the host, such an op writes into a buffer through its out= overload)."""
-    info = lookup(node.op)
-    return bool(node.output_tuple) and not node.mutated_ids() and (info is None or info.kind is not OpKind.VIEW)
 
 
 @cache

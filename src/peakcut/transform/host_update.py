@@ -56,7 +56,7 @@ from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, TensorRef
 from peakcut.ir.ops import GATE_OP, LOAD_OP, STORE_OP, UPLOAD_OP, WRITEBACK_OP, is_host_copy
-from peakcut.ir.registry import allocates, draws_random, lookup, out_variant
+from peakcut.ir.registry import draws_random, lookup, out_variant
 from peakcut.ir.tags import HostTag, NodeTags
 from peakcut.ir.tensor import Role, TensorMeta
 from peakcut.transform.rewrite import (
@@ -174,7 +174,7 @@ def _why_not_op(g: Graph, nid: int) -> str | None:
         return f"{what} has several results"
     if any(isinstance(v, torch.device) for v in (*node.args, *node.kwargs.values())):
         return f"{what} names a device: it would make its result there, not on the host"
-    if allocates(node) and out_variant(node.op) is None:
+    if node.allocates() and out_variant(node.op) is None:
         return f"{what} has no out= overload to write its result into a host buffer"
     return None
 
