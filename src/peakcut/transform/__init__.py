@@ -11,7 +11,7 @@ Files:
   its recompute keeps alive; activations.py: cheap saved activations recomputed;
 - swap.py: swapping to host memory and back, and its dual;
 - offload_state.py, offload_param.py: optimizer state and parameters kept in host memory
-  between steps; host_update.py: a parameter's update run on the host;
+  between steps; host_input.py: what both need of the input; host_update.py: a parameter's update run on the host;
 - batch_norm.py: training-mode batch norm as ops a batch split can cross;
 - checkpoint/: activation checkpointing of repeated blocks, and its inverse;
   checkpoint_segments.py: the forward ops outside the blocks, as units to checkpoint;

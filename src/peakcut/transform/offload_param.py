@@ -40,6 +40,7 @@ from peakcut.ir.ops import LOAD_OP, STORE_OP, WRITEBACK_OP
 from peakcut.ir.registry import OpKind, lookup
 from peakcut.ir.tags import HostTag
 from peakcut.ir.tensor import Role, TensorMeta
+from peakcut.transform.host_input import why_not_host_input
 from peakcut.transform.rewrite import (
     Rewrite,
     StorageMove,
@@ -50,7 +51,6 @@ from peakcut.transform.rewrite import (
     positions,
     spliced,
 )
-from peakcut.transform.swap import is_dense
 
 SEGMENTS: Mapping[Phase, str] = {Phase.FORWARD: "forward", Phase.LOSS: "forward",
                                  Phase.BACKWARD: "backward", Phase.OPTIMIZER: "update"}
@@ -136,17 +136,9 @@ def why_not_offload_param(g: Graph, order: Sequence[int], t: int) -> str | None:
     if f"acc:{name}" in g.input_names:
         return (f"{what}: the step adds to its p.grad in place (accumulate=k), which lives where "
                 "the parameter does")
-    if g.is_host_storage(meta.storage):
-        return f"{what} is kept in host memory already"
-    if not g.users(t):
-        return f"{what} is not read by the step"
-    if not is_dense(meta.shape, meta.stride) or meta.storage_offset or g.storages[meta.storage] != meta.nbytes:
-        return f"{what} is not a dense tensor filling its storage (the host copy holds just it)"
-    if meta.storage in g.output_storages():
-        return f"{what} shares its storage with a program output"
-    others = [i for i in g.inputs if i != t and g.tensors[i].storage == meta.storage]
-    if others:
-        return f"{what} shares its storage with another program input ({describe_tensor(g, others[0])})"
+    shared = why_not_host_input(g, t)
+    if shared is not None:
+        return shared
     uses = _Uses(g, t)
     if any(g.nodes[w].phase is not Phase.OPTIMIZER for w in uses.writers):
         return f"{what} is written in place outside the optimizer update"

@@ -32,6 +32,7 @@ from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, Phase, TensorRef
 from peakcut.ir.ops import LOAD_OP, WRITEBACK_OP
 from peakcut.ir.tensor import Role, TensorMeta
+from peakcut.transform.host_input import why_not_host_input
 from peakcut.transform.rewrite import (
     Rewrite,
     StorageMove,
@@ -42,7 +43,6 @@ from peakcut.transform.rewrite import (
     positions,
     spliced,
 )
-from peakcut.transform.swap import is_dense
 
 
 def offload_state_nodes(g: Graph) -> dict[int, Node]:
@@ -94,17 +94,9 @@ def why_not_offload_state(g: Graph, order: Sequence[int], t: int) -> str | None:
     what = describe_tensor(g, t)
     if meta.role is not Role.OPT_STATE or not g.input_names[g.inputs.index(t)].startswith("state:"):
         return f"{what} is not optimizer state ({meta.role.value})"   # e.g. a GradScaler's scale
-    if g.is_host_storage(meta.storage):
-        return f"{what} is kept in host memory already"
-    if not g.users(t):
-        return f"{what} is not read by the step"
-    if not is_dense(meta.shape, meta.stride) or meta.storage_offset or g.storages[meta.storage] != meta.nbytes:
-        return f"{what} is not a dense tensor filling its storage (the host copy holds just it)"
-    if meta.storage in g.output_storages():
-        return f"{what} shares its storage with a program output"
-    others = [i for i in g.inputs if i != t and g.tensors[i].storage == meta.storage]
-    if others:
-        return f"{what} shares its storage with another program input ({describe_tensor(g, others[0])})"
+    shared = why_not_host_input(g, t)
+    if shared is not None:
+        return shared
     phases = {g.nodes[n].phase for n in (*g.users(t), *g.storage_writers(meta.storage))}
     if phases - {Phase.OPTIMIZER}:
         return f"{what} is read or written outside the optimizer update"
