@@ -30,7 +30,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, TypeVar
 
 T = TypeVar("T", bound="Tag")
@@ -75,11 +74,6 @@ class Tag(ABC):
         """The tag of this kind in the `extra` dict of a node of a version-1 graph file (None:
         none there; kinds newer than version 1 have none)."""
         return None
-
-
-def tag_kinds() -> Mapping[str, type[Tag]]:
-    """Every kind defined so far, by name (read-only)."""
-    return MappingProxyType(_KINDS)
 
 
 class NodeTags(dict):  # type: ignore[type-arg]

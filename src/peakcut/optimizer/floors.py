@@ -62,10 +62,6 @@ class Floors:
     latency_at_memory_floor_seconds: float
     host_threads: int
 
-    @property
-    def host_update_is_cheaper(self) -> bool:
-        return self.host_update_seconds < self.device_update_copy_seconds
-
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "method": "simulated lower bounds (analytic profile "
                 f"{self.device!r}, host {self.host_threads} cores of the analytic cpu profile)"}

@@ -18,7 +18,7 @@ from typing import Any
 from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.infer import FakeStorages, InferenceError, Layout
-from peakcut.ir.node import Node, Phase, iter_refs
+from peakcut.ir.node import Node, Phase
 from peakcut.ir.registry import OpKind, lookup, mutated_arguments
 from peakcut.ir.tags import NodeTags
 from peakcut.ir.tensor import Role, TensorMeta
@@ -48,11 +48,6 @@ def is_pure(g: Graph, nid: int) -> bool:
     if info is None or info.random or info.kind in (OpKind.SWAP, OpKind.FACTORY):
         return False
     return not mutated_arguments(n.op)
-
-
-def first_ref(value: Any) -> int | None:
-    """The id of the first tensor inside an args structure (None when there is none)."""
-    return next((r.id for r in iter_refs(value)), None)
 
 
 def scalar(value: Any) -> bool:
