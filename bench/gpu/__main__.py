@@ -1,0 +1,3 @@
+from bench.gpu.cli import main
+
+main()
