@@ -1,6 +1,8 @@
-"""Tiny sizes, measured on this CPU: one full training step per tool, real tensors.
+"""Tiny and medium sizes, measured on this CPU: one full training step per tool, real tensors.
 
-Step = forward + loss + backward + AdamW(foreach=False) update + zero_grad(set_to_none).
+Step = forward + loss + backward + AdamW(foreach=False) update + zero_grad(set_to_none);
+gradient accumulation runs the batch as k micro-batches before its one update
+(bench.peers.accumulate.accumulation_step).
 Every tool gets its own deep copy of the workload's model and the same batch; optimizer
 state is created by the warm-up steps (which also compile), so the measured window
 starts and ends with the same caller-held bytes. Peak = peakcut's "cpu-profiler" method:
@@ -18,13 +20,15 @@ from typing import Any
 
 import torch
 
+from bench.peers.accumulate import BATCHNORM_NOTE, accumulation_step, has_batchnorm
 from bench.peers.peakcut_hook import peakcut_step
 from bench.peers.results import Cell, fail_reason
-from bench.peers.tools import Tool, apply_checkpointing, fresh_dynamo
+from bench.peers.tools import Tool, apply_checkpointing, apply_selective_checkpointing, fresh_dynamo
 from peakcut.runtime import profiler_peak
 from peakcut.workloads import WorkloadInstance
 
-WARMUP = 3
+WARMUP = {"tiny": 3, "medium": 1}    # steps before timing (compilation, optimizer state)
+SIMULATED_ONLY = "simulated only (peakcut.optimizer.baselines prices it; no runnable implementation here)"
 
 
 def caller_held_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Any,
@@ -54,8 +58,18 @@ def build_step(tool: Tool, inst: WorkloadInstance) -> tuple[Callable[[], Any], t
     if tool.family == "peakcut":
         step, held, note = peakcut_step(tool.limit, inst, model)
         return step, model, opt, note, held
+    if tool.family == "offload":
+        raise NotImplementedError(SIMULATED_ONLY)
+    if tool.family == "accumulate":
+        def accumulated() -> None:
+            accumulation_step(model, batch, inst.loss_fn, opt, tool.k)
+
+        note = f"micro-batch {inst.batch_size // tool.k}" + (f"; {BATCHNORM_NOTE}" if has_batchnorm(model) else "")
+        return accumulated, model, opt, note, list
     if tool.family == "checkpoint":
         note = apply_checkpointing(inst.name, model)
+    if tool.family == "sac":
+        note = apply_selective_checkpointing(inst.name, model)
     if tool.family == "compile":
         loss_of = torch.compile(lambda b: inst.loss_fn(model, b), backend=tool.backend)
     else:
@@ -103,7 +117,7 @@ def measure_tool(tool: Tool, inst: WorkloadInstance, repeats: int = 7, peak_repe
     CPU: wall time per step; peak = caller-held bytes + the allocator-event peak of a step.
     CUDA: CUDA-event time per step; peak = torch.cuda.max_memory_allocated over a step.
     """
-    cell = Cell(inst.name, tool.name, tool.curve, "tiny")
+    cell = Cell(inst.name, tool.name, tool.curve, inst.size)
     cuda = device.startswith("cuda")
     try:
         if cuda:
@@ -111,7 +125,7 @@ def measure_tool(tool: Tool, inst: WorkloadInstance, repeats: int = 7, peak_repe
         with fresh_dynamo(), tool.config():
             t0 = time.perf_counter()
             step, model, opt, cell.note, held = build_step(tool, inst)
-            for _ in range(WARMUP):
+            for _ in range(WARMUP.get(inst.size, 3)):
                 step()
             if cuda:
                 torch.cuda.synchronize()

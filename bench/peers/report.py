@@ -12,7 +12,8 @@ import torch
 from bench.peers.results import Cell
 
 MIB = 2**20
-PROFILES = ("rtx3090", "h200")
+PROFILES = ("rtx3090", "h100", "h200")
+MEASURED = ("tiny", "medium")     # sizes measured on this machine; "paper" is simulated
 
 
 def environment() -> str:
@@ -44,10 +45,10 @@ def _short(reason: str, limit: int = 60) -> str:
 def _eager_cell(c: Cell, size: str) -> str:
     if not c.ok:
         return f"failed: {_short(c.error)}"
-    if size == "tiny":
+    if size in MEASURED:
         t = [x * 1e3 for x in c.times]
         return f"{c.peak_bytes / MIB:.2f} MiB, {statistics.median(t):.1f} ms"
-    lat = "/".join(f"{c.latency[p] * 1e3:.0f}" for p in PROFILES)
+    lat = "/".join(f"{c.latency[p] * 1e3:.0f}" if p in c.latency else "-" for p in PROFILES)
     return f"{c.peak_bytes / 2**30:.2f} GiB, {lat} ms"
 
 
@@ -57,10 +58,11 @@ def _ratio_cell(c: Cell, eager: Cell | None, size: str) -> str:
     if eager is None or not eager.ok:
         return "no eager baseline"
     peak = f"{c.peak_bytes / eager.peak_bytes:.2f}×"
-    if size == "tiny":
+    if size in MEASURED:
         over = [f"{c.seconds() / eager.seconds() - 1:+.0%}"]
     else:
-        over = [f"{c.seconds(p) / eager.seconds(p) - 1:+.0%}" for p in PROFILES]
+        over = [f"{c.seconds(p) / eager.seconds(p) - 1:+.0%}" if p in c.latency and p in eager.latency else "-"
+                for p in PROFILES]
     return f"{peak} / {'/'.join(over)}"
 
 
@@ -85,7 +87,7 @@ def summary_table(cells: list[Cell], size: str, workloads: list[str], tools: lis
 
 def detail_table(cells: list[Cell], size: str) -> str:
     """Every cell with absolute numbers, noise and the full failure reason."""
-    if size == "tiny":
+    if size in MEASURED:
         rows = ["| workload | tool | peak bytes | peak repeats equal | step ms min / median / max | "
                 "caller-held bytes | warm-up+compile s | note / failure |",
                 "|---|---|---|---|---|---|---|---|"]
@@ -99,15 +101,15 @@ def detail_table(cells: list[Cell], size: str) -> str:
             else:
                 rows.append(f"| {c.workload} | {c.tool} | | | | | | failed: {c.error} |")
         return "\n".join(rows)
-    rows = ["| workload | tool | nodes | peak GiB | caller-held GiB | rtx3090 ms | h200 ms | capture s | "
-            "note / failure |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| workload | tool | nodes | peak GiB | caller-held GiB | " + " | ".join(f"{p} ms" for p in PROFILES)
+            + " | capture s | note / failure |", "|---" * (7 + len(PROFILES)) + "|"]
     for c in cells:
         if c.ok:
+            lat = " | ".join(f"{c.latency[p] * 1e3:.1f}" if p in c.latency else "-" for p in PROFILES)
             rows.append(f"| {c.workload} | {c.tool} | {c.nodes} | {c.peak_bytes / 2**30:.3f} | "
-                        f"{c.baseline_bytes / 2**30:.3f} | {c.latency['rtx3090'] * 1e3:.1f} | "
-                        f"{c.latency['h200'] * 1e3:.1f} | {c.setup_seconds:.1f} | {c.note} |")
+                        f"{c.baseline_bytes / 2**30:.3f} | {lat} | {c.setup_seconds:.1f} | {c.note} |")
         else:
-            rows.append(f"| {c.workload} | {c.tool} | | | | | | | failed: {c.error} |")
+            rows.append(f"| {c.workload} | {c.tool} | | | | " + "| " * len(PROFILES) + f"| failed: {c.error} |")
     return "\n".join(rows)
 
 
@@ -118,12 +120,18 @@ HEADINGS = {
              "over one full step (forward, loss, backward, AdamW foreach=False, zero_grad) plus the "
              "caller-held parameters, buffers, optimizer state and batch. Times: median of the timed "
              "runs after warm-up (compile excluded); min/median/max in the detail table."),
+    "medium": ("Medium sizes, measured on this CPU",
+               "Cells: peak ratio vs eager / step-time overhead vs eager (median, wall clock). Eager row: "
+               "absolute peak and median step time. Peak as for the tiny sizes: allocator events under "
+               "torch.profiler over one full step plus the caller-held bytes; glibc's malloc keeps freed "
+               "memory (as under bench.measured). Gradient accumulation: the same batch as k micro-batches, "
+               "one update; BatchNorm models then normalise per micro-batch (not exact)."),
     "paper": ("Paper sizes, simulated",
-              "Cells: peak ratio vs eager / latency overhead vs eager on rtx3090/h200. Eager row: "
+              "Cells: peak ratio vs eager / latency overhead vs eager on rtx3090/h100/h200. Eager row: "
               "absolute peak and latency. Peak: peakcut's memory simulator (peakcut.memory.simulate, capture "
               "order, CPU workspace model) on each peer's step captured over FakeTensors, AdamW update "
-              "included; latency: simulate_timeline with the analytic rtx3090 and h200 profiles. "
-              "Simulated, not measured."),
+              "included (ZeRO-Offload: the largest of its per-profile peaks); latency: simulate_timeline with "
+              "the analytic rtx3090, h100 and h200 profiles. Simulated, not measured."),
 }
 
 

@@ -16,7 +16,8 @@ class Cell:
     (parameters, buffers, optimizer state and batch held by the caller); times = step
     seconds after warm-up; peaks = the peak of each profiled repeat (determinism check).
     Paper (simulated): peak_bytes from peakcut.memory.simulate (whole step, caller-held included);
-    latency = simulated step seconds per device profile.
+    latency = simulated step seconds per device profile; profile_peak = the peak per profile
+    where the plan itself depends on the profile (ZeRO-Offload's placement), else empty.
     """
 
     workload: str
@@ -28,6 +29,7 @@ class Cell:
     peaks: list[int] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     latency: dict[str, float] = field(default_factory=dict)
+    profile_peak: dict[str, int] = field(default_factory=dict)
     setup_seconds: float = 0.0      # compile / capture time (excluded from step time)
     nodes: int = 0
     note: str = ""
@@ -36,6 +38,12 @@ class Cell:
     @property
     def ok(self) -> bool:
         return not self.error and self.peak_bytes is not None
+
+    def peak(self, profile: str = "") -> int:
+        """Peak bytes (on `profile` where the plan depends on it)."""
+        if self.peak_bytes is None:
+            raise ValueError(f"{self.workload} {self.tool}: no peak ({self.error})")
+        return self.profile_peak.get(profile, self.peak_bytes)
 
     def seconds(self, profile: str = "") -> float:
         """Median measured step time (tiny) or simulated latency on `profile` (paper)."""

@@ -1,10 +1,15 @@
 """Paper sizes, simulated: each peer's training step as a peakcut Graph, run through the
 same memory simulator (peakcut.memory.simulate, CPU workspace model) and device cost models
-(simulate_timeline with the analytic rtx3090 / h200 profiles) as peakcut's own plans.
+(simulate_timeline with the analytic rtx3090 / h100 / h200 profiles) as peakcut's own plans.
 
 - eager: peakcut.capture of the step (make_fx over FakeTensors, AdamW update included).
 - checkpoint: the same capture of the model with checkpoint wrappers; make_fx records
   the recomputation where autograd runs it (inside the backward).
+- sac: the same with torchtitan's selective policy (bench.peers.sac), traced as it runs eagerly.
+- accumulate: the k-micro-batch step (bench.peers.accumulate.accumulation_graph), the same
+  parameters updated as eager's capture.
+- offload: the ZeRO-Offload-style plan (peakcut.optimizer.baselines): the host_update rule on
+  every parameter of the eager capture, its host nodes placed for each profile.
 - compile (aot_eager partition): AOTAutograd traces the joint forward+backward graph of
   the loss over FakeTensors once per workload; inside its partition_fn the min-cut
   partitioner (torch._functorch.partitioners.min_cut_rematerialization_partition, what
@@ -30,32 +35,46 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 import peakcut
+from bench.peers.accumulate import BATCHNORM_NOTE, accumulation_graph, has_batchnorm, spec_of
 from bench.peers.peakcut_hook import peakcut_graph
 from bench.peers.results import Cell, fail_reason
-from bench.peers.tools import Tool, apply_checkpointing
+from bench.peers.sac import traced_as_eager
+from bench.peers.tools import Tool, apply_checkpointing, apply_selective_checkpointing
 from peakcut import Graph
 from peakcut.capture import BoundModel, GroupSpec, OptimizerSpec, capture_with_gradients
 from peakcut.cost import get_cost_model
 from peakcut.memory import simulate
+from peakcut.optimizer.baselines import offload_plan
 from peakcut.simulate import simulate_timeline
 from peakcut.workloads import WorkloadInstance
 
-PROFILES: tuple[str, ...] = ("rtx3090", "h200")
+PROFILES: tuple[str, ...] = ("rtx3090", "h100", "h200")
 OPTIMIZER_HYPER = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 1e-2}  # AdamW defaults
 INDUCTOR_REASON = "Inductor's fused kernels have no peakcut IR"
 
 
-def evaluate(cell: Cell, g: Graph, order: list[int] | None = None) -> Cell:
+def evaluate(cell: Cell, g: Graph, order: list[int] | None = None,
+             profiles: tuple[str, ...] = PROFILES) -> Cell:
     """Fill peak (peakcut.memory.simulate) and per-profile latency (simulate_timeline) of a graph."""
     order = list(g.order if order is None else order)
-    profile = simulate(g, order)
-    cell.peak_bytes = int(profile.peak_bytes)
-    cell.baseline_bytes = int(profile.baseline_bytes)
+    memory = simulate(g, order)
+    cell.peak_bytes = int(memory.peak_bytes)
+    cell.baseline_bytes = int(memory.baseline_bytes)
     cell.nodes = len(g.nodes)
-    for profile in PROFILES:
+    for profile in profiles:
         cell.latency[profile] = float(simulate_timeline(g, order, get_cost_model(profile)).latency_seconds)
     return cell
 
+
+def evaluate_offload(cell: Cell, g: Graph, profiles: tuple[str, ...] = PROFILES) -> Cell:
+    """The ZeRO-Offload-style plan of eager step `g`, placed and evaluated per profile."""
+    for profile in profiles:
+        program, order, refused = offload_plan(g, get_cost_model(profile))
+        evaluate(cell, program, order, (profile,))
+        cell.profile_peak[profile] = int(cell.peak_bytes or 0)
+        cell.note = f"{len(refused)} updates kept on the device" if refused else "every update on the host"
+    cell.peak_bytes = max(cell.profile_peak.values())
+    return cell
 
 def _fake(fake_mode: Any, t: torch.Tensor, requires_grad: bool = False) -> torch.Tensor:
     """A FakeTensor on cpu with t's layout (t may live on the meta device)."""
@@ -96,6 +115,21 @@ def capture_checkpointed(inst: WorkloadInstance) -> tuple[Graph, str]:
     model = copy.deepcopy(inst.model)
     note = apply_checkpointing(inst.name, model)
     return peakcut.capture(model, inst.batch, inst.loss_fn, "adamw"), note
+
+
+def capture_selective(inst: WorkloadInstance) -> tuple[Graph, str]:
+    """peakcut.capture of the step with torchtitan's selective checkpointing on a copy of the model."""
+    model = copy.deepcopy(inst.model)
+    note = apply_selective_checkpointing(inst.name, model)
+    with traced_as_eager():
+        return peakcut.capture(model, inst.batch, inst.loss_fn, "adamw"), note
+
+
+def capture_accumulation(inst: WorkloadInstance, k: int, eager: Graph) -> tuple[Graph, str]:
+    """The k-micro-batch step, updating the parameters `eager` (the eager capture) updates."""
+    g = accumulation_graph(inst.model, inst.batch, inst.loss_fn, k, spec_of(eager))
+    note = f"micro-batch {inst.batch_size // k}"
+    return g, note + (f"; {BATCHNORM_NOTE}" if has_batchnorm(inst.model) else "")
 
 
 class JointCapture:
@@ -180,19 +214,22 @@ def _joint_graph(jc: JointCapture, fw: torch.fx.GraphModule, bw: torch.fx.GraphM
     return capture_with_gradients(jc.inst.model, batch, gradients, spec)
 
 
-def _timed(cell: Cell, make: Callable[[], tuple[Graph, list[int] | None]]) -> Cell:
+def _timed(cell: Cell, make: Callable[[], tuple[Graph, list[int] | None]],
+           profiles: tuple[str, ...] = PROFILES) -> Cell:
     try:
         t0 = time.perf_counter()
         g, order = make()
         cell.setup_seconds += time.perf_counter() - t0
-        evaluate(cell, g, order)
+        evaluate(cell, g, order, profiles)
     except Exception as e:  # noqa: BLE001 - a failing peer is a table cell, not a crash
         cell.error = fail_reason(e)
     return cell
 
 
-def simulate_workload(inst: WorkloadInstance, tools: list[Tool]) -> list[Cell]:
-    """One cell per tool for a paper-size workload."""
+def simulate_workload(inst: WorkloadInstance, tools: list[Tool], profiles: tuple[str, ...] = PROFILES,
+                      eager_capture: Graph | None = None) -> list[Cell]:
+    """One cell per tool for a paper-size workload, latency on `profiles`; `eager_capture`:
+    the step's peakcut.capture when the caller already has it."""
     cells: list[Cell] = []
     compile_tools = [t for t in tools if t.family == "compile" and t.backend == "aot_eager"]
     joint: JointCapture | BaseException | None = None
@@ -201,17 +238,34 @@ def simulate_workload(inst: WorkloadInstance, tools: list[Tool]) -> list[Cell]:
             joint = JointCapture(inst, compile_tools)
         except Exception as e:  # noqa: BLE001
             joint = e
+    eager: list[Graph] = [] if eager_capture is None else [eager_capture]    # captured once
+
+    def eager_graph() -> Graph:
+        if not eager:
+            eager.append(peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw"))
+        return eager[0]
+
     for tool in tools:
         cell = Cell(inst.name, tool.name, tool.curve, "paper")
         if tool.family == "eager":
-            _timed(cell, lambda: (peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw"), None))
-        elif tool.family == "checkpoint":
-            def make(cell: Cell = cell) -> tuple[Graph, None]:
-                g, cell.note = capture_checkpointed(inst)
+            _timed(cell, lambda: (eager_graph(), None), profiles)
+        elif tool.family in ("checkpoint", "sac", "accumulate"):
+            def make(cell: Cell = cell, tool: Tool = tool) -> tuple[Graph, None]:
+                if tool.family == "accumulate":
+                    g, cell.note = capture_accumulation(inst, tool.k, eager_graph())
+                else:
+                    g, cell.note = (capture_checkpointed if tool.family == "checkpoint" else capture_selective)(inst)
                 return g, None
-            _timed(cell, make)
+            _timed(cell, make, profiles)
+        elif tool.family == "offload":
+            try:
+                t0 = time.perf_counter()
+                evaluate_offload(cell, eager_graph(), profiles)
+                cell.setup_seconds = time.perf_counter() - t0
+            except Exception as e:  # noqa: BLE001 - a failing peer is a table cell, not a crash
+                cell.error = fail_reason(e)
         elif tool.family == "peakcut":
-            _timed(cell, lambda t=tool: peakcut_graph(t.limit, inst))
+            _timed(cell, lambda t=tool: peakcut_graph(t.limit, inst), profiles)
         elif tool.backend == "inductor":
             cell.error = f"not simulated: {INDUCTOR_REASON}"
         elif isinstance(joint, BaseException):
@@ -219,6 +273,6 @@ def simulate_workload(inst: WorkloadInstance, tools: list[Tool]) -> list[Cell]:
         else:
             assert joint is not None
             cell.setup_seconds = joint.seconds
-            _timed(cell, lambda t=tool: (joint.graph(t), None))
+            _timed(cell, lambda t=tool: (joint.graph(t), None), profiles)
         cells.append(cell)
     return cells

@@ -1,7 +1,9 @@
 """The peer configurations ("tools") and how each one wraps a workload's model.
 
 A Tool is one row of the tables: eager PyTorch, per-block activation checkpointing,
-torch.compile with an activation-memory budget (backend x budget x solver), or peakcut.
+torchtitan's selective activation checkpointing, gradient accumulation over k
+micro-batches, torch.compile with an activation-memory budget (backend x budget x solver),
+the ZeRO-Offload-style peer (simulated only), or peakcut.
 """
 
 from __future__ import annotations
@@ -16,10 +18,15 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from bench.peers.accumulate import KS
+from bench.peers.sac import SOURCE, save_ops, selectively_checkpointed
+
 BUDGETS: tuple[float, ...] = (1.0, 0.8, 0.6, 0.4, 0.2, 0.0)
 SOLVERS: tuple[str, ...] = ("dp", "greedy", "ilp")
 BACKENDS: tuple[str, ...] = ("aot_eager", "inductor")
-FAMILIES: tuple[str, ...] = ("eager", "checkpoint", "compile", "peakcut")
+FAMILIES: tuple[str, ...] = ("eager", "checkpoint", "sac", "accumulate", "compile", "offload", "peakcut")
+NAMES = {"eager": "eager", "checkpoint": "checkpoint per block", "sac": "selective checkpoint (torchtitan)",
+         "offload": "ZeRO-Offload"}
 PEAKCUT_LIMITS: tuple[str, ...] = ("memory 0.5", "latency 1.1")   # peakcut's two modes
 
 
@@ -27,11 +34,12 @@ PEAKCUT_LIMITS: tuple[str, ...] = ("memory 0.5", "latency 1.1")   # peakcut's tw
 class Tool:
     """One configuration compared in the tables."""
 
-    family: str                 # "eager" | "checkpoint" | "compile" | "peakcut"
+    family: str                 # one of FAMILIES
     backend: str = ""           # compile: "aot_eager" | "inductor"
     budget: float = 1.0         # compile: torch._functorch.config.activation_memory_budget
     solver: str = "dp"          # compile: activation_memory_budget_solver
     limit: str = ""             # peakcut: "memory 0.5" | "latency 1.1"
+    k: int = 0                  # accumulate: micro-batches per step
 
     @property
     def name(self) -> str:
@@ -41,13 +49,17 @@ class Tool:
             mode, value = self.limit.split()
             return (f"peakcut memory <= {float(value):.0%}" if mode == "memory"
                     else f"peakcut latency <= {float(value):.2f}x")
-        return {"eager": "eager", "checkpoint": "checkpoint per block"}[self.family]
+        if self.family == "accumulate":
+            return f"grad accumulation k={self.k}"
+        return NAMES[self.family]
 
     @property
     def curve(self) -> str:
         """Pareto-plot curve this tool belongs to."""
         if self.family == "compile":
             return f"compile {self.backend} {self.solver}"
+        if self.family == "accumulate":
+            return "grad accumulation"
         return "peakcut" if self.family == "peakcut" else self.name
 
     def config(self) -> contextlib.AbstractContextManager[Any]:
@@ -83,6 +95,8 @@ def all_tools(families: tuple[str, ...] = FAMILIES, backends: tuple[str, ...] = 
             tools += compile_tools(backends, budgets, solvers)
         elif family == "peakcut":
             tools += [Tool("peakcut", limit=limit) for limit in PEAKCUT_LIMITS]
+        elif family == "accumulate":
+            tools += [Tool("accumulate", k=k) for k in KS]
         else:
             tools.append(Tool(family))
     return tools
@@ -100,6 +114,20 @@ def checkpoint_blocks(workload: str, model: nn.Module) -> list[nn.Module]:
     if workload == "btlm-3b":
         return list(model.transformer.h)  # decoder layers
     raise ValueError(f"no checkpoint blocks defined for {workload!r}")
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The transformer layers of a transformers model (its GradientCheckpointingLayer modules)."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return []
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def sac_blocks(workload: str, model: nn.Module) -> list[nn.Module]:
+    """The blocks selective checkpointing wraps: transformer layers, else checkpoint_blocks."""
+    return transformer_blocks(model) or checkpoint_blocks(workload, model)
 
 
 def _checkpointed(forward: Any) -> Any:
@@ -124,6 +152,16 @@ def apply_checkpointing(workload: str, model: nn.Module) -> str:
     for block in blocks:
         block.forward = _checkpointed(block.forward)
     return f"torch.utils.checkpoint around {len(blocks)} blocks"
+
+
+def apply_selective_checkpointing(workload: str, model: nn.Module) -> str:
+    """torchtitan's default selective checkpointing (bench.peers.sac) on every block of `model`,
+    in place (parameter names unchanged); returns how (for the report)."""
+    blocks = sac_blocks(workload, model)
+    saved = save_ops()
+    for block in blocks:
+        block.forward = selectively_checkpointed(block.forward, saved)
+    return f"{SOURCE} around {len(blocks)} blocks"
 
 
 @contextlib.contextmanager

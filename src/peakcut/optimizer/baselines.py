@@ -42,9 +42,9 @@ class Baseline:
         return asdict(self)
 
 
-def zero_offload(g: Graph, cost: CostModel, workspace: WorkspaceSpec = "auto",
-                 rules: Registry = RULES) -> Baseline:
-    """The ZeRO-Offload-style plan of step `g` (module docstring), simulated under `cost`."""
+def offload_plan(g: Graph, cost: CostModel, rules: Registry = RULES) -> tuple[Graph, list[int], dict[str, str]]:
+    """The ZeRO-Offload-style program of step `g`, its order (host nodes placed under `cost`)
+    and the parameters whose update stays on the device (name -> why)."""
     rule = rules.program_rule("host_update")
     params = [t for t in g.inputs if g.tensors[t].role is Role.PARAM]
     sites = [HotspotSite(t, -1, (), g.tensors[t].nbytes, 0) for t in params]
@@ -52,8 +52,15 @@ def zero_offload(g: Graph, cost: CostModel, workspace: WorkspaceSpec = "auto",
     names = dict(zip(g.inputs, g.input_names, strict=True))
     refused = {names[t]: why for t, why in zip(params, reasons, strict=True) if why is not None}
     program, order = (rw.graph, rw.order) if rw is not None else (g, list(g.order))
-    order = place(program, order, cost, placements=rules.placements(program))
+    return program, place(program, order, cost, placements=rules.placements(program)), refused
+
+
+def zero_offload(g: Graph, cost: CostModel, workspace: WorkspaceSpec = "auto",
+                 rules: Registry = RULES) -> Baseline:
+    """The ZeRO-Offload-style plan of step `g` (module docstring), simulated under `cost`."""
+    program, order, refused = offload_plan(g, cost, rules)
     timeline = simulate_timeline(program, order, cost, workspace)
+    params = [t for t in g.inputs if g.tensors[t].role is Role.PARAM]
     return Baseline(
         name=ZERO_OFFLOAD,
         description="optimizer state and update on the host, everything else eager",
