@@ -1,6 +1,7 @@
 """Every workload at medium size, every peer and peakcut, run for real on this machine.
 
     python -m bench.measured [--workloads resnet50,bert-base] [--rounds 7] [--budget-factor 70] [--no-write]
+    python -m bench.measured --cold-warm [--workloads ...]   # a measured search from an empty cost cache
 
 Per workload: the user's eager AdamW loop; per-block activation checkpointing; torch.compile
 (aot_eager) with activation_memory_budget 0.6, 0.4 and 0.2; peakcut.optimize at
@@ -19,4 +20,9 @@ results.json as it ends; a workload killed for memory leaves the others' cells).
 bench/measured/results.json, the table between the markers in BENCHMARKS.md (--no-write:
 stdout only) and a Pareto plot per workload in docs/measured/ (committed;
 `--report-only` makes the table and the plots again from results.json).
+
+--cold-warm (cold_warm.py): per workload, peakcut.optimize(device="measured",
+latency_limit=1.10, time_budget=90) from an empty cost cache, then from the cache it filled:
+seconds and states per phase, each plan's measured peak and their ratio
+(bench/measured/cold_cache_run.md, cold_warm.json).
 """

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from bench.measured import report
+from bench.measured import cold_warm, report
 from bench.measured.configs import (
     COMPILE_BUDGETS,
     PEAKCUT_LIMITS,
@@ -129,10 +129,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-write", action="store_true", help="print only; leave results.json and BENCHMARKS.md")
     p.add_argument("--report-only", action="store_true",
                    help="measure nothing: the table (BENCHMARKS.md) and the plots again from results.json")
+    p.add_argument("--cold-warm", action="store_true",
+                   help="peakcut.optimize from an empty cost cache, then a warm one (latency 1.10, 90 s): "
+                        "bench/measured/cold_cache_run.md (bench.measured.cold_warm)")
     p.add_argument("--budget-factor", type=float, default=BUDGET_PER_EAGER_SECOND,
                    help=f"peakcut's time budget in eager steps (clamped to {BUDGET_RANGE[0]:g}-{BUDGET_RANGE[1]:g} s)")
     args = p.parse_args(argv)
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if args.cold_warm:
+        print(cold_warm.main(names, write=not args.no_write))
+        return
     if args.report_only:
         report_from_results()
         return

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ def _workload(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:
 def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
     import peakcut
     from peakcut.optimizer import optimize_graph
+    from peakcut.optimizer.phases import merged, phases_line
     from peakcut.optimizer.plan import Plan, plan_contents
     from peakcut.report.plot import plot_before_after, plot_front
     from peakcut.simulate import simulate_timeline
@@ -57,7 +59,9 @@ def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
     target = Path(args.out or f"out/optimize/{args.workload.replace(':', '_').replace('/', '_')}")
     with err.status("capturing", spinner="dots") as spinner:
         model, batch, loss_fn, description = _workload(args)
+        t0 = time.perf_counter()
         g = peakcut.capture(model, batch, loss_fn, args.optimizer)
+        captured_s = time.perf_counter() - t0
 
         def progress(p: Any) -> None:
             spinner.update(f"searching: {p.states} states, best peak {format_bytes(p.best_peak_bytes)}, "
@@ -70,6 +74,8 @@ def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
                                pareto=args.pareto, progress=progress, jobs=args.jobs)
         spinner.update(f"writing {target}")
         report = {"workload": args.workload, "description": description, **found.report}
+        report["phases"] = merged(report.get("phases"), {"capture": captured_s}, {}, args.time_budget,
+                                  time.perf_counter() - t0)
         best = found.best
         plan = Plan(model, best.program, best.order, {**report, "title": f"peakcut plan: {description}"})
         plan.save(target)
@@ -104,6 +110,7 @@ def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
     s = report["search"]
     out.print(f"search: {s['states']} states in {s['seconds']:.1f} s ({s['states_per_minute']:.0f}/min), "
               f"stopped: {s['stopped']}; limit {'met' if report['feasible'] else 'NOT met'}")
+    out.print(f"time: {phases_line(report['phases'])}")
     standing = report.get("peak_standing")
     if standing:
         out.print(standing["text"])

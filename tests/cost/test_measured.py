@@ -112,6 +112,8 @@ CORRUPTIONS = {
     "negative": (lambda p: _rewrite(p, lambda d: d.update(line_overhead_seconds=-1.0)),
                  "line_overhead_seconds"),
     "top level": (lambda p: p.write_text("[1, 2]"), "top level is list"),
+    "work": (lambda p: _rewrite(p, lambda d: next(iter(d["entries"].values())).update(work=[1, 2])),
+             "work is not"),
 }
 
 

@@ -74,3 +74,27 @@ def test_thread_probe_answers():
 def test_bad_settings_are_rejected(bad):
     with pytest.raises(ValueError):
         TimingSettings(**bad)
+
+
+def test_a_long_batch_runs_fewer_rounds_and_a_short_one_all() -> None:
+    """Rounds as many as batch_seconds holds at the warm-up's pace, at least min_rounds (one
+    warm-up when a round alone is longer); a batch of fast calls keeps every round."""
+    made = {"slow": 0, "fast": 0}
+
+    def counted(name: str, seconds: float):
+        work = _sleeper(seconds)
+
+        def call() -> None:
+            made[name] += 1
+            work()
+        return call
+
+    settings = TimingSettings(warmup=2, rounds=11, min_rounds=3, batch_seconds=0.01, retries=0)
+    time_interleaved([counted("slow", 0.03)], CPU, settings)
+    assert made["slow"] == 1 + 3
+    time_interleaved([counted("fast", 0.0)], CPU, TimingSettings(rounds=11, retries=0))
+    assert made["fast"] == 2 + 11
+    with pytest.raises(ValueError):
+        TimingSettings(min_rounds=0)
+    with pytest.raises(ValueError):
+        TimingSettings(batch_seconds=0.0)

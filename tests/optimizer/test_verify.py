@@ -28,6 +28,7 @@ from peakcut.optimizer.objective import Objective
 from peakcut.optimizer.verify import (
     MAX_ROUNDS,
     MIN_ROUNDS,
+    SHORT_ROUNDS,
     EagerStep,
     Measured,
     noise_band,
@@ -78,7 +79,8 @@ def test_noise_band_and_rounds() -> None:
     assert noise_band([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 9.0]) == 0.0      # one slowed run is not noise
     assert noise_band([0.9, 1.0, 1.1, 0.9, 1.0, 1.1, 1.0]) == pytest.approx(0.2)
     assert noise_band([0.5, 1.0, 1.5, 0.5, 1.0, 1.5, 1.0]) == 0.25      # noisier proves nothing more
-    assert rounds_for(1.0, 4, 1.0) == MIN_ROUNDS
+    assert rounds_for(1.0, 4, 1.0) == SHORT_ROUNDS
+    assert rounds_for(1.0, 3, 3 + 2 * 2 + 3 * MIN_ROUNDS) == MIN_ROUNDS
     assert rounds_for(0.01, 4, 100.0) == MAX_ROUNDS
 
 

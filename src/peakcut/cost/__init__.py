@@ -7,7 +7,8 @@
 - protocol.py: the CostModel interface; model.py: getting a model by name;
 - analytic.py: the roofline model; profiles.py: the device profiles it reads;
 - measured.py: every distinct call timed on the local device; cache.py: its on-disk cache,
-  fingerprint.py: what a cache file depends on;
+  fingerprint.py: what a cache file depends on; fitted.py: prices of calls not measured yet,
+  fitted to the measured calls of their family;
 - calls.py: a node's call as a cost model sees it (key, meta tensors, work); inputs.py: real
   argument tensors for timing a call; timer.py: timing calls as a generated program makes them;
 - overhead.py: a generated program's per-line overhead; mix.py: the mix of cheap calls that

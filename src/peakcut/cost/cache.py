@@ -10,13 +10,16 @@ Location: ``$PEAKCUT_CACHE/costs/`` (default ``~/.cache/peakcut/costs/``), file
       "line_overhead_seconds": 5e-08,            # or null: not calibrated yet
       "entries": {
         "aten.mm.default(T[4,64;64,1;float32], T[64,64;1,64;float32])":
-            {"seconds": 5.1e-06, "estimated": false, "reason": ""},
+            {"seconds": 5.1e-06, "estimated": false, "reason": "",
+             "work": ["aten.mm.default:float32", 32768, 34816, 2.2e-06]},
         ...
       }
     }
 
 An entry is ``estimated`` when the call could not be timed standalone and its seconds come
-from the analytic profile; ``reason`` says why. On load, a file that is not valid JSON, has
+from the analytic profile; ``reason`` says why. ``work`` (optional: files without it still
+load) is what the fitted prices of calls not measured yet read of a measured one
+(peakcut.cost.fitted.Work: family, FLOPs, bytes, the analytic estimate). On load, a file that is not valid JSON, has
 wrong types, another schema or another fingerprint is reported with warnings.warn (naming the
 file and the reason) and rebuilt from scratch: it is never trusted silently. Writes go to a
 temporary file in the same directory, then os.replace: readers see the old or the new file.
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from peakcut.cost.fingerprint import Fingerprint
+from peakcut.cost.fitted import Work
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")
@@ -57,9 +61,13 @@ class CostEntry:
     seconds: float
     estimated: bool = False
     reason: str = ""
+    work: Work | None = None       # what a fit reads of the call (peakcut.cost.fitted)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"seconds": self.seconds, "estimated": self.estimated, "reason": self.reason}
+        found: dict[str, Any] = {"seconds": self.seconds, "estimated": self.estimated, "reason": self.reason}
+        if self.work is not None:
+            found["work"] = self.work.as_list()
+        return found
 
 
 @dataclass
@@ -88,7 +96,16 @@ def _entry(key: str, value: Any) -> CostEntry:
     estimated, reason = value.get("estimated"), value.get("reason")
     if not isinstance(estimated, bool) or not isinstance(reason, str):
         raise CacheFormatError(f"entry {key!r} has a non-bool 'estimated' or non-str 'reason'")
-    return CostEntry(_seconds(value.get("seconds"), f"entry {key!r} seconds"), estimated, reason)
+    return CostEntry(_seconds(value.get("seconds"), f"entry {key!r} seconds"), estimated, reason,
+                     _work(key, value.get("work")))
+
+
+def _work(key: str, value: Any) -> Work | None:
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 4 and isinstance(value[0], str)):
+        raise CacheFormatError(f"entry {key!r} work is not [family, flops, bytes, analytic]")
+    return Work(value[0], *(_seconds(v, f"entry {key!r} work") for v in value[1:]))
 
 
 def checked_entries(data: Any, fingerprint: Fingerprint, schema: int) -> dict[Any, Any]:

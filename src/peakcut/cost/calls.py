@@ -4,6 +4,10 @@ A *call key* names everything that decides an op's latency: the op overload, eve
 argument's shape, stride and dtype, and the repr of every other argument. Two nodes with
 the same key cost the same, so both cost models cache per key. Devices are rendered as
 ``device``: a cost model prices a call on its own device, whatever the graph was captured on.
+A run-time scalar (ir.node.Hyper: an optimizer hyper-parameter the program reads at every
+call) is rendered as ``hyper``: its name and captured value do not change what the call
+costs, so the update's calls of every parameter of one shape share one key (BERT-base's
+AdamW: 595 keys in all with names, 207 without).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 import torch
 
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import TensorRef, map_refs
+from peakcut.ir.node import Hyper, TensorRef, map_refs
 from peakcut.ir.ops import COPY_DIRECTION, copied_argument, is_host_copy
 from peakcut.ir.registry import OpKind, bytes_moved, flops, lookup, reread_bytes, unread_bytes
 from peakcut.ir.tensor import TensorMeta
@@ -32,11 +36,13 @@ _PLAIN = frozenset({int, float, bool, str, type(None)})
 
 
 def _render(value: Any, g: Graph) -> str:
-    """Deterministic text of one argument, tensors by layout."""
+    """Deterministic text of one argument, tensors by layout, run-time scalars as 'hyper'."""
     if type(value) in _PLAIN:
         return repr(value)
     if isinstance(value, TensorRef):
         return tensor_layout(g.tensors[value.id])
+    if isinstance(value, Hyper):
+        return "hyper"
     if isinstance(value, torch.device):
         return "device"
     if isinstance(value, list):

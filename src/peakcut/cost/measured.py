@@ -7,7 +7,9 @@ generated program makes them: ``torch.ops.aten.<op>.<overload>(*args, **kwargs)`
 torch.no_grad(), with the result dropped each time. Inputs: see peakcut.cost.inputs; timing
 (interleaved on CPU, looped on CUDA): see peakcut.cost.timer. New keys are measured in
 batches -- all new keys of a graph in profile(g), one key on a node_seconds miss (padded with
-the filler mix of peakcut.cost.mix) -- holding at most ``max_batch_bytes`` of inputs at once.
+the filler mix of peakcut.cost.mix) -- holding at most ``max_batch_bytes`` of inputs at once,
+and calls priced (fitted_seconds) at most MAX_BATCH_SECONDS a round, so that a deadline cuts
+a measurement between batches of about a second at most.
 
 A call that cannot run standalone (it raises on synthetic data, or its tensors exceed
 ``max_input_bytes``) is priced by the analytic profile of the device instead ("cpu", or the
@@ -16,6 +18,12 @@ answered that way and ``fallback_reasons`` says why. Swap nodes (peakcut.store /
 the time of copying their bytes (copy_seconds).
 
 Measuring uses a forked RNG state, so random ops being timed do not change the caller's RNG.
+
+Calls not measured yet can be priced at once, nothing run: fitted_seconds prices a node from
+the measured calls of its family (peakcut.cost.fitted; every measured entry keeps the work a
+fit reads, in the cache too), and measure(jobs, deadline) times chosen calls later: a search
+on a cold cache runs on fitted prices while its new calls are measured between its
+expansions (peakcut.optimizer.budget).
 
 ``context`` (default 1.0) multiplies every figure: the in-context slowdown of one captured
 step, measured by running it untransformed (peakcut.optimizer.context), because ops timed
@@ -37,8 +45,9 @@ import torch
 
 from peakcut.cost.analytic import AnalyticCostModel
 from peakcut.cost.cache import SCHEMA_VERSION, CostCache, CostEntry
-from peakcut.cost.calls import call_key, copy_key, is_swap, swap_transfer
+from peakcut.cost.calls import call_key, copy_key, is_swap, node_work, swap_transfer
 from peakcut.cost.fingerprint import device_fingerprint
+from peakcut.cost.fitted import FittedPrices, Work
 from peakcut.cost.inputs import VALUE_CHECKED_OPS, call_bytes, error_line, real_call
 from peakcut.cost.mix import mix_calls, mix_operands
 from peakcut.cost.overhead import line_overhead_seconds
@@ -48,16 +57,26 @@ from peakcut.ir.graph import Graph
 
 DEFAULT_MAX_INPUT_BYTES = 1 << 30
 DEFAULT_MAX_BATCH_BYTES = 1 << 28
+MAX_BATCH_SECONDS = 0.25
+"""A batch's calls are priced at most this much together (one round: the batch takes a
+warm-up and at least three rounds, peakcut.cost.timer)."""
+LEAST_RUNS = 4
+"""A call is run at least this many times when measured (trial, warm-up, rounds): one whose
+price that many times does not fit before a deadline is not started."""
+WORK_MEMO_LIMIT = 1 << 15
+"""Keys whose work fitted_seconds keeps (emptied past it)."""
 
 
 @dataclass(frozen=True)
-class _Job:
-    """One key to measure: how to build its call, how to estimate it, how big it is."""
+class Job:
+    """One key to measure: how to build its call, how to estimate it, how big it is, and the
+    work a fit reads of it."""
 
     key: str
     build: Callable[[], Callable[[], Any]]
     estimate: Callable[[], float]
     nbytes: int
+    work: Callable[[], Work]
 
 
 def _timing_device(device: str | torch.device) -> torch.device:
@@ -107,6 +126,11 @@ class MeasuredCostModel:
         self._cache = CostCache(device_fingerprint(self.device, SCHEMA_VERSION),
                                 Path(cache_dir) if cache_dir is not None else None)
         self._table = self._cache.load()
+        self._fit = FittedPrices()
+        for entry in self._table.entries.values():
+            if entry.work is not None and not entry.estimated:
+                self._fit.add(entry.work, entry.seconds)
+        self._works: dict[str, Work] = {}     # key -> work, for fitted_seconds
         self._fallback = AnalyticCostModel(_fallback_profile(self.device))
         # nodes on the host beside a GPU: the rough CPU profile of this machine's threads
         self._host = None if self.device.type == "cpu" else AnalyticCostModel(cpu_profile(torch.get_num_threads()))
@@ -171,12 +195,65 @@ class MeasuredCostModel:
         """Time of one host<->device copy of `nbytes` bytes (CPU: a plain tensor copy)."""
         return self._seconds(self._copy_job(nbytes, direction)) * self.context
 
+    # ------------------------------------------------------------------ fitted prices
+    def job(self, g: Graph, nid: int) -> Job:
+        """What measuring node `nid`'s call takes (its key: Job.key); nothing is run."""
+        return self._copy_job(*swap_transfer(g, nid)) if is_swap(g, nid) else self._node_job(g, nid)
+
+    def copy_job(self, nbytes: int, direction: str) -> Job:
+        """What measuring a host<->device copy of `nbytes` bytes takes; nothing is run."""
+        return self._copy_job(nbytes, direction)
+
+    def on_host(self, g: Graph, nid: int) -> bool:
+        """True when node `nid` runs on the host beside a GPU (priced by the analytic CPU
+        profile, never measured)."""
+        return self._host is not None and g.nodes[nid].tags.on_host
+
+    def has(self, key: str) -> bool:
+        """True when call key `key` is in the table."""
+        return key in self._table.entries
+
+    @property
+    def fit_points(self) -> int:
+        """How many measured calls the fitted prices are made from."""
+        return self._fit.points
+
+    def fitted_seconds(self, job: Job) -> tuple[float, str]:
+        """The price of `job`'s call from the measured calls of its family (nothing run), as
+        node_seconds would give it (line overhead, context), and how it was found
+        (FittedPrices.price: "fitted", "scaled" or "analytic")."""
+        work = self._work_of(job)
+        seconds, how = self._fit.price(work)
+        if not work.family.startswith("copy:"):
+            seconds += self.line_overhead_seconds
+        return seconds * self.context, how
+
+    def _work_of(self, job: Job) -> Work:
+        work = self._works.get(job.key)
+        if work is None:
+            if len(self._works) >= WORK_MEMO_LIMIT:
+                self._works.clear()
+            work = self._works[job.key] = job.work()
+        return work
+
+    def measure(self, jobs: list[Job], deadline: float = math.inf) -> int:
+        """Measure the calls of `jobs` not in the table yet (none started after `deadline`) and
+        save; returns how many keys are in the table now that were not."""
+        new = [j for j in {j.key: j for j in jobs}.values() if j.key not in self._table.entries]
+        if not new:
+            return 0
+        self._measure(new, deadline)
+        self._cache.save(self._table)
+        return sum(1 for j in new if j.key in self._table.entries)
+
     # ------------------------------------------------------------------ measuring
-    def profile(self, g: Graph, deadline: float = math.inf) -> int:
+    def profile(self, g: Graph, deadline: float = math.inf, largest_first: bool = False) -> int:
         """Measure every distinct key of `g` not yet known; returns how many were new. No new
         batch of keys is started after `deadline` (perf_counter): those stay unknown; a batch
-        running then stops after its current round of timings."""
-        jobs: dict[str, _Job] = {}
+        running then stops after its current round of timings. largest_first: the calls the
+        analytic profile prices highest first, the highest of each family before the others
+        (a deadline then leaves cheap calls of families measured already)."""
+        jobs: dict[str, Job] = {}
         for nid in g.order:
             if is_swap(g, nid):
                 job = self._copy_job(*swap_transfer(g, nid))
@@ -187,16 +264,32 @@ class MeasuredCostModel:
             else:
                 jobs.setdefault(job.key, job)
         if jobs:
-            self._measure(list(jobs.values()), deadline)
+            todo = list(jobs.values())
+            if largest_first:
+                todo = self._coverage_first(todo)
+            self._measure(todo, deadline)
             self._cache.save(self._table)
         _ = self.line_overhead_seconds  # calibrate now, not during the first query
         return len(jobs)
+
+    def _coverage_first(self, jobs: list[Job]) -> list[Job]:
+        """`jobs` priced highest first, but the highest of each family before any other: a
+        deadline then leaves every family a measured point, whose own scale prices the rest
+        (peakcut.cost.fitted), rather than another family's."""
+        ranked = sorted(jobs, key=lambda j: -j.estimate())
+        seen: set[str] = set()
+        first, rest = [], []
+        for job in ranked:
+            family = self._work_of(job).family
+            (rest if family in seen else first).append(job)
+            seen.add(family)
+        return first + rest
 
     def save(self) -> None:
         """Write the table to the cache file now."""
         self._cache.save(self._table)
 
-    def _node_job(self, g: Graph, nid: int) -> _Job:
+    def _node_job(self, g: Graph, nid: int) -> Job:
         op = g.nodes[nid].op
 
         def build() -> Callable[[], Any]:
@@ -204,16 +297,22 @@ class MeasuredCostModel:
                 raise ValueError(f"{op} checks its input values with device-side asserts: not run on synthetic inputs")
             return real_call(g, nid, self.device)
 
-        return _Job(call_key(g, nid), build, lambda: self._fallback.node_seconds(g, nid), call_bytes(g, nid))
+        def work() -> Work:
+            found = node_work(g, nid)
+            return Work(f"{op}:{found.dtype}", float(found.flops), float(found.bytes),
+                        self._fallback.node_seconds(g, nid))
 
-    def _copy_job(self, nbytes: int, direction: str) -> _Job:
+        return Job(call_key(g, nid), build, lambda: self._fallback.node_seconds(g, nid), call_bytes(g, nid), work)
+
+    def _copy_job(self, nbytes: int, direction: str) -> Job:
         check_direction(direction)
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-        return _Job(copy_key(nbytes, direction), lambda: copy_call(nbytes, direction, self.device),
-                    lambda: self._fallback.copy_seconds(nbytes, direction), 2 * nbytes)
+        return Job(copy_key(nbytes, direction), lambda: copy_call(nbytes, direction, self.device),
+                   lambda: self._fallback.copy_seconds(nbytes, direction), 2 * nbytes,
+                   lambda: Work(f"copy:{direction}", 0.0, float(nbytes), self._fallback.copy_seconds(nbytes, direction)))
 
-    def _seconds(self, job: _Job) -> float:
+    def _seconds(self, job: Job) -> float:
         """Seconds of one job's key, measuring (and saving) it on a miss."""
         if job.key not in self._table.entries:
             self._measure([job])
@@ -226,31 +325,37 @@ class MeasuredCostModel:
         if entry.estimated:
             self._estimated[key] = entry.reason
 
-    def _measure(self, jobs: list[_Job], deadline: float = math.inf) -> None:
-        """Measure `jobs` (new keys) in batches of at most max_batch_bytes of tensors, none
-        started after `deadline`."""
+    def _measure(self, jobs: list[Job], deadline: float = math.inf) -> None:
+        """Measure `jobs` (new keys) in batches of at most max_batch_bytes of tensors and
+        MAX_BATCH_SECONDS of priced calls, none started after `deadline`, nor one whose price
+        LEAST_RUNS times would end past it (a batch being built then is still timed: its
+        calls have run once already)."""
         with self._timing():
-            batch: list[tuple[str, Callable[[], Any]]] = []
-            held = 0
+            batch: list[tuple[Job, Callable[[], Any]]] = []
+            held, priced = 0, 0.0
             for job in jobs:
-                if time.perf_counter() > deadline:
-                    batch = []
+                now = time.perf_counter()
+                if now > deadline:
                     break
+                price = self._fit.price(self._work_of(job))[0]
+                if now + LEAST_RUNS * price > deadline:      # it would run past it: left to the fit
+                    continue
                 call = self._runnable(job)
                 if call is None:
                     continue
-                if batch and held + job.nbytes > self.max_batch_bytes:
+                if batch and (held + job.nbytes > self.max_batch_bytes or priced + price > MAX_BATCH_SECONDS):
                     self._time_batch(batch, deadline)
-                    batch, held = [], 0
-                batch.append((job.key, call))
+                    batch, held, priced = [], 0, 0.0
+                batch.append((job, call))
                 held += job.nbytes
+                priced += price
             if batch:
                 self._time_batch(batch, deadline)
         for job in jobs:
             if job.key in self._table.entries:
                 self._note(job.key)
 
-    def _runnable(self, job: _Job) -> Callable[[], Any] | None:
+    def _runnable(self, job: Job) -> Callable[[], Any] | None:
         """The job's call after one successful trial; None (and an estimate) if it fails."""
         if job.nbytes > self.max_input_bytes:
             self._record_estimate(job, f"tensors of {job.nbytes} bytes exceed max_input_bytes")
@@ -267,18 +372,20 @@ class MeasuredCostModel:
             return None
         return call
 
-    def _record_estimate(self, job: _Job, reason: str) -> None:
+    def _record_estimate(self, job: Job, reason: str) -> None:
         self._table.entries[job.key] = CostEntry(
             job.estimate(), estimated=True, reason=f"{reason} (estimated by {self._fallback.name})")
         self.measurements += 1
 
-    def _time_batch(self, batch: list[tuple[str, Callable[[], Any]]], deadline: float = math.inf) -> None:
+    def _time_batch(self, batch: list[tuple[Job, Callable[[], Any]]], deadline: float = math.inf) -> None:
         if not self._filler:
             self._filler = list(mix_calls(mix_operands(self.device)))
         seconds = time_calls([call for _, call in batch], self.device, self.settings,
                              filler=self._filler, deadline=deadline)
-        for (key, _), value in zip(batch, seconds, strict=True):
-            self._table.entries[key] = CostEntry(value)
+        for (job, _), value in zip(batch, seconds, strict=True):
+            work = self._work_of(job)
+            self._table.entries[job.key] = CostEntry(value, work=work)
+            self._fit.add(work, value)
             self.measurements += 1
 
     @contextlib.contextmanager

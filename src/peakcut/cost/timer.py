@@ -11,7 +11,12 @@ as the program's ``del`` does.
   kernels) and inputs no longer in L1/L2. On the development VM (2-core AMD EPYC), sums of
   loop-timed nodes came out 6-16% below the measured generated programs of the tiny
   workloads (median per workload), sums of interleaved ones at 0.98-1.08 of them.
-  Batches shorter than MIN_INTERLEAVED are padded with filler calls.
+  Batches shorter than MIN_INTERLEAVED are padded with filler calls. A batch whose round
+  is long runs fewer rounds: its warm-up and timed rounds as many as ``batch_seconds``
+  holds, at least ``min_rounds`` timed (and one warm-up round where ``warmup`` +
+  ``min_rounds`` rounds exceed ``batch_seconds``): a medium-size step's calls take
+  milliseconds each, where a median of 3 is as steady as one of 11 of microsecond calls,
+  and 13 rounds of them took most of a 90 s budget.
 * **Loop** (CUDA, or TimingSettings(interleave=False)): ``warmup`` calls and once more, each
   timed; from the fastest of them a loop length n so that n calls take at least
   ``min_loop_seconds``; the loop is timed ``repeats`` times and the median per-call time kept.
@@ -50,10 +55,14 @@ class TimingSettings:
     interleave: bool = True
     max_spread: float = 2.0
     retries: int = 2
+    batch_seconds: float = 1.0     # interleaved: the timed rounds of a batch take about this long ...
+    min_rounds: int = 3            # ... but at least this many rounds (at most `rounds`)
 
     def __post_init__(self) -> None:
-        if min(self.warmup, self.retries) < 0 or min(self.repeats, self.rounds) < 1:
+        if min(self.warmup, self.retries) < 0 or min(self.repeats, self.rounds, self.min_rounds) < 1:
             raise ValueError(f"invalid timing settings {self}")
+        if not self.batch_seconds > 0:
+            raise ValueError(f"invalid batch_seconds in {self}")
         if self.max_loop_calls < 1 or not self.min_loop_seconds > 0:
             raise ValueError(f"invalid loop settings {self}")
 
@@ -145,7 +154,9 @@ def time_call(fn: Callable[[], Any], device: torch.device, settings: TimingSetti
 def time_interleaved(calls: Sequence[Callable[[], Any]], device: torch.device,
                      settings: TimingSettings,
                      filler: Sequence[Callable[[], Any]] = (), deadline: float = math.inf) -> list[float]:
-    """Median seconds of each call, interleaved in rounds (see the module docstring).
+    """Median seconds of each call, interleaved in rounds (see the module docstring): warm-up
+    and timed rounds as many as ``settings.batch_seconds`` holds at the last warm-up round's
+    pace, between ``settings.min_rounds`` and ``settings.rounds`` timed.
 
     `filler` calls are made after the batch in every round when the batch has fewer than
     MIN_INTERLEAVED calls; they are not timed. A round counts only if the CPU threads are
@@ -155,13 +166,23 @@ def time_interleaved(calls: Sequence[Callable[[], Any]], device: torch.device,
     """
     sequence = list(calls) + (list(filler) if len(calls) < MIN_INTERLEAVED else [])
     timed = len(calls)
+    round_s = 0.0
+    warmed = 0
     for _ in range(settings.warmup):
+        start = time.perf_counter()
         for fn in sequence:
             fn()
+        round_s = time.perf_counter() - start
+        warmed += 1
+        if round_s * (settings.warmup + settings.min_rounds) > settings.batch_seconds:
+            break                                 # a long batch: one warm-up round is enough
+    wanted = settings.rounds if round_s <= 0 else max(
+        min(settings.min_rounds, settings.rounds),
+        min(settings.rounds, int(settings.batch_seconds / round_s) - warmed))
     clean: list[list[float]] = []
     disturbed: list[list[float]] = []
-    for _ in range(settings.rounds * (1 + settings.retries)):
-        if len(clean) == settings.rounds or ((clean or disturbed) and time.perf_counter() > deadline):
+    for _ in range(wanted * (1 + settings.retries)):
+        if len(clean) == wanted or ((clean or disturbed) and time.perf_counter() > deadline):
             break
         sample = []
         for fn in sequence:

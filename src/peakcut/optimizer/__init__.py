@@ -12,7 +12,9 @@ swapping and re-ordering, under a memory or a latency limit.
   collector.py: Python's garbage collector, relaxed while the search runs;
 - root_rewrites.py: rewrites made on the root before the search; polish.py: rewrites made
   where the best plan peaks after it;
-- budget.py: a measured cost model that stops measuring when the time budget runs out;
+- budget.py: a measured cost model inside a time budget: calls not measured yet priced by
+  fitted prices and measured in slices between expansions; reprice.py: the states that can
+  become the plan priced again on what is measured, before they are judged;
   context.py: the per-op times calibrated to the whole step and the user's eager step;
 - verify.py: candidate plans run against the user's eager step (time, peak) before one is
   kept; numbers.py: their first step's numbers checked against eager's (fingerprints);
@@ -24,7 +26,8 @@ swapping and re-ordering, under a memory or a latency limit.
   held_floor.py: memory limits no plan can meet on a host device (held bytes, whole ops);
 - optimized.py: what optimize_graph found; report.py: its report;
   limit_messages.py: the sentences of a LimitNotMet;
-- shares.py: how an optimize call shares its time budget;
+- shares.py: how an optimize call shares its time budget; phases.py: where it went (seconds
+  and states per phase, for the report);
 - api.py: peakcut.optimize() and optimize_graph().
 """
 

@@ -8,7 +8,8 @@ optimize_graph() is the same search on an already captured graph (paper-size mod
 on the meta device, the CLI, the benchmarks); it returns the search result and the
 report without building a program. The report: optimizer.report; the sentences of a
 LimitNotMet: optimizer.limit_messages; the verification: optimizer.verification; how the
-time budget is shared: optimizer.shares.
+time budget is shared: optimizer.shares, and where it went: report["phases"]
+(optimizer.phases).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from peakcut.fission.loss import detach_loss
 from peakcut.ir.graph import Graph
 from peakcut.memory.workspace import WorkspaceSpec, workspace_model
 from peakcut.optimizer import shares
-from peakcut.optimizer.budget import BudgetedCost
+from peakcut.optimizer.budget import BudgetedCost, MeasurePacer
 from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.context import calibrate
 from peakcut.optimizer.derive import Deriver
@@ -43,6 +44,7 @@ from peakcut.optimizer.limit_messages import search_shortfall, whole_op
 from peakcut.optimizer.objective import Objective, parse_latency_limit, parse_memory_limit
 from peakcut.optimizer.optimized import Optimized
 from peakcut.optimizer.parallel import parallel_search
+from peakcut.optimizer.phases import merged, phases_entry
 from peakcut.optimizer.plan import LimitNotMet, Plan, Program
 from peakcut.optimizer.polish import polished
 from peakcut.optimizer.report import (
@@ -52,11 +54,12 @@ from peakcut.optimizer.report import (
     step_floors_for,
     zero_offload_peer,
 )
+from peakcut.optimizer.reprice import rebest, reprice
 from peakcut.optimizer.root_rewrites import with_root_rewrites
 from peakcut.optimizer.search import Progress
 from peakcut.optimizer.state import State, computation_hash
 from peakcut.optimizer.verification import host_memory, verified
-from peakcut.optimizer.verify import EagerStep, needed_seconds
+from peakcut.optimizer.verify import MIN_ROUNDS, EagerStep, needed_seconds
 from peakcut.optimizer.verify import runs_here as verify_runs_here
 from peakcut.rules import REWRITE_MOVES, RULES
 from peakcut.schedule import schedule
@@ -65,8 +68,23 @@ from peakcut.spec.optimizers import resolve_optimizer
 
 
 def _budgeted(cost: CostModel, deadline: float) -> CostModel:
-    """The cost model; a measured one stops measuring at the deadline (BudgetedCost)."""
+    """The cost model; a measured one prices calls not measured yet by fitted prices and
+    measures them between expansions until the deadline (BudgetedCost)."""
     return BudgetedCost(cost, deadline) if isinstance(cost, MeasuredCostModel) else cost
+
+
+def _paced(progress: Callable[[Progress], None] | None, pacer: MeasurePacer | None
+           ) -> Callable[[Progress], None] | None:
+    """The search's progress callback, measuring a slice of queued calls first (pacer)."""
+    if pacer is None:
+        return progress
+
+    def tick(p: Progress) -> None:
+        pacer.tick()
+        if progress is not None:
+            progress(p)
+
+    return tick
 
 
 def _on_host(settings: MoveSettings | None, cost: CostModel) -> MoveSettings | None:
@@ -132,7 +150,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     unreachable = None if pareto else held_floor_refusal(g, memory_limit, named.name, workspace)
     if unreachable is not None:                 # no search: nothing it finds can meet the limit
         time_budget, reorder = 0.0, False
-    cost = _budgeted(named, t0 + shares.MEASURE_SHARE * time_budget)
+    cost = _budgeted(named, t0 + time_budget)
     if jobs > 1 and isinstance(cost, BudgetedCost):
         raise ValueError(f"jobs={jobs} with device {cost.name!r}: a measured cost model measures op "
                          "latencies during the search, which parallel searches would disturb; use jobs=1")
@@ -146,18 +164,36 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     untransformed = root
     if time_budget > 0:
         root = with_root_rewrites(root, deriver, settings, None if pareto else planned)   # the front's fast end stays
-    left = max(0.0, time_budget - (time.perf_counter() - t0))
+    budgeted = isinstance(cost, BudgetedCost) and time_budget > 0
+    kept = shares.REPRICE_SHARE * time_budget if budgeted and math.isfinite(time_budget) else 0.0  # for reprice
+    left = max(0.0, time_budget - kept - (time.perf_counter() - t0))
     polishing = time_budget > 0 and not pareto and (settings is None or settings.uses(REWRITE_MOVES))
+    searching = left * (1 - shares.POLISH_SHARE) if polishing else left
+    pacer = (MeasurePacer(cost, until=time.perf_counter() + searching)
+             if budgeted and isinstance(cost, BudgetedCost) else None)
     result = parallel_search(root, deriver, planned, jobs=jobs, seed=seed, max_states=max_states,
-                             time_budget=left * (1 - shares.POLISH_SHARE) if polishing else left,
-                             settings=settings, progress=progress, exact_front=pareto)
+                             time_budget=searching, settings=settings, progress=_paced(progress, pacer),
+                             exact_front=pareto)
     polish_s = time.perf_counter()
     if polishing:
-        result = polished(result, deriver, planned, deadline=t0 + time_budget)
+        result = polished(result, deriver, planned, deadline=t0 + time_budget - kept)
     polish_s = time.perf_counter() - polish_s
+    searched_s = time.perf_counter() - t0
+    repriced = None
+    if budgeted and isinstance(cost, BudgetedCost):
+        extra = () if root is untransformed else (untransformed,)
+        eager, repriced = reprice(cost, g, result, workspace, t0 + time_budget, extra)
+        objective, planned = _objectives(eager, memory_limit, latency_limit, pareto, eager_ratio, plan_margin)
+        result = rebest(result, planned)
     report = search_report(g, cost, workspace, objective, planned, eager, eager_ratio, floors, peer, tree.summary(),
                            result, plan_margin=plan_margin, polish_s=polish_s, time_budget=time_budget, seed=seed,
                            t0=t0)
+    seconds = {"search": searched_s}
+    if repriced is not None:
+        report["repriced"] = dict(repriced, **cost.as_dict()) if isinstance(cost, BudgetedCost) else repriced
+        seconds["reprice"] = repriced["seconds"]
+    report["phases"] = phases_entry(seconds, {"search": result.states}, time_budget, time.perf_counter() - t0,
+                                    pacer.spent if pacer is not None else 0.0)
     note_shortfall(report, g, objective, result.best, unreachable, cost, deriver.workspace, named.name, workspace,
                    None if root is untransformed else root)
     return Optimized(result, objective, report, cost, eager, deriver, eager_ratio,
@@ -316,12 +352,14 @@ class _Planner:
         searched = self.search
         calibration = None
         cost = get_cost_model(self.device) if isinstance(self.device, str) else self.device
+        captured_s = time.perf_counter() - t0
         if self.checked and loss_fn is not None and held_floor_refusal(g, self.memory_limit, cost.name) is None:
             eager = EagerStep(model, b, loss_fn, opt, self.max_grad_norm)
             if isinstance(cost, MeasuredCostModel):
                 allocator = host_memory(model, self.keep_host_memory)
-                calibration = calibrate(g, cost, model, b, eager, opt, shares.CALIBRATE_SHARE * budget)
-                if calibration.skipped:
+                calibration = calibrate(g, cost, model, b, eager, opt, shares.CALIBRATE_SHARE * budget,
+                                        measure_seconds=shares.MEASURE_BEFORE_SHARE * budget)
+                if calibration.skipped and not calibration.deferred:
                     warnings.warn(f"peakcut: per-op times not calibrated to a whole step: {calibration.skipped}",
                                   stacklevel=3)
                 searched = dict(self.search, device=cost, eager_ratio=calibration.eager_ratio,
@@ -330,16 +368,28 @@ class _Planner:
             def check(found: Optimized, seconds: float) -> tuple[State, bool, str]:
                 return verified(found, seconds, model, b, eager, opt, calibration)
         keep = shares.VERIFY_SHARE * final_share
-        if calibration is not None and calibration.eager_step_s > 0:    # at least what verifying one plan takes
-            # (a latency limit also runs the untransformed step; where the calibration's rounds
-            # did not fit, time is short: eager and one plan. BERT-base at medium size, 85 s,
-            # the calls measured afresh on a new CPU: VERIFY_SHARE kept 21 s, verifying needed 25)
-            programs = 2 if self.memory_limit is not None or not calibration.eager_times else 3
-            keep = max(keep, shares.VERIFY_MARGIN * needed_seconds(calibration.eager_step_s, programs))
+        if calibration is not None and calibration.eager_step_s > 0:    # sized on a warm eager step
+            # eager and one plan; under a latency limit the untransformed step too (3 programs)
+            programs = 2 if self.memory_limit is not None else 3
+            least = needed_seconds(calibration.eager_step_s, programs)
+            wanted = max(keep, shares.VERIFY_MARGIN * needed_seconds(calibration.eager_step_s, programs, MIN_ROUNDS))
+            # the search's share first (optimize_graph keeps REPRICE_SHARE of its budget after
+            # the search), unless verifying one plan needs more
+            searching = shares.SEARCH_SHARE * final_share / (1 - shares.REPRICE_SHARE)
+            left = final_share - (time.perf_counter() - t0)
+            keep = max(least, min(wanted, left - searching))
+            if least > left:           # no verification fits (it is skipped, and says so): all to the search
+                keep = 0.0
         main = _search(g, final_share - (time.perf_counter() - t0), model, searched, self.accumulate, check,
                        keep=keep)
         if calibration is not None:
             main.report["context"] = dict(calibration.as_dict(), host_allocator=allocator)
+        main.report["phases"] = merged(main.report.get("phases"), {
+            "capture": captured_s, **({"calibration": calibration.seconds} if calibration is not None else {}),
+            **({"verification": main.report["verification"].get("seconds", 0.0)}
+               if "verification" in main.report else {})},
+            {"verification": len(main.report.get("verification", {}).get("candidates", []))}
+            if "verification" in main.report else {}, budget, time.perf_counter() - t0)
         micro = None
         if self.accumulate > 1:
             gm = capture(model, b, loss_fn, None, grad_scaler=self.use_scaler)

@@ -29,6 +29,19 @@ BTLM-3B: 3.0, 2.1, then 1.64 s, against 1.7, 2.6, 1.7 s for the program), and th
 median of 3 rounds gave eager_ratio 1.37, a search allowed 37% more time than the user's
 limit; a minimum is also the steadiest figure against a shared machine's noise, which only
 slows a run (refit, docs/cost.md).
+
+Inside a time budget the calibration must not eat it: the step's distinct calls are
+measured for at most `measure_seconds` (the calls the analytic profile prices highest first,
+the highest of each family before the others;
+the rest are priced by fitted prices and measured during the search, peakcut.optimizer.budget),
+and the rounds run only when every call was measured and they fit in what is left of
+`seconds`; otherwise they are deferred (``skipped`` says why, ``deferred`` is True): factor
+and eager_ratio stay 1, and verification's rounds, which run eager and the untransformed
+step side by side anyway, give the floor and the level (refit). On this CPU at medium size
+(steps of 1.2-2 s) the rounds take 15-20 s, a fifth of a 90 s budget. The calls' workspace
+(peakcut.memory.workspace: on a CPU each distinct call run once under the profiler) is
+measured here too, so that it counts as calibration rather than as the search's first
+simulation.
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ from peakcut.codegen.program import Step
 from peakcut.cost.measured import MeasuredCostModel
 from peakcut.cost.model import step_seconds
 from peakcut.ir.graph import Graph
+from peakcut.memory.workspace import order_workspace
 from peakcut.optimizer.verify import Restore, Verdict, model_device, sync_device
 from peakcut.spec.constants import bound_constants
 
@@ -77,6 +91,10 @@ class ContextCalibration:
     skipped: str = ""                    # why nothing was run (factor and eager_ratio 1)
     eager_step_s: float = 0.0            # a warm eager step: the fastest of eager_times, or where the
     # rounds did not run, one step timed after the warm-up (what reserving verification needs)
+    deferred: bool = False               # skipped for the budget: verification's rounds refit instead
+    measure_s: float = 0.0               # of `seconds`, measuring the step's calls
+    workspace_s: float = 0.0             # of `seconds`, measuring their workspace (memory.workspace)
+    unmeasured: int = 0                  # the step's distinct calls left to fitted prices
 
     @property
     def eager_ratio(self) -> float:
@@ -87,26 +105,31 @@ class ContextCalibration:
 
     def as_dict(self) -> dict[str, Any]:
         if self.skipped:
-            return {"factor": 1.0, "eager_ratio": 1.0, "skipped": self.skipped, "seconds": round(self.seconds, 3)}
+            return {"factor": 1.0, "eager_ratio": 1.0, "skipped": self.skipped, "deferred": self.deferred,
+                    "seconds": round(self.seconds, 3), "measure_s": round(self.measure_s, 3),
+                    "workspace_s": round(self.workspace_s, 3), "unmeasured_calls": self.unmeasured}
         measured = statistics.median(self.times) / self.predicted_s if self.predicted_s > 0 else 1.0
         return {"factor": round(self.factor, 4), "measured_factor": round(measured, 4),
                 "predicted_standalone_s": self.predicted_s,
                 "untransformed_median_s": statistics.median(self.times),
                 "eager_median_s": statistics.median(self.eager_times),
                 "eager_ratio": round(self.eager_ratio, 4), "rounds": len(self.times),
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3), "measure_s": round(self.measure_s, 3),
+                "workspace_s": round(self.workspace_s, 3)}
 
 
 def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: Any,
               eager: Callable[[], Any], optimizer: torch.optim.Optimizer | None,
-              seconds: float = math.inf) -> ContextCalibration:
+              seconds: float = math.inf, measure_seconds: float | None = None) -> ContextCalibration:
     """Run `g` untransformed and the user's `eager` step RUNS rounds each (after a warm-up)
     and set cost.context (module doc), within about `seconds`. The first eager step (the
     warm-up) is timed and the rounds are reserved from it (RUNS_MARGIN); the step's calls are
-    measured in the rest. A second eager step, after them, warms eager up again and prices
+    measured in the rest, for at most `measure_seconds` (default: all of it), the calls
+    priced highest first. A second eager step, after them, warms eager up again and prices
     the rounds. When the calls cannot all be measured, or the rounds would not fit in what is
-    left, nothing more runs (factor 1, the reason in `skipped`; that second step's seconds
-    in `eager_step_s`, so that optimize can still keep the time verifying a plan takes)."""
+    left, nothing more runs (factor 1, the reason in `skipped`, `deferred` True; that second
+    step's seconds in `eager_step_s`, so that optimize can still keep the time verifying a
+    plan takes)."""
     t0 = time.perf_counter()
     cost.context = 1.0
     times: list[float] = []
@@ -115,13 +138,21 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
     with Restore(model, optimizer, bound_constants(g.input_names, model)):
         first = _timed(eager, device)                 # warm-up (and the optimizer's state)
         reserved = RUNS_MARGIN * (2 * (RUNS + SETTLE) + 2) * first
-        cost.profile(g, deadline=t0 + seconds - reserved)
-        if not all(cost.known(g, n) for n in g.order):
+        t_measure = time.perf_counter()
+        limit = seconds - reserved if measure_seconds is None else measure_seconds
+        cost.profile(g, deadline=t_measure + max(0.0, limit), largest_first=True)
+        measure_s = time.perf_counter() - t_measure
+        t_workspace = time.perf_counter()     # the workspace model measures the step's calls on first
+        order_workspace(g, list(g.order), "auto")   # use: here, in the calibration's seconds, not the search's
+        workspace_s = time.perf_counter() - t_workspace
+        unmeasured = len({cost.job(g, n).key for n in g.order if not cost.known(g, n)})
+        if unmeasured:
             warm = _timed(eager, device)              # what a step takes, for the verification's share
-            return ContextCalibration(skipped=f"the step's calls were not all measured within "
-                                      f"{max(0.0, seconds - reserved):.1f} s ({reserved:.1f} s of "
-                                      f"{seconds:.1f} s kept for the runs; raise time_budget)",
-                                      seconds=time.perf_counter() - t0, eager_step_s=warm)
+            return ContextCalibration(skipped=f"{unmeasured} of the step's calls were not measured within "
+                                      f"{max(0.0, limit):.1f} s (they are priced by fitted prices and "
+                                      "measured during the search; verification's rounds give the floor)",
+                                      seconds=time.perf_counter() - t0, eager_step_s=warm, deferred=True,
+                                      measure_s=measure_s, workspace_s=workspace_s, unmeasured=unmeasured)
         predicted = step_seconds(cost, g, g.order)
         warm = _timed(eager, device)                  # warm again after the calls' own timing
         need = RUNS_MARGIN * (2 * (RUNS + SETTLE) + 1) * predicted   # a settled eager step takes about
@@ -131,8 +162,10 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
         if need > left:
             return ContextCalibration(skipped=f"running the step {RUNS + SETTLE + 1} times and eager "
                                       f"{RUNS + SETTLE} times takes "
-                                      f"about {need:.1f} s; {max(0.0, left):.1f} s left for it (raise time_budget)",
-                                      seconds=time.perf_counter() - t0, eager_step_s=warm)
+                                      f"about {need:.1f} s; {max(0.0, left):.1f} s left for it (verification's "
+                                      "rounds give the floor)",
+                                      seconds=time.perf_counter() - t0, eager_step_s=warm, deferred=True,
+                                      measure_s=measure_s, workspace_s=workspace_s)
         step = Step(g, list(g.order))
         step(model, batch)                            # warm-up
         for _ in range(SETTLE):
@@ -145,7 +178,7 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
     factor = min(HIGHEST, max(LOWEST, factor))
     cost.context = factor
     return ContextCalibration(factor, predicted, tuple(times), tuple(eager_times), time.perf_counter() - t0,
-                              eager_step_s=min(eager_times))
+                              eager_step_s=min(eager_times), measure_s=measure_s, workspace_s=workspace_s)
 
 
 def refit(model_ratio: float, calibration: ContextCalibration | None, verdict: Verdict,

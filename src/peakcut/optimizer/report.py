@@ -1,7 +1,8 @@
 """The report optimize_graph returns: the limit and whether the plan meets it, the eager and
 the plan's figures and how they were made, the floors and the ZeRO-Offload-style peer, the
 F-Tree, the search's effort and front; where a memory limit is missed, what stands at the
-plan's peak and the whole-op floor; and the step optimize captured."""
+plan's peak and the whole-op floor; and the step optimize captured. Where the time went
+(report["phases"]) is optimizer.phases."""
 
 from __future__ import annotations
 
@@ -53,9 +54,10 @@ def methods(cost: CostModel, workspace: WorkspaceSpec) -> tuple[str, str]:
         if isinstance(measured, MeasuredCostModel) and measured.context != 1.0:
             latency += (f", each call x{measured.context:.3f} for running inside the whole step "
                         "(the untransformed step measured here; report['context'])")
-        if isinstance(cost, BudgetedCost) and cost.estimated:
-            latency += (f"; {len(cost.estimated)} calls seen after the time budget ran out are "
-                        "analytic estimates")
+        if isinstance(cost, BudgetedCost) and cost.fitted:
+            latency += (f"; {cost.fitted} calls the search priced were not measured within the time budget: "
+                        "priced from the measured calls of their op (fitted prices, peakcut.cost.fitted; "
+                        "the plan's in report['repriced'])")
     else:
         latency = f"simulated: {name} device profile on the peakcut timeline"
     return memory, latency

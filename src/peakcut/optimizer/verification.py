@@ -47,15 +47,18 @@ def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: An
     t0 = time.perf_counter()
     report = found.report
     predicted = found.reference_s
-    if seconds < needed_seconds(predicted):
+    # what a step takes, for sizing the rounds: the warm eager step the calibration timed where
+    # it is longer (where the in-context rounds were deferred, the model's figure is standalone)
+    step_s = max(predicted, calibration.eager_step_s if calibration is not None else 0.0)
+    if seconds < needed_seconds(step_s):
         report["verification"] = {"skipped": f"{seconds:.1f} s of the time budget left; running eager and one "
-                                  f"plan takes about {needed_seconds(predicted):.1f} s (raise time_budget)"}
+                                  f"plan takes about {needed_seconds(step_s):.1f} s (raise time_budget)"}
         warnings.warn(f"peakcut: the plan was not verified by running it: {report['verification']['skipped']}; "
                       "its limit is met as predicted only", stacklevel=6)
         return found.best, found.feasible, ""
-    candidates = found.candidates(programs_for(predicted, seconds, VERIFY_CANDIDATES))
+    candidates = found.candidates(programs_for(step_s, seconds, VERIFY_CANDIDATES))
     state, verdict = choose(candidates, found.captured, found.objective, predicted,
-                            model, batch, eager, opt, max(0.0, seconds - (time.perf_counter() - t0)))
+                            model, batch, eager, opt, max(0.0, seconds - (time.perf_counter() - t0)), step_s)
     report["verification"] = dict(verdict.report(mode), seconds=round(time.perf_counter() - t0, 3))
     if state is not found.best:
         report.update(plan_entries(state, found.eager, found.eager_ratio),

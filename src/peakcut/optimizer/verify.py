@@ -12,7 +12,8 @@ every round (MIN_ROUNDS to MAX_ROUNDS, as the time left allows) the user's eager
 (loss, backward, clipping, optimizer step, on the user's model and optimizer; parameters,
 buffers, grads, optimizer state and the RNG restored afterwards) and every candidate run
 once each, in turn, so that drifts of the machine (frequency, other processes) hit all
-alike. Time: median over the rounds, with min and max. A candidate's time is a whole call,
+alike (SHORT_ROUNDS where the time left holds no more). Time: median over the rounds, with
+min and max. A candidate's time is a whole call,
 step(model, batch), as plan.step makes it: its bind (checking model, batch and optimizer,
 reading the hyper-parameters), the program, and the optimizer's step counts (on an H200 at paper size,
 ResNet-50's plan timed as its program alone verified at x1.068 and ran at x1.126 from
@@ -59,6 +60,9 @@ from peakcut.spec.constants import bound_constants
 
 MIN_ROUNDS = 5
 MAX_ROUNDS = 9
+SHORT_ROUNDS = 3
+"""Rounds when the time left holds fewer than MIN_ROUNDS (a step of seconds in a budget of
+a minute or two: eager, one plan and the untransformed step 5 rounds each took half of it)."""
 MAX_NOISE = 0.25
 """The widest noise band a latency limit is widened by: noisier rounds prove nothing."""
 
@@ -264,17 +268,25 @@ def noise_band(times: Sequence[float]) -> float:
     return min(MAX_NOISE, (q3 - q1) / median)
 
 
-RUNS_BESIDE_ROUNDS = 4
-"""Runs of each program outside the timed rounds: the numbers check, warm-up, peak, and (eager)
-the optimizer's first step; with building and binding each candidate, about one run more."""
+EAGER_BESIDE_ROUNDS = 3
+"""Runs of eager outside the timed rounds: the numbers check, the warm-up (the optimizer's
+state) and the peak."""
+CANDIDATE_BESIDE_ROUNDS = 2
+"""Runs of a candidate outside the timed rounds: the numbers check (its warm-up) and the peak."""
+
+
+def runs_needed(programs: int, rounds: int) -> int:
+    """Steps verifying takes: eager and `programs` - 1 candidates, `rounds` rounds each."""
+    return EAGER_BESIDE_ROUNDS + rounds + (programs - 1) * (CANDIDATE_BESIDE_ROUNDS + rounds)
 
 
 def rounds_for(seconds_each: float, programs: int, budget: float) -> int:
-    """Interleaved rounds that fit `budget` (at least MIN_ROUNDS, at most MAX_ROUNDS)."""
+    """Interleaved rounds that fit `budget` (at least SHORT_ROUNDS, at most MAX_ROUNDS)."""
     if seconds_each <= 0:
         return MAX_ROUNDS
-    fit = int(budget / (seconds_each * programs)) - RUNS_BESIDE_ROUNDS
-    return max(MIN_ROUNDS, min(MAX_ROUNDS, fit))
+    fixed = EAGER_BESIDE_ROUNDS + (programs - 1) * CANDIDATE_BESIDE_ROUNDS
+    fit = int((budget / seconds_each - fixed) / programs)
+    return max(SHORT_ROUNDS, min(MAX_ROUNDS, fit))
 
 
 def programs_for(seconds_each: float, budget: float, most: int) -> int:
@@ -282,8 +294,10 @@ def programs_for(seconds_each: float, budget: float, most: int) -> int:
     `most`) can run MIN_ROUNDS rounds within `budget`."""
     if seconds_each <= 0:
         return most
-    fit = int(budget / (seconds_each * (MIN_ROUNDS + RUNS_BESIDE_ROUNDS))) - 2
-    return max(1, min(most, fit))
+    fit = 1
+    while fit < most and runs_needed(fit + 3, MIN_ROUNDS) * seconds_each <= budget:
+        fit += 1
+    return fit
 
 
 def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch: Any,
@@ -317,8 +331,7 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
                     continue
                 try:
                     inputs = step.bind(model, batch)
-                    dev = step.device_of(inputs)
-                    step.run(inputs, dev)                # warm-up
+                    dev = step.device_of(inputs)        # (warm: the numbers check ran it)
                     peak = bound_peak(step, inputs, dev, held_input_bytes(step, inputs))
                 # Whatever a candidate raises (out of memory first), the others are still judged.
                 except Exception as e:
@@ -431,11 +444,11 @@ def runs_here(cost: Any, model: torch.nn.Module) -> bool:
     return cost.device.type == device.type and (device.type == "cpu" or cost.device.index == device.index)
 
 
-def needed_seconds(predicted_eager_s: float, programs: int = 2) -> float:
+def needed_seconds(predicted_eager_s: float, programs: int = 2, rounds: int = SHORT_ROUNDS) -> float:
     """The least time verification takes: eager and one candidate (`programs` = 2; 3 with
-    the untransformed step a latency limit always runs), MIN_ROUNDS rounds each and the runs
+    the untransformed step a latency limit always runs), `rounds` rounds each and the runs
     beside them."""
-    return programs * (MIN_ROUNDS + RUNS_BESIDE_ROUNDS) * predicted_eager_s
+    return runs_needed(programs, rounds) * predicted_eager_s
 
 
 def candidate_name(state: State, root: State) -> str:
@@ -446,13 +459,15 @@ def candidate_name(state: State, root: State) -> str:
 
 def choose(candidates: Sequence[State], root: State, objective: Objective, predicted_eager_s: float,
            model: torch.nn.Module, batch: Any, eager: EagerStep,
-           optimizer: torch.optim.Optimizer | None, seconds: float) -> tuple[State, Verdict]:
-    """Run `candidates` against eager within about `seconds` and pick one (module doc). With
+           optimizer: torch.optim.Optimizer | None, seconds: float,
+           step_s: float | None = None) -> tuple[State, Verdict]:
+    """Run `candidates` against eager within about `seconds` and pick one (module doc); the
+    rounds are sized on `step_s` seconds a step (default: `predicted_eager_s`). With
     no candidate meeting the limit, the one nearest to it (least measured time under a latency
     limit, least measured peak under a memory limit; the first given if none ran) comes back
     with the verdict's chosen None."""
     steps = [(candidate_name(s, root), Step(s.program, list(s.order))) for s in candidates]
-    rounds = rounds_for(predicted_eager_s, len(steps) + 1, seconds)
+    rounds = rounds_for(predicted_eager_s if step_s is None else step_s, len(steps) + 1, seconds)
     verdict = verify(steps, model, batch, eager, optimizer, objective, predicted_eager_s, rounds,
                      deadline=time.perf_counter() + seconds)
     if verdict.chosen is not None:

@@ -1,0 +1,97 @@
+"""A measured search inside its time budget (peakcut.optimizer.budget, .reprice, .phases): calls
+not measured yet are priced at once and measured in slices, which fill the cost cache; a
+cold-cache optimize reports where its time went and gives the search its share."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import peakcut
+from peakcut.cost import MeasuredCostModel, TimingSettings
+from peakcut.cost.calls import call_key
+from peakcut.optimizer import api, shares
+from peakcut.optimizer.budget import BudgetedCost, MeasurePacer
+from peakcut.optimizer.phases import ORDER, phases_line
+from tests.cost.graphs import NODE, add_graph, mm_graph
+
+FAST = TimingSettings(warmup=1, repeats=3, min_loop_seconds=2e-5, retries=0, rounds=3)
+
+
+def _measured(tmp_path: Path) -> MeasuredCostModel:
+    return MeasuredCostModel("cpu", cache_dir=tmp_path, settings=FAST, line_overhead=False)
+
+
+def test_an_unknown_call_is_priced_at_once_and_measured_later_into_the_cache(tmp_path: Path) -> None:
+    measured = _measured(tmp_path)
+    measured.node_seconds(mm_graph(32, 32, 32), NODE)            # one point of the family
+    cost = BudgetedCost(measured, deadline=time.perf_counter() + 60)
+    g = mm_graph(64, 64, 64)
+    before = measured.measurements
+    price = cost.node_seconds(g, NODE)
+    assert price > 0 and measured.measurements == before and cost.fitted == 1
+    assert cost.node_seconds(g, NODE) == price                   # the same price until measured
+    assert cost.measure_some(10.0) == 1
+    assert cost.fitted == 0 and cost.measured_keys == 1
+    assert call_key(g, NODE) in json.loads(measured.cache_path.read_text())["entries"]
+    assert cost.node_seconds(g, NODE) == measured.node_seconds(g, NODE)
+
+
+def test_nothing_is_measured_past_the_deadline(tmp_path: Path) -> None:
+    cost = BudgetedCost(_measured(tmp_path), deadline=time.perf_counter() - 1)
+    cost.node_seconds(add_graph(4096), NODE)
+    assert cost.measure_some(10.0) == 0 and cost.fitted == 1
+
+
+def test_the_pacer_measures_only_its_share_of_the_time(tmp_path: Path) -> None:
+    cost = BudgetedCost(_measured(tmp_path), deadline=time.perf_counter() + 60)
+    cost.node_seconds(add_graph(4096), NODE)
+    pacer = MeasurePacer(cost, duty=0.1)
+    pacer.tick()                       # no time has passed: no slice
+    assert cost.fitted == 1 and pacer.spent == 0
+    pacer.t0 -= 100.0                  # as if the search had run 100 s
+    pacer.tick()
+    assert cost.fitted == 0 and pacer.spent > 0
+
+
+def _loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def test_a_cold_cache_optimize_reports_its_phases_and_searches_its_share(tmp_path: Path, monkeypatch) -> None:
+    """From an empty cache: the report says the seconds and states of every phase, the search
+    is given at least SEARCH_SHARE of the budget (or all that capture and calibration left:
+    verification asks for no more than its share with no time needed for its rounds, so that
+    a busy machine's slow eager steps do not decide), and every call measured, before the search or
+    beside it, is in the cache file with the work its fit reads."""
+    monkeypatch.setenv("PEAKCUT_CACHE", str(tmp_path))
+    monkeypatch.setattr(shares, "VERIFY_MARGIN", 0.0)
+    monkeypatch.setattr(api, "needed_seconds", lambda *args: 0.0)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.LayerNorm(128), nn.Linear(128, 10))
+    batch = (torch.randn(32, 64), torch.randint(0, 10, (32,)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    budget = 12.0
+    try:
+        plan = peakcut.optimize(model, batch, _loss, opt, device="measured:cpu", latency_limit=1.1,
+                                time_budget=budget)
+    except peakcut.LimitNotMet as e:          # (a busy machine's noise; the phases are still reported)
+        plan = e.plan
+    phases = plan.report["phases"]
+    seconds = phases["seconds"]
+    assert {"capture", "calibration", "search", "verification"} <= set(seconds) <= set(ORDER)
+    assert sum(seconds.values()) <= phases["total_s"] + 1e-3
+    assert phases["states"]["search"] == plan.report["search"]["states"] >= 1
+    before = seconds["capture"] + seconds["calibration"]     # (long on a busy machine)
+    assert plan.report["search"]["time_budget_s"] + 0.5 >= min(shares.SEARCH_SHARE * budget, budget - before)
+    assert "search" in phases_line(phases)
+    entries = json.loads(next((tmp_path / "costs").glob("cpu-*.json")).read_text())["entries"]
+    with_work = sum("work" in e for e in entries.values())      # every measured call, with its work
+    assert with_work > 0
+    repriced = plan.report.get("repriced")     # (none where a busy machine's calibration left no search)
+    assert repriced is None or repriced["fit_points"] <= with_work
