@@ -7,6 +7,7 @@
   component views (ftree_from_components);
 - build.py: Algorithm 1 on a captured step (find_ftree: hot-spots from the simulation), and
   the batch dimension's components (cut by training-mode batch norms);
+- head.py: the head-and-loss region, a candidate nested under the region that holds it;
 - bound.py: the peak no exact batch fission goes below;
 - spatial_tree.py: the F-Tree of the rows (Algorithm 1 over what spatial fission splits,
   peakcut.transform.spatial), its roots split with halos;

@@ -189,6 +189,7 @@ def ftree_from_components(components: list[ComponentView], mem: MemoryView,
                           valid: Callable[[frozenset[int], ComponentView], frozenset[int] | None]
                           | None = None,
                           extra: Sequence[tuple[frozenset[int], ComponentView, int]] = (),
+                          nested: Sequence[tuple[frozenset[int], ComponentView, int]] = (),
                           ) -> FTree:
     """Algorithm 1: the F-Tree (all nodes disabled, n = 1) over every component.
 
@@ -196,7 +197,8 @@ def ftree_from_components(components: list[ComponentView], mem: MemoryView,
     trailing views) or None when the F-Trans is not valid. `extra` candidates
     (region, component, the node they centre on) join the dominator ones when no
     dominator region holds their centre, scored by Eq. 3/4 on the region itself,
-    at level 1.
+    at level 1. `nested` candidates (the head-and-loss region) join them likewise even where
+    a dominator region holds their centre: they nest inside it.
     """
     found: list[tuple[frozenset[int], ComponentView, int, float, int, int]] = []
     for comp in components:
@@ -207,8 +209,9 @@ def ftree_from_components(components: list[ComponentView], mem: MemoryView,
                 region = valid(region, comp)
             if region and all(region != r for r, *_ in found):
                 found.append((region, comp, v, scores.score[v], scores.heat[v], i))
-    for region, comp, v in extra:
-        if components and any(v in r for r, *_ in found):
+    candidates = [(*item, False) for item in extra] + [(*item, True) for item in nested]
+    for region, comp, v, nests in candidates:
+        if not nests and components and any(v in r for r, *_ in found):
             continue
         kept = valid(region, comp) if valid is not None else region
         if kept and all(kept != r for r, *_ in found):

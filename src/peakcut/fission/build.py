@@ -22,6 +22,7 @@ from peakcut.fission.analyzer import (
 from peakcut.fission.dgraph import Component, DGraph, build_dgraph
 from peakcut.fission.expand import expand
 from peakcut.fission.ftree import FTree
+from peakcut.fission.head import head_candidates
 from peakcut.fission.trans import convex_core, trim_views, why_not_valid
 from peakcut.ir.graph import Graph
 from peakcut.ir.tensor import Role
@@ -190,7 +191,8 @@ def find_ftree(g: Graph, order: Sequence[int] | None = None, levels: int = DEFAU
     profile = simulate(g, list(g.order if order is None else order), workspace)
     mem = memory_view(g, order, profile)
     extra = _peak_candidates(g, order, views, profile)
-    return ftree_from_components(views, mem, levels, valid=valid, extra=extra), dgraph
+    nested = head_candidates(g, views)
+    return ftree_from_components(views, mem, levels, valid=valid, extra=extra, nested=nested), dgraph
 
 
 def random_ftree(g: Graph, order: Sequence[int] | None = None, seed: int = 0, count: int = 8,

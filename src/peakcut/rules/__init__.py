@@ -13,7 +13,8 @@ Each rule file is an adapter of a body in peakcut.transform.
   host_update_rule.py: the program rules;
 - taso_rules.py (merge_matmuls, split_matmul, drop_identity, cancel_transposes, fold_views),
   conv_cat_rule.py, conv_grads_rule.py, checkpoint_rule.py (checkpoint_blocks,
-  uncheckpoint_blocks), checkpoint_segments_rule.py, activations_rule.py, spatial_rule.py
+  uncheckpoint_blocks), checkpoint_segments_rule.py, activations_rule.py, attention_rule.py
+  (recompute_attention), spatial_rule.py
   (split_rows), batch_norm_rule.py (split_batch_norms): the rewrite rules.
 
 docs/rules.md says how to add a rule.

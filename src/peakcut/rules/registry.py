@@ -19,6 +19,7 @@ from types import MappingProxyType
 from peakcut.ir.graph import Graph
 from peakcut.memory import MemoryProfile, simulate
 from peakcut.rules.activations_rule import RecomputeActivationsRule
+from peakcut.rules.attention_rule import RecomputeAttentionRule
 from peakcut.rules.base import REWRITE_MOVES, ProgramRule, RegionRule, RewriteRule
 from peakcut.rules.batch_norm_rule import SplitBatchNormsRule
 from peakcut.rules.checkpoint_rule import CheckpointBlocksRule, UncheckpointBlocksRule
@@ -210,6 +211,7 @@ RULES = Registry(
         SplitConvCatRule(),      # first: it drops copies at a small cost (transform/taso/conv_cat.py)
         CheckpointBlocksRule(),
         RecomputeActivationsRule(),
+        RecomputeAttentionRule(),
         CheckpointSegmentsRule(),
         UncheckpointBlocksRule(),
         MergeMatmulsRule(),

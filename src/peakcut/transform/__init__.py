@@ -9,6 +9,7 @@ Files:
   rewrite of the base graph applies (RewriteSite);
 - remat.py: re-materialization and its dual; remat_chain.py: remat with the inputs only
   its recompute keeps alive; activations.py: cheap saved activations recomputed;
+  attention.py: attention's scores, from their matmul to the softmax, as units to recompute;
 - swap.py: swapping to host memory and back, and its dual;
 - offload_state.py, offload_param.py: optimizer state and parameters kept in host memory
   between steps; host_input.py: what both need of the input; host_update.py: a parameter's update run on the host;

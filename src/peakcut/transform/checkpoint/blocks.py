@@ -20,6 +20,9 @@ class Block:
 
     module: str                # e.g. "model.layers.3", "layer2.1", "nodes.x1_0"
     nodes: tuple[int, ...]
+    recompute_handed: bool = False   # also recompute, for the backward, the tensors the block
+    # hands to later forward nodes (an attention's scores, read by the value matmul): its
+    # output is not kept for the backward then, only for the forward
 
 
 def find_blocks(g: Graph) -> dict[str, list[Block]]:

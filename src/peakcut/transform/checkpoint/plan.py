@@ -109,11 +109,12 @@ def _backward_readers(g: Graph, block: Block, inside: set[int], made: dict[int, 
     block nodes that make those tensors. Tensors in a storage the block hands to later forward
     (or loss) nodes are the block's output: kept, not recomputed. Views of a storage the block
     does not allocate (a weight's transpose, which a backward matmul transposes back) free
-    nothing: their readers keep them. (A memory-aware order may run such a backward view
+    nothing: their readers keep them. A block that recomputes what it hands on
+    (Block.recompute_handed: an attention's scores) keeps none. (A memory-aware order may run such a backward view
     before the block's forward ends: Swin's fc2 weight, after optimize's re-order.)"""
     tensors = g.tensors
-    handed = {tensors[t].storage for t in made
-              for u in g.users(t) if u not in inside and g.nodes[u].phase is not Phase.BACKWARD}
+    handed = set() if block.recompute_handed else {
+        tensors[t].storage for t in made for u in g.users(t) if u not in inside and g.nodes[u].phase is not Phase.BACKWARD}
     readers: dict[int, None] = {}
     wanted: list[int] = []
     for t in made:
