@@ -3,8 +3,12 @@ against the user's eager loop, at medium size, measured on this machine.
 
     python -m bench.floor                       # all seven workloads, 11 rounds each
     python -m bench.floor unet resnet50 --rounds 15
+    python -m bench.floor --update foreach      # the user's AdamW with foreach=True
 
-For each workload: capture the AdamW step (torch.optim.AdamW, lr 1e-4), build the program
+For each workload: capture the AdamW step (torch.optim.AdamW, lr 1e-4; `--update` picks the
+implementation torch.optim runs, the same on both sides: "default" is torch.optim's own
+choice on the device (the for-loop on a CPU), "foreach" foreach=True, "fused" fused=True,
+which peakcut captures as the list ops they are: capture.list_update), build the program
 from the captured graph as it is (peakcut.build: no rule applied), then run eager and the
 program one after the other for `rounds` rounds, after one warm-up step of each (model,
 optimizer state and RNG restored afterwards: optimizer.verify.Restore). Printed per workload:
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -32,11 +37,14 @@ from peakcut.optimizer.verify import EagerStep, Restore
 from peakcut.runtime.host_allocator import keep_freed_host_memory
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
+UPDATES = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+"""--update: the AdamW options of each mode."""
 
-def floor_row(name: str, rounds: int, size: str = "medium") -> str:
+
+def floor_row(name: str, rounds: int, size: str = "medium", update: str = "default") -> str:
     """One table row: the program's time against eager's for workload `name`."""
     inst = get_workload(name).build(size)
-    opt = torch.optim.AdamW(inst.model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(inst.model.parameters(), lr=1e-4, **UPDATES[update])
     step = peakcut.build(peakcut.capture(inst.model, inst.batch, inst.loss_fn, opt))
     eager = EagerStep(inst.model, inst.batch, inst.loss_fn, opt, None)
     with Restore(inst.model, opt):
@@ -56,11 +64,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workloads", nargs="*", default=list(WORKLOAD_NAMES))
     ap.add_argument("--rounds", type=int, default=11, help="interleaved rounds (default 11)")
+    ap.add_argument("--update", choices=sorted(UPDATES), default="default",
+                    help="AdamW's implementation: torch.optim's default, foreach=True or fused=True")
     args = ap.parse_args()
     kept = keep_freed_host_memory()     # as peakcut.optimize and bench.measured run
     t0 = time.perf_counter()
-    rows = [floor_row(name, args.rounds) for name in args.workloads]
-    print(f"Command: `python -m bench.floor {' '.join(args.workloads)} --rounds {args.rounds}`. Measured on this "
+    rows = []
+    for name in args.workloads:
+        rows.append(floor_row(name, args.rounds, update=args.update))
+        print(rows[-1], file=sys.stderr, flush=True)      # progress: each row as it is measured
+    mode = "" if args.update == "default" else f" --update {args.update}"
+    print(f"Command: `python -m bench.floor {' '.join(args.workloads)} --rounds {args.rounds}{mode}`. Measured on this "
           f"machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}; glibc "
           f"malloc keeps freed memory: {kept}; "
           f"{time.perf_counter() - t0:.0f} s in all.\n")

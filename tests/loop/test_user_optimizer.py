@@ -3,7 +3,7 @@
 Each test runs the captured program next to the eager loop (`loss.backward(); clip;
 optimizer.step(); optimizer.zero_grad()`) on a copy of the model and compares loss,
 parameters and `optimizer.state_dict()`. The program calls the same kernels with the
-same arguments as torch.optim's single-tensor code, so the tolerance (tests.tolerance,
+same arguments as the code torch.optim runs (single-tensor; foreach, tests/loop/test_foreach_update.py), so the tolerance (tests.tolerance,
 float32, reductions of the model's width) is far looser than the differences seen.
 """
 
@@ -206,8 +206,8 @@ def test_unsupported_optimizer_is_named() -> None:
     model, batch = make()
     with pytest.raises(TypeError, match=r"RMSprop is not supported.*SGD, torch.optim.Adam, torch.optim.AdamW"):
         peakcut.capture(model, batch, loss_fn, torch.optim.RMSprop(model.parameters()))
-    with pytest.raises(ValueError, match="fused=True is not supported"):
-        peakcut.capture(model, batch, loss_fn, torch.optim.AdamW(model.parameters(), fused=True))
+    with pytest.raises(ValueError, match="capturable=True is not supported"):
+        peakcut.capture(model, batch, loss_fn, torch.optim.AdamW(model.parameters(), capturable=True))
 
 
 def test_grads_accumulate_without_optimizer() -> None:

@@ -17,12 +17,15 @@ Files:
   the loss, a GradScaler's gate);
 - inputs.py, hooks.py, distributed.py: what the user's code holds, checked before tracing
   (the kinds of batch, parameters and buffers; hooks; DDP, FSDP, process groups);
-- trace.py: make_fx over FakeTensors, recording each node's module and phase (the
-  generator-state calls through rng.py);
+- trace.py: make_fx over FakeTensors, recording each node's module, phase and list-op run
+  (the generator-state calls through rng.py);
 - rng.py: random generator state as part of the step;
 - real_layouts.py: kernels whose fake kernel keeps a layout the real kernel does not;
 - backward.py: the traced backward (the loss's gradients);
-- update.py: the optimizer update as traced into the step;
+- update.py: the optimizer update as traced into the step (the for-loop's code, the clip,
+  a GradScaler's unscale);
+- list_update.py: torch.optim's foreach and fused updates, one call per tensor in the list
+  ops' order, each tagged with its list op (ir.foreach);
 - constants.py: closed-over tensors lifted as 'const:' inputs;
 - module_state.py: tensors a forward stores on its modules, undone;
 - convert.py: the FX graph -> Graph;

@@ -164,6 +164,9 @@ def fx_to_graph(
             kwargs = {k: _map_args(v, env) for k, v in fx_node.kwargs.items()}
             tags = NodeTags(FakeDtypesTag(tuple(None if not isinstance(v, torch.Tensor) else dtype_name(v.dtype)
                                                 for v in vals))) if real_dtypes else NO_TAGS
+            run = log.run_at(index)
+            if run is not None:
+                tags = tags.with_tag(run) if tags else NodeTags(run)
             nodes[nid] = Node(
                 id=nid, op=str(fx_node.target), args=tuple(args), kwargs=kwargs, outputs=tuple(outs),
                 multi_output=multi, module=module, phase=phase, name=fx_node.name, tags=tags,

@@ -93,6 +93,10 @@ def capture(
         raise ValueError("accumulate needs an optimizer (without one, plan.step already adds into p.grad)")
     if grad_scaler and loss_fn is None:
         raise ValueError("a GradScaler needs a loss_fn")
+    if grad_scaler and spec is not None and any(g.impl == "fused" for g in spec.groups):
+        raise ValueError("a GradScaler with fused=True is not supported: GradScaler.step hands the scale and "
+                         "found_inf to the fused kernel, which unscales inside it, not as GradScaler.unscale_ "
+                         "does; use foreach=True (or fused=False) with a GradScaler")
     batch_leaves, batch_spec = pytree.tree_flatten(batch)
     dev = _model_device(model, batch_leaves, device)
     mode = "inference" if loss_fn is None else ("train" if spec is not None else "grad")
@@ -158,5 +162,5 @@ def _recorded(spec: OptimizerSpec | None, updated: set[str]) -> dict[str, Any]:
     """The spec as recorded in the graph: each group lists the parameters the step updates."""
     if spec is None:
         return {}
-    groups = tuple(type(g)(tuple(n for n in g.params if n in updated), g.hyper, g.flags) for g in spec.groups)
+    groups = tuple(replace(g, params=tuple(n for n in g.params if n in updated)) for g in spec.groups)
     return OptimizerSpec(spec.kind, groups).to_dict()

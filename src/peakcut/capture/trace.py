@@ -22,6 +22,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from peakcut.capture.errors import CaptureError
 from peakcut.capture.real_layouts import real_layout_table
 from peakcut.capture.rng import traced_rng_state
+from peakcut.ir.foreach import ForeachTag
 from peakcut.ir.node import Phase
 
 
@@ -34,13 +35,32 @@ class TraceLog:
     phase: Phase = Phase.FORWARD
     notes: list[str] = field(default_factory=list)  # what capture changed or found, for the user
     kv_caches: list[tuple[str, str]] = field(default_factory=list)  # (module, cache type) that returned one
+    # (first node, end) of the nodes one tensor's share of a list op made, and its tag (capture.list_update)
+    runs: list[tuple[int, int, ForeachTag]] = field(default_factory=list)
     _reach: list[int] = field(default_factory=list, repr=False)  # running max of the marks' counts
+    _next_run: int = field(default=0, repr=False)
+
+    def count(self) -> int:
+        """How many FX nodes the trace has made so far."""
+        mode = get_proxy_mode()
+        return len(mode.tracer.graph.nodes) if mode is not None else 0
 
     def mark(self) -> None:
-        mode = get_proxy_mode()
-        count = len(mode.tracer.graph.nodes) if mode is not None else 0
         top = self.stack[-1] if self.stack else ""
-        self.marks.append((count, top, self.phase))
+        self.marks.append((self.count(), top, self.phase))
+
+    def new_run(self) -> int:
+        """A new list-op run number."""
+        self._next_run += 1
+        return self._next_run - 1
+
+    def run_at(self, index: int) -> ForeachTag | None:
+        """The foreach tag of the FX node at position `index` (None: not part of a list op)."""
+        i = bisect.bisect_right(self.runs, index, key=lambda r: r[0])
+        if i == 0:
+            return None
+        start, end, tag = self.runs[i - 1]
+        return tag if start <= index < end else None
 
     def set_phase(self, phase: Phase) -> None:
         self.phase = phase

@@ -17,7 +17,7 @@ from peakcut.capture.constants import ClosedOver
 from peakcut.capture.errors import CaptureError
 from peakcut.capture.hooks import parameter_hooks, register_parameter_hooks
 from peakcut.capture.trace import TraceLog, new_fake_mode, trace_step
-from peakcut.capture.update import HyperTable, clip_by_total_norm, traced_update, unscale
+from peakcut.capture.update import HyperTable, clip_by_total_norm, slot_like, traced_update, unscale
 from peakcut.ir.node import Phase
 from peakcut.ir.tensor import Role
 from peakcut.spec.optimizers import OptimizerSpec
@@ -84,7 +84,7 @@ def trace_training_step(model: torch.nn.Module, param_items: list, buffer_items:
     fbatch = [_fake_like(fake_mode, t, dev) for t in batch_leaves]
     by_name = {n: p for (n, _), p in zip(param_items, params, strict=True)}
     with fake_mode:
-        slots = [torch.zeros_like(by_name[n], memory_format=torch.preserve_format) for n, _ in slot_names]
+        slots = [slot_like(by_name[n], slot) for n, slot in slot_names]
         accs = ([torch.zeros_like(by_name[n], memory_format=torch.preserve_format) for n in updated]
                 if options.accumulate else [])
         scale = [torch.full((), 65536.0, dtype=torch.float32, device=dev)] if options.grad_scaler else []
@@ -132,17 +132,17 @@ def trace_training_step(model: torch.nn.Module, param_items: list, buffer_items:
                     got = {n: acc.add_(got[n]) for n, acc in zip(updated, accs, strict=True) if n in got}
                 ordered = [got[n] for n in updated if n in got]
                 if scale:
-                    found_inf = unscale(ordered, scale[0])
+                    found_inf = unscale(ordered, scale[0], log)
                     extra.append(found_inf)
                 if options.max_grad_norm is not None:
-                    clip_by_total_norm(ordered, options.max_grad_norm)
+                    clip_by_total_norm(ordered, options.max_grad_norm, log)
                 if scale:
                     torch.ops.peakcut.skip_update_if(found_inf)
                 slot_map: dict[str, dict[str, torch.Tensor]] = {n: {} for n in updated}
                 for (n, slot), t in zip(slot_names, slots, strict=True):
                     slot_map[n][slot] = t
                 targets = {n: p for (n, _), p in zip(param_items, params, strict=True)}
-                traced_update(spec, {n: targets[n] for n in updated}, got, slot_map, hypers)
+                traced_update(spec, {n: targets[n] for n in updated}, got, slot_map, hypers, log)
         return [loss_out, *[g for g in grads if g is not None], *extra]
 
     input_names = (

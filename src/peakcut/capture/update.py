@@ -1,7 +1,10 @@
 """The optimizer update as traced into the step.
 
-The traced update repeats torch.optim's single-tensor code (`_single_tensor_sgd`,
-`_single_tensor_adam`) op for op, with every hyper-parameter a run-time scalar:
+The traced update repeats, per param group, the code torch.optim runs for that group on the
+parameters' device (spec.optimizers.resolve_impl): the single-tensor code (`_single_tensor_sgd`,
+`_single_tensor_adam`, here) or the foreach and fused code (`_multi_tensor_sgd`,
+`_multi_tensor_adam`, `_fused_adam`: capture.list_update) op for op, with every
+hyper-parameter a run-time scalar:
 during tracing each one is a unique sentinel float (HyperTable), which capture then
 replaces in the graph by an `ir.node.Hyper` carrying its name. At every call the
 step computes those scalars from the user's optimizer (`param_groups`, per-parameter
@@ -14,9 +17,10 @@ Names: group scalars are 'g<i>:<what>' (lr, weight decay, betas, eps, momentum),
 per-parameter ones '<param>:<what>' (Adam's bias corrections, which depend on that
 parameter's step count; SGD's first-step momentum factors).
 
-Gradient clipping repeats `torch.nn.utils.clip_grad_norm_` (foreach on CPU runs one
-`linalg_vector_norm` and one `mul_` per gradient, which is what is traced), and a
-GradScaler's unscale repeats `GradScaler.unscale_`.
+Gradient clipping repeats `torch.nn.utils.clip_grad_norm_` (one `linalg_vector_norm` and
+one `mul_` per gradient, traced as the shares of the `torch._foreach_norm` and
+`torch._foreach_mul_` it calls on every device with foreach support, a CPU included:
+capture.list_update), and a GradScaler's unscale repeats `GradScaler.unscale_`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.optim.optimizer import Optimizer
+from torch.utils._foreach_utils import _device_has_foreach_support
 
+from peakcut.capture.list_update import Runs, foreach_adam, foreach_sgd, fused_adam
+from peakcut.capture.trace import TraceLog
 from peakcut.ir.node import Hyper
 from peakcut.spec.optimizers import GroupSpec, OptimizerSpec
 
@@ -78,37 +86,81 @@ def substitute_hypers(gm: torch.fx.GraphModule, hypers: HyperTable) -> None:
 
 
 # ----------------------------------------------------------------------------- traced update
-def clip_by_total_norm(grads: Sequence[torch.Tensor], max_norm: float) -> None:
-    """torch.nn.utils.clip_grad_norm_(norm_type=2) on these gradients, in place."""
+def clip_by_total_norm(grads: Sequence[torch.Tensor], max_norm: float, log: TraceLog | None = None) -> None:
+    """torch.nn.utils.clip_grad_norm_(norm_type=2, foreach=None) on these gradients, in place:
+    per device/dtype group (in torch's grouping order), the norms and the scaling as the list
+    ops it calls where the device supports them (torch._foreach_norm, torch._foreach_mul_: on
+    a CPU and a GPU; recorded as runs in `log`), else one call per gradient."""
     if not grads:
         return
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for g in grads:
-        groups.setdefault((g.device, g.dtype), []).append(g)
+    runs = Runs(log)
+    groups = _grouped(grads)
     first = grads[0].device
-    norms = [torch.linalg.vector_norm(g, 2.0) for group in groups.values() for g in group]
+    norms: list = []
+    for device, group in groups:
+        if _device_has_foreach_support(device):      # the real gradients are plain tensors
+            norms.extend(runs.each("_foreach_norm", [group], lambda g: torch.linalg.vector_norm(g, 2.0)))
+        else:
+            norms.extend(torch.linalg.vector_norm(g, 2.0) for g in group)
     total_norm = torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), 2.0)
     clip_coef = max_norm / (total_norm + CLIP_EPS)
     clip_coef_clamped = torch.clamp(clip_coef, max=1.0)
-    for (device, _), group in groups.items():
+    for device, group in groups:
         coef = clip_coef_clamped.to(device)
-        for g in group:
-            g.mul_(coef)
+        if _device_has_foreach_support(device):
+            runs.each("_foreach_mul_", [group], lambda g, coef=coef: g.mul_(coef))
+        else:
+            for g in group:
+                g.mul_(coef)
 
 
-def unscale(grads: Sequence[torch.Tensor], scale: torch.Tensor) -> torch.Tensor:
-    """GradScaler.unscale_: divide the gradients by the scale in place; returns found_inf."""
+def _grouped(tensors: Sequence[torch.Tensor]) -> list[tuple[torch.device, list[torch.Tensor]]]:
+    """The tensors by device and dtype, in torch's grouping order (clip_grad_norm_'s): each
+    group's device and tensors."""
+    listed: list[torch.Tensor | None] = list(tensors)
+    found = Optimizer._group_tensors_by_device_and_dtype([listed], with_indices=True)
+    return [(tensors[indices[0]].device, [tensors[i] for i in indices]) for _, (_, indices) in found.items()]
+
+
+def unscale(grads: Sequence[torch.Tensor], scale: torch.Tensor, log: TraceLog | None = None) -> torch.Tensor:
+    """GradScaler.unscale_: divide the gradients by the scale in place; returns found_inf. One call
+    per gradient, the shares of GradScaler's one call per device/dtype group (runs in `log`)."""
     inv_scale = scale.double().reciprocal().float()
     found_inf = torch.full((), 0.0, dtype=torch.float32, device=scale.device)
-    for g in grads:
-        torch._amp_foreach_non_finite_check_and_unscale_([g], found_inf, inv_scale)
+    op = "_amp_foreach_non_finite_check_and_unscale_"
+    for _, group in _grouped(grads):
+        Runs(log).each(op, [group], lambda g: torch._amp_foreach_non_finite_check_and_unscale_([g], found_inf,
+                                                                                               inv_scale))
     return found_inf
 
 
+def slot_like(param: torch.Tensor, slot: str) -> torch.Tensor:
+    """A new state tensor `slot` of `param`, as torch.optim makes it (the fused kernel's step
+    count: a float32 scalar beside the parameter)."""
+    if slot == "step":
+        return torch.zeros((), dtype=torch.float32, device=param.device)
+    return torch.zeros_like(param, memory_format=torch.preserve_format)
+
+
 def traced_update(spec: OptimizerSpec, params: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor],
-                  state: Mapping[str, Mapping[str, torch.Tensor]], hp: HyperTable) -> None:
-    """One optimizer step in place, as torch.optim's single-tensor code does it."""
+                  state: Mapping[str, Mapping[str, torch.Tensor]], hp: HyperTable, log: TraceLog | None = None,
+                  ) -> None:
+    """One optimizer step in place, as torch.optim runs it for each group (module doc); `log`
+    records the list ops of foreach and fused groups (TraceLog.runs)."""
+    runs = Runs(log)
     for gi, group in enumerate(spec.groups):
+        if group.impl != "single":
+            names = [n for n in group.params if n in grads]
+            if not names:
+                continue
+            decoupled = group.flag("decoupled_weight_decay")
+            if spec.kind == "sgd":
+                foreach_sgd(gi, group, names, params, grads, state, hp, runs)
+            elif group.impl == "foreach":
+                foreach_adam(decoupled, gi, group, names, params, grads, state, hp, runs)
+            else:
+                fused_adam(decoupled, gi, group, names, params, grads, state, hp, runs)
+            continue
         for name in group.params:
             if name not in grads:
                 continue      # no gradient: torch.optim skips the parameter

@@ -18,7 +18,7 @@ from torch.utils import _pytree as pytree
 
 from peakcut.capture.convert import fx_to_graph
 from peakcut.capture.trace import TraceLog, new_fake_mode
-from peakcut.capture.update import HyperTable, substitute_hypers, traced_update
+from peakcut.capture.update import HyperTable, slot_like, substitute_hypers, traced_update
 from peakcut.ir.graph import Graph, StepSignature
 from peakcut.ir.node import Phase
 from peakcut.ir.tensor import Role
@@ -62,7 +62,7 @@ def capture_with_gradients(model: torch.nn.Module, batch: Any, gradients: Gradie
             slot_map[n][slot] = t
         log.set_phase(Phase.OPTIMIZER)
         with torch.no_grad():
-            traced_update(optimizer, by_name, got, slot_map, hypers)
+            traced_update(optimizer, by_name, got, slot_map, hypers, log)
         return [loss]
 
     fake_mode = new_fake_mode()
@@ -76,7 +76,7 @@ def capture_with_gradients(model: torch.nn.Module, batch: Any, gradients: Gradie
     fake_leaves = [fake(t) for t in leaves]
     by_fake = {n: p for (n, _), p in zip(param_items, params, strict=True)}
     with fake_mode:
-        slots = [torch.zeros_like(by_fake[n]) for n, _ in slot_names]
+        slots = [slot_like(by_fake[n], slot) for n, slot in slot_names]
     gm = make_fx(step, tracing_mode="fake", decomposition_table={})(params, buffers, slots, fake_leaves)
     substitute_hypers(gm, hypers)
     input_names = (

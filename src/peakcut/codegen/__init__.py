@@ -12,6 +12,8 @@ Codegen reads the graph only (its ops and node tags); it imports no rule.
 - builtin_code.py: the hooks of the nodes peakcut's transformations add;
 - swap_code.py, recompute_code.py, input_copy_code.py, host_update_code.py: those hooks
   (swaps, recomputes, copies of inputs kept in host memory, updates on the host);
+- foreach_code.py: the hook writing runs of an update's per-tensor calls back as one
+  torch._foreach_* or fused call;
 - update_progress.py: the flag that tells a failure after the update began (PartialUpdateError);
 - swap.py: HostPool, the host memory of swaps and host-kept inputs at run time;
 - host_worker.py: HostWorker, the host stream that runs updates on the host;

@@ -1,9 +1,11 @@
 """The code hooks of the nodes peakcut's own transformations add, in the order their lines come:
-swaps, recomputes, host-kept optimizer state, host-kept parameters, updates on the host. Each
-hook finds its nodes by their ops and tags (codegen.hooks)."""
+swaps, recomputes, host-kept optimizer state, host-kept parameters, updates on the host; then
+the list calls of torch.optim's foreach and fused updates (capture's runs of per-tensor
+nodes). Each hook finds its nodes by their ops and tags (codegen.hooks)."""
 
 from __future__ import annotations
 
+from peakcut.codegen.foreach_code import ForeachHook
 from peakcut.codegen.hooks import CodeHook
 from peakcut.codegen.host_update_code import HostUpdateHook
 from peakcut.codegen.input_copy_code import InputCopyHook
@@ -17,5 +19,6 @@ BUILTIN_HOOKS: tuple[CodeHook, ...] = (
     InputCopyHook(Role.OPT_STATE),
     InputCopyHook(Role.PARAM),
     HostUpdateHook(),
+    ForeachHook(),
 )
 """Every hook codegen applies to every program, before a caller's own."""

@@ -3,7 +3,8 @@
 The optimizer state is the user's: `state:<param>.<slot>` inputs are the tensors in
 `optimizer.state[p]`, created exactly as torch.optim creates them on a parameter's
 first step; Adam's per-parameter `step` stays in the state dict and is advanced after
-the program ran, as torch.optim does. Hyper-parameters are read from
+the program ran, as torch.optim does (with fused=True it is an input the program advances
+before the fused kernel reads it). Hyper-parameters are read from
 `optimizer.param_groups` (spec.scalars). A GradScaler's scale is an input;
 its found_inf output decides whether the update happened (state made for this step is
 removed again, step counts stay) and feeds `GradScaler`'s own scale update.
@@ -200,17 +201,33 @@ class UpdateInputs:
                 state["momentum_buffer"] = self._placed(name, "momentum_buffer", state["momentum_buffer"], p)
             return
         state = opt.state[p]
+        fused = group.impl == "fused"
+        moments = [slot for slot in spec.slots(group) if slot != "step"]
         if "step" not in state:
-            state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype())
+            # torch.optim: a float32 scalar beside the parameter for the fused kernel, else on the CPU
+            state["step"] = (torch.zeros((), dtype=_get_scalar_dtype(is_fused=True), device=self._home(p)) if fused
+                             else torch.tensor(0.0, dtype=_get_scalar_dtype()))
             out.created.append((p, "step"))
-            for slot in spec.slots(group):
+            for slot in moments:
                 state[slot] = self._zeros(name, slot, p)
                 out.created.append((p, slot))
-        for slot in spec.slots(group):
+        for slot in moments:
             if slot not in state:
                 raise StepBindingError(f"optimizer state of {name!r} has no {slot!r} (saved without amsgrad?)")
             state[slot] = self._placed(name, slot, state[slot], p)
         step = state["step"]
+        if fused:       # an input of the program, which advances it before the fused kernel reads it
+            home = self._home(p)
+            if step.dtype != _get_scalar_dtype(is_fused=True) or step.dim():
+                raise StepBindingError(f"optimizer state {name}.step: {step.dtype} of {step.dim()} dims, the fused "
+                                       "update reads a float32 scalar")
+            if self._on_host(name, "step"):         # kept in host memory by the plan
+                if self._kept.get((id(p), "step")) is not step:
+                    step = state["step"] = self._kept[(id(p), "step")] = host_copy(step, pinned=home.type == "cuda")
+            elif step.device != home:
+                raise StepBindingError(f"optimizer state {name}.step is on {step.device}, the fused update reads "
+                                       f"it on {home}")
+            return
         steps[name] = (step + 1).item()       # torch.optim: step_t += 1; step = step_t.item()
         out.advanced.append(step)
 
@@ -257,6 +274,8 @@ def _what_changed(was: GroupSpec, now: GroupSpec) -> str:
     for key in ("weight_decay", "momentum"):
         if (was.hyper.get(key, 0) != 0) != (now.hyper.get(key, 0) != 0):
             return f"{key} ({was.hyper.get(key)} -> {now.hyper.get(key)}, zero <-> non-zero)"
+    if was.impl != now.impl:
+        return f"the update's implementation ({was.impl} -> {now.impl}: foreach=/fused= or the device)"
     return f"options {list(was.flags)} -> {list(now.flags)}"
 
 

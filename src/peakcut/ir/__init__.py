@@ -4,8 +4,9 @@
 - edit.py: the one graph editor; infer.py: an op call's output layouts from FakeTensors;
 - registry.py: per-op facts; ops.py: peakcut's own ops (device/host copies); real_dtypes.py:
   where fake kernels disagree with real ones;
-- tags.py: what a node carries between packages; node_cache.py: values computed for nodes,
-  kept with their keys;
+- tags.py: what a node carries between packages; foreach.py: the tag of a node that is one
+  tensor's share of a list op (torch.optim's foreach and fused updates); node_cache.py:
+  values computed for nodes, kept with their keys;
 - check.py: validation (check_graph); serialize.py: versioned JSON;
 - dims/: dimension rules, for fission."""
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from peakcut.ir import foreach  # noqa: F401  (registers the foreach tag kind, read back from JSON)
 from peakcut.ir.check import check_graph
 from peakcut.ir.graph import Graph, GraphError, StepSignature
 from peakcut.ir.node import Hyper, Node, Phase, TensorRef

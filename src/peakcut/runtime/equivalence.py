@@ -1,7 +1,8 @@
 """Numeric equivalence of a built step against eager PyTorch over several steps.
 
 Eager reference: loss_fn(model, batch).backward() and the recipe's torch.optim
-optimizer (peakcut.SGD / Adam / AdamW, foreach=False) on a deep copy of the model. Compared after every step: loss,
+optimizer (peakcut.SGD / Adam / AdamW, torch.optim's default implementation) on a deep
+copy of the model. Compared after every step: loss,
 gradients, parameters, buffers (e.g. BatchNorm running statistics) and
 optimizer state.
 """

@@ -2,13 +2,17 @@
 
 A captured step records an OptimizerSpec: the kind (sgd, adam, adamw), and per param
 group the parameters (by their names in the model), the hyper-parameters at capture
-time and the options that change the update's code (maximize, nesterov, amsgrad,
-weight decay on or off, momentum on or off). The update itself is in capture.update;
-its hyper-parameters are run-time inputs read from the optimizer at every step.
+time, the options that change the update's code (maximize, nesterov, amsgrad,
+weight decay on or off, momentum on or off) and the implementation torch.optim runs for
+that group on the parameters' device (`impl`: "single" for the for-loop, "foreach",
+"fused"; resolve_impl, as torch.optim's own default picks it). The update itself is in
+capture.update; its hyper-parameters are run-time inputs read from the optimizer at every
+step.
 
 SGD, Adam and AdamW are recipes for a torch.optim optimizer over all trainable
-parameters (what `optimizer="sgd"` / `"adamw"` mean); any torch.optim.SGD, Adam or
-AdamW instance is accepted as it is. Anything else is refused by name.
+parameters (what `optimizer="sgd"` / `"adamw"` mean), with torch.optim's default
+implementation (foreach=None: foreach on a GPU, the for-loop on a CPU); any torch.optim.SGD,
+Adam or AdamW instance is accepted as it is. Anything else is refused by name.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from torch.optim.optimizer import _default_to_fused_or_foreach
 
 SUPPORTED = "torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW"
+IMPLS = ("single", "foreach", "fused")
+"""How torch.optim runs a group's update: the for-loop, ops over tensor lists, one fused kernel."""
 _REFUSED_FLAGS = {
-    "fused": "fused kernels round differently from the single-tensor update peakcut traces",
     "capturable": "capturable keeps the step count on the device and changes the arithmetic",
     "differentiable": "a differentiable update is not a training step",
 }
@@ -29,7 +35,7 @@ _REFUSED_FLAGS = {
 
 @dataclass(frozen=True)
 class SGD:
-    """A torch.optim.SGD over all trainable parameters (foreach=False)."""
+    """A torch.optim.SGD over all trainable parameters (torch.optim's default implementation)."""
 
     lr: float = 1e-2
     momentum: float = 0.0
@@ -40,13 +46,12 @@ class SGD:
 
     def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
-                               nesterov=self.nesterov, dampening=self.dampening, maximize=self.maximize,
-                               foreach=False)
+                               nesterov=self.nesterov, dampening=self.dampening, maximize=self.maximize)
 
 
 @dataclass(frozen=True)
 class Adam:
-    """A torch.optim.Adam over all trainable parameters (foreach=False)."""
+    """A torch.optim.Adam over all trainable parameters (torch.optim's default implementation)."""
 
     lr: float = 1e-3
     beta1: float = 0.9
@@ -59,12 +64,12 @@ class Adam:
     def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
         cls = torch.optim.AdamW if isinstance(self, AdamW) else torch.optim.Adam
         return cls(params, lr=self.lr, betas=(self.beta1, self.beta2), eps=self.eps,
-                   weight_decay=self.weight_decay, amsgrad=self.amsgrad, maximize=self.maximize, foreach=False)
+                   weight_decay=self.weight_decay, amsgrad=self.amsgrad, maximize=self.maximize)
 
 
 @dataclass(frozen=True)
 class AdamW(Adam):
-    """A torch.optim.AdamW over all trainable parameters (foreach=False)."""
+    """A torch.optim.AdamW over all trainable parameters (torch.optim's default implementation)."""
 
     weight_decay: float = 1e-2
 
@@ -80,13 +85,14 @@ class GroupSpec:
     params: tuple[str, ...]
     hyper: dict[str, float]
     flags: tuple[str, ...] = ()
+    impl: str = "single"                        # one of IMPLS
 
     def flag(self, name: str) -> bool:
         return name in self.flags
 
     def structure(self) -> tuple[Any, ...]:
         """What the traced update's code depends on (values of the rest are run-time inputs)."""
-        return (self.hyper.get("weight_decay", 0) != 0, self.hyper.get("momentum", 0) != 0, self.flags)
+        return (self.hyper.get("weight_decay", 0) != 0, self.hyper.get("momentum", 0) != 0, self.flags, self.impl)
 
 
 @dataclass(frozen=True)
@@ -97,10 +103,13 @@ class OptimizerSpec:
     groups: tuple[GroupSpec, ...] = field(default_factory=tuple)
 
     def slots(self, group: GroupSpec) -> tuple[str, ...]:
-        """State tensors each parameter of `group` has (besides Adam's 'step')."""
+        """State tensors of each parameter of `group` the traced update reads: Adam's 'step'
+        only where the fused kernel reads it (a device tensor the step advances), else it stays
+        in the state dict and the scalars are computed from it."""
         if self.kind == "sgd":
             return ("momentum_buffer",) if group.hyper["momentum"] != 0 else ()
-        return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.flag("amsgrad") else ("exp_avg", "exp_avg_sq")
+        moments = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.flag("amsgrad") else ("exp_avg", "exp_avg_sq")
+        return (*moments, "step") if group.impl == "fused" else moments
 
     def group_of(self) -> dict[str, int]:
         """Parameter name -> index of its group."""
@@ -120,9 +129,11 @@ class OptimizerSpec:
                              weight_decay=h["weight_decay"], amsgrad=g.flag("amsgrad"),
                              decoupled_weight_decay=g.flag("decoupled_weight_decay"))
             entry["maximize"] = g.flag("maximize")
+            entry["foreach"] = g.impl == "foreach"
+            entry["fused"] = True if g.impl == "fused" else None
             groups.append(entry)
         cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[self.kind]
-        return cls(groups, foreach=False)
+        return cls(groups)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,8 +145,12 @@ class OptimizerSpec:
         if d.get("kind") not in ("sgd", "adam", "adamw") or "groups" not in d:
             raise ValueError(f"unknown optimizer description {dict(d)!r} (saved by an older peakcut? "
                              "capture the model again)")
-        groups = tuple(GroupSpec(tuple(g["params"]), dict(g["hyper"]), tuple(g.get("flags", ())))
+        groups = tuple(GroupSpec(tuple(g["params"]), dict(g["hyper"]), tuple(g.get("flags", ())),
+                                 str(g.get("impl", "single")))
                        for g in d["groups"])
+        unknown = sorted({g.impl for g in groups} - set(IMPLS))
+        if unknown:
+            raise ValueError(f"unknown update implementation {unknown[0]!r} in {dict(d)!r}")
         return OptimizerSpec(d["kind"], groups)
 
 
@@ -195,8 +210,25 @@ def describe(opt: torch.optim.Optimizer, model: torch.nn.Module,
                      "weight_decay": _number(group["weight_decay"], name, gi, "weight_decay")}
             # AdamW is Adam with decoupled weight decay; torch.optim allows it per group
             flags = tuple(f for f in ("amsgrad", "maximize", "decoupled_weight_decay") if group.get(f))
-        groups.append(GroupSpec(tuple(params), hyper, flags))
+        groups.append(GroupSpec(tuple(params), hyper, flags, resolve_impl(opt, group, gi)))
     return OptimizerSpec(kind, tuple(groups))
+
+
+def resolve_impl(opt: torch.optim.Optimizer, group: Mapping[str, Any], gi: int) -> str:
+    """The implementation torch.optim runs for this param group (IMPLS): the user's foreach=True or
+    fused=True as set; with neither set, torch.optim's default on the parameters' device
+    (torch.optim.optimizer._default_to_fused_or_foreach: foreach on CUDA, the for-loop on a
+    CPU). Fused is accepted for Adam and AdamW (SGD's fused kernel is refused)."""
+    fused, foreach = group.get("fused"), group.get("foreach")
+    if fused and isinstance(opt, torch.optim.SGD):
+        raise ValueError(f"SGD param group {gi}: fused=True is not supported (peakcut reproduces the fused "
+                         "kernels of Adam and AdamW); use fused=False")
+    if fused is None and foreach is None:
+        params = [p for p in group["params"] if isinstance(p, torch.Tensor)]
+        foreach = _default_to_fused_or_foreach(params, False, use_fused=False)[1]
+    if isinstance(opt, torch.optim.SGD):
+        return "foreach" if foreach else "fused" if fused else "single"
+    return "fused" if fused else "foreach" if foreach else "single"
 
 
 def _number(v: Any, opt: str, gi: int, key: str) -> float:

@@ -5,6 +5,8 @@ The traced update (capture.update) reads every hyper-parameter as a named run-ti
 (`param_groups`, per-parameter step counts and momentum buffers) with the same Python float
 arithmetic as torch.optim, so an LR scheduler or a hand edit of `param_groups` takes effect at
 the next step. Names: group scalars are 'g<i>:<what>', per-parameter ones '<param>:<what>'.
+Which of them a graph reads depends on each group's implementation (spec.optimizers.IMPLS);
+every one is computed, and the step reads its own.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def scalars(spec: OptimizerSpec, groups: Sequence[Mapping[str, Any]],
                 is_first = first.get(name, False)
                 out[f"{name}:momentum_factor"] = 0.0 if is_first else momentum
                 out[f"{name}:grad_factor"] = 1.0 if is_first else 1 - dampening
+            if group.impl != "single":
+                out[f"g{gi}:grad_factor"] = _group_grad_factor(gi, group.params, first, dampening)
             continue
         beta1, beta2 = (_number(b, "betas") for b in live["betas"])
         out[f"g{gi}:decay"] = 1 - lr * wd
@@ -46,6 +50,8 @@ def scalars(spec: OptimizerSpec, groups: Sequence[Mapping[str, Any]],
         out[f"g{gi}:beta2"] = beta2
         out[f"g{gi}:one_minus_beta2"] = 1 - beta2
         out[f"g{gi}:eps"] = _scalar(live, "eps")
+        out[f"g{gi}:lr"] = lr                   # the fused kernel's arguments
+        out[f"g{gi}:beta1"] = beta1
         for name in group.params:
             if name not in steps:
                 continue
@@ -56,6 +62,18 @@ def scalars(spec: OptimizerSpec, groups: Sequence[Mapping[str, Any]],
             out[f"{name}:bias_correction2_sqrt"] = bias_correction2 ** 0.5
             out[f"{name}:neg_step_size"] = -step_size
     return out
+
+
+def _group_grad_factor(gi: int, names: Sequence[str], first: Mapping[str, bool], dampening: float) -> float:
+    """SGD's gradient factor for a whole foreach group (its list op takes one alpha): 1 where every
+    parameter makes its momentum buffer now (torch.optim copies the gradient), 1 - dampening
+    where none does."""
+    made = {first.get(name, False) for name in names}
+    if len(made) > 1 and dampening != 0:
+        raise ValueError(f"param group {gi}: some parameters have a momentum buffer and some make theirs at "
+                         "this step, with dampening != 0: the foreach update adds their gradients with two "
+                         "factors, which peakcut's one list call cannot; plan with foreach=False")
+    return 1.0 if made == {True} else 1 - dampening
 
 
 def _scalar(group: Mapping[str, Any], key: str) -> float:
