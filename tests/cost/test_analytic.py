@@ -82,15 +82,30 @@ def test_swap_costs_launch_plus_bytes_over_host_bandwidth(cost: AnalyticCostMode
     for numel in (1, 1 << 10, 1 << 24):
         g = swap_graph(op, numel)
         expected = profile.launch_seconds + 4 * numel / profile.host_bandwidth(direction)
-        assert cost.node_seconds(g, NODE) == pytest.approx(expected)
+        # a GPU issues the copy (its launch) on the host and runs the transfer on a copy engine
+        assert cost.issue_seconds(g, NODE) == pytest.approx(profile.launch_seconds if profile.asynchronous else 0.0)
+        assert cost.node_seconds(g, NODE) + cost.issue_seconds(g, NODE) == pytest.approx(expected)
         assert cost.copy_seconds(4 * numel, direction) == pytest.approx(expected)
 
 
 def test_views_cost_a_constant(cost: AnalyticCostModel) -> None:
     small, large = view_graph(64), view_graph(1 << 26)
-    assert cost.node_seconds(small, NODE) == cost.node_seconds(large, NODE)
-    assert cost.node_seconds(small, NODE) == cost.profile.view_seconds
-    assert cost.profile.view_seconds < cost.node_seconds(add_graph(64), NODE)
+    host, device = (cost.profile.view_seconds, 0.0) if cost.profile.asynchronous else (0.0, cost.profile.view_seconds)
+    assert cost.issue_seconds(small, NODE) == cost.issue_seconds(large, NODE) == host
+    assert cost.node_seconds(small, NODE) == cost.node_seconds(large, NODE) == device   # a GPU runs no kernel
+    assert cost.profile.view_seconds < cost.issue_seconds(add_graph(64), NODE) + cost.node_seconds(add_graph(64), NODE)
+
+
+def test_a_gpu_issues_calls_on_the_host_and_a_cpu_runs_them() -> None:
+    """On a GPU profile a call's launch is issue time and the rest device time; on the CPU the
+    call's whole time is node_seconds."""
+    gpu, cpu = get_cost_model("h100"), get_cost_model("cpu", cpu_threads=2)
+    g = add_graph(1 << 20)
+    assert gpu.issue_seconds(g, NODE) == gpu.profile.launch_seconds
+    work = node_work(g, NODE)
+    assert gpu.node_seconds(g, NODE) == pytest.approx(gpu.work_seconds(work) - gpu.profile.launch_seconds)
+    assert cpu.issue_seconds(g, NODE) == 0.0
+    assert cpu.node_seconds(g, NODE) == pytest.approx(cpu.work_seconds(work))
 
 
 def test_copy_direction_is_checked(cost: AnalyticCostModel) -> None:

@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 import peakcut
+from peakcut.cost import AnalyticCostModel, get_profile
+from peakcut.ir.graph import Graph
 from peakcut.optimizer import optimize_graph
 from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.held_floor import whole_op_floor
@@ -57,17 +59,29 @@ def test_a_dominating_rewrite_is_made_on_the_root() -> None:
     assert not _split(found.report)
 
 
+class _SlowConvolutions(AnalyticCostModel):
+    """The RTX 3090 profile with every convolution call 10 us longer on the device, so that the
+    split's extra convolutions cost a little time (on the profile itself they hide behind the
+    device's work and the split is faster: a dominating rewrite, as in the test above)."""
+
+    def node_seconds(self, g: Graph, nid: int) -> float:
+        extra = 10e-6 if g.nodes[nid].op.startswith("aten.convolution") else 0.0
+        return super().node_seconds(g, nid) + extra
+
+
 def test_a_rewrite_the_objective_prefers_at_a_little_more_time_is_made_on_the_root() -> None:
-    """On the RTX 3090 profile the split costs this model +0.27% latency for -22% peak: made
-    under a memory limit the root misses and under a latency limit it keeps; not under a
-    latency limit the rewritten root would miss."""
+    """The split costs this model a little latency (within ROOT_LATENCY_SLACK) for -22% peak:
+    made under a memory limit the root misses and under a latency limit it keeps; not under a latency limit the rewritten
+    root would miss."""
     torch.manual_seed(0)
     batch = (torch.randn(16, 3, 64, 64), torch.randint(0, 4, (16, 64, 64)))
     g = peakcut.capture(Skip(), batch, _loss, peakcut.AdamW())
     for limits in ({"memory_limit": 0.4}, {"latency_limit": 1.1}):
-        found = optimize_graph(g, device="rtx3090", time_budget=3, max_states=1, **limits)
+        found = optimize_graph(g, device=_SlowConvolutions(get_profile("rtx3090")), time_budget=3,
+                               max_states=1, **limits)
         assert any(a.startswith("split_conv_cat") for a in found.result.root.applied), limits
-    found = optimize_graph(g, device="rtx3090", latency_limit=1.001, time_budget=3, max_states=1)
+    found = optimize_graph(g, device=_SlowConvolutions(get_profile("rtx3090")), latency_limit=1.001,
+                           time_budget=3, max_states=1)
     assert not any(a.startswith("split_conv_cat") for a in found.result.root.applied)
 
 

@@ -6,7 +6,15 @@ time is (w + w_half) / peak. Small ops -- like the slices fission produces -- th
 more per FLOP and per byte than large ones. Views cost the profile's view_seconds only; ops
 that only allocate (empty*) cost one launch; swap nodes cost launch + bytes / host bandwidth;
 nodes on the host (an update moved there) are priced on the host's profile
-(profiles.host_profile: the rough CPU profile for 16 cores beside a GPU).
+(profiles.host_profile: the rough CPU profile for 16 cores beside a GPU). A node that is one
+tensor's share of a list op of the update (ir.foreach.ForeachTag: torch._foreach_*, a fused
+kernel over n tensors) pays launch / n: code generation writes the n shares as one call,
+so the call's one launch is spread over them (where a plan splits the run, the split calls
+are priced as if still one).
+On an asynchronous device (a GPU profile: DeviceProfile.asynchronous) a call's launch (a
+view's view_seconds) is the host's work of issuing it (issue_seconds) and the rest its device
+time (node_seconds); the timeline overlaps the two (simulate/streams.py). On a CPU
+node_seconds is the whole call and issue_seconds 0.
 FLOPs and bytes come from peakcut.ir.registry (flops, bytes_moved) on meta tensors.
 """
 
@@ -14,9 +22,10 @@ from __future__ import annotations
 
 from peakcut.cost.calls import NodeWork, call_key, is_swap, node_work, swap_transfer
 from peakcut.cost.profiles import DeviceProfile, host_profile
+from peakcut.ir.foreach import ForeachTag
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node
-from peakcut.ir.registry import OpKind
+from peakcut.ir.registry import OpKind, lookup
 from peakcut.ir.tensor import TensorMeta
 
 ALLOCATION_ONLY_OPS: frozenset[str] = frozenset({
@@ -59,10 +68,22 @@ class AnalyticCostModel:
         # transfer of its input metas), so the same node object with the same input metas has
         # the same latency and its key need not be rendered again. The node is kept so that its
         # id cannot be reused by another object while the entry lives.
-        self._by_node: dict[int, tuple[Node, tuple[TensorMeta, ...], float]] = {}
+        self._by_node: dict[int, tuple[Node, tuple[TensorMeta, ...], tuple[float, float]]] = {}
 
     def node_seconds(self, g: Graph, nid: int) -> float:
-        """Latency of node `nid`; swap nodes cost their host<->device transfer."""
+        """Time node `nid` keeps its stream busy: on an asynchronous device (a GPU profile) its
+        device time, without the host's cost of issuing it (issue_seconds); on a synchronous one
+        the whole call. Swap nodes cost their host<->device transfer."""
+        return self._times(g, nid)[0]
+
+    def issue_seconds(self, g: Graph, nid: int) -> float:
+        """Host seconds the issuing thread spends on node `nid` before the device can run it (a
+        launch, a view's Python and dispatcher work): 0 on a synchronous device, where that is
+        part of node_seconds, and for nodes run on the host (their worker thread issues them)."""
+        return self._times(g, nid)[1]
+
+    def _times(self, g: Graph, nid: int) -> tuple[float, float]:
+        """(stream seconds, issue seconds) of node `nid`, memoized per node object."""
         node = g.nodes[nid]
         tensors = g.tensors
         metas = tuple([tensors[t] for t in node.input_tuple])
@@ -70,10 +91,26 @@ class AnalyticCostModel:
         if hit is not None and hit[0] is node and hit[1] == metas:
             return hit[2]
         seconds = self._call_seconds(g, nid)
+        issue = self._issue(g, nid)
+        times = (seconds - issue, issue)
         if len(self._by_node) >= NODE_MEMO_LIMIT:
             self._by_node.clear()
-        self._by_node[id(node)] = (node, metas, seconds)
-        return seconds
+        self._by_node[id(node)] = (node, metas, times)
+        return times
+
+    def _issue(self, g: Graph, nid: int) -> float:
+        """The host's part of _call_seconds on an asynchronous device (issue_seconds)."""
+        p = self.profile
+        node = g.nodes[nid]
+        if not p.asynchronous or (self.host is not self and node.tags.on_host):
+            return 0.0
+        info = lookup(node.op)
+        if info is not None and info.kind is OpKind.VIEW and not is_swap(g, nid):
+            return p.view_seconds
+        run = node.tags.get(ForeachTag)
+        if run is not None and run.size > 1:
+            return p.launch_seconds / run.size
+        return p.launch_seconds
 
     def _call_seconds(self, g: Graph, nid: int) -> float:
         if self.host is not self and g.nodes[nid].tags.on_host:
@@ -85,6 +122,10 @@ class AnalyticCostModel:
         if seconds is None:
             seconds = self._node_estimate(g, nid)
             self._seconds[key] = seconds
+        run = g.nodes[nid].tags.get(ForeachTag)
+        if run is not None and run.size > 1:
+            # one tensor's share of a list op (torch._foreach_*, fused): the list call launches once
+            seconds -= self.profile.launch_seconds * (1 - 1 / run.size)
         return seconds
 
     def _node_estimate(self, g: Graph, nid: int) -> float:

@@ -14,7 +14,7 @@ import torch
 from peakcut.cost.analytic import AnalyticCostModel
 from peakcut.cost.measured import MeasuredCostModel
 from peakcut.cost.profiles import PROFILE_NAMES, get_profile
-from peakcut.cost.protocol import CostModel
+from peakcut.cost.protocol import CostModel, issue_seconds
 from peakcut.ir.graph import Graph
 
 MEASURED_SPECS: tuple[str, ...] = ("measured", "measured:cpu", "measured:cuda")
@@ -52,5 +52,7 @@ def _no_more(spec: str, kw: dict[str, Any]) -> None:
 
 
 def step_seconds(cost: CostModel, g: Graph, order: Iterable[int] | None = None) -> float:
-    """Sum of node_seconds over `order` (default: capture order): sequential, no overlap."""
-    return sum(cost.node_seconds(g, nid) for nid in (g.order if order is None else order))
+    """Sum of node_seconds and issue_seconds over `order` (default: capture order): every call
+    run after the one before, no overlap."""
+    return sum(cost.node_seconds(g, nid) + issue_seconds(cost, g, nid)
+               for nid in (g.order if order is None else order))

@@ -26,6 +26,13 @@ Not datasheet figures (engineering estimates, same for all GPUs):
 * ``launch_seconds`` 5 us: host-side cost of one eager ATen call on a GPU (Python, dispatcher,
   ``cudaLaunchKernel``); commonly measured at 4-10 us.
 * ``view_seconds`` 2 us: a view op is host-only work (Python and dispatcher, no kernel).
+* ``asynchronous``: a GPU runs kernels asynchronously to the Python thread that issues them,
+  so the host-side cost of a call overlaps the device's work on the calls before it: the
+  timeline (simulate/streams.py) issues each call on the host at its launch (or view) cost
+  and runs it on the device once issued and once the device is free, for its device time
+  alone. A step of large kernels is then bound by the device and a step of small ones by
+  the issuing thread, as eager PyTorch is on a GPU. A CPU runs each call synchronously: its
+  launch is part of the call's time.
 * ``compute_half_flops`` = peak BF16 tensor rate x 2 us and ``memory_half_bytes`` = memory
   bandwidth x 2 us: the work at which a kernel reaches half its peak rate (wave quantization,
   tail effects, ramp-up). E.g. A100: a 1024^3 BF16 GEMM (2.1 GFLOP) gets 77% of peak, an 8 MB
@@ -83,6 +90,7 @@ class DeviceProfile:
     compute_half_flops: float
     memory_half_bytes: float
     overlap_copies: bool
+    asynchronous: bool = False      # calls issued on the host, run on the device (module doc)
 
     def vector_rate(self, dtype: str) -> float:
         """Non-tensor FLOP/s for element-wise and reduction work in `dtype`."""
@@ -137,6 +145,7 @@ def _gpu(name: str, *, matmul: Mapping[str, float], vector: Mapping[str, float],
         compute_half_flops=matmul["bfloat16"] * 2 * MICRO,
         memory_half_bytes=memory_gbs * GIGA * 2 * MICRO,
         overlap_copies=True,
+        asynchronous=True,
     )
 
 

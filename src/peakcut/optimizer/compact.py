@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from math import prod
 
-from peakcut.cost.protocol import CostModel
+from peakcut.cost.protocol import CostModel, issue_seconds
 from peakcut.fission.ftree import FTree
 from peakcut.ir.graph import Graph
 from peakcut.ir.tags import FissionTag
@@ -39,6 +39,14 @@ class RepeatedCost:
         if tag is not None and tag.role == "keep":
             return 0.0
         seconds = self.cost.node_seconds(g, nid)
+        return seconds * self.repeat(g, nid) if tag is not None else seconds
+
+    def issue_seconds(self, g: Graph, nid: int) -> float:
+        """The host's issue seconds (peakcut.cost.issue_seconds), repeated like node_seconds."""
+        tag = g.nodes[nid].tags.get(FissionTag)
+        if tag is not None and tag.role == "keep":
+            return 0.0
+        seconds = issue_seconds(self.cost, g, nid)
         return seconds * self.repeat(g, nid) if tag is not None else seconds
 
     def copy_seconds(self, nbytes: int, direction: str) -> float:

@@ -14,6 +14,12 @@ worker thread takes its queue while the Python thread issues kernels far ahead o
 device, so a host op placed after the backward in the order still starts with the first
 gradient it reads). Otherwise (a CPU, where the host is the device) every node,
 copies and host nodes included, runs on the compute stream in issue order.
+
+On an asynchronous device (a GPU: the cost model prices a node's issue apart, CostModel
+issue_seconds) one host thread issues the nodes in order, each taking its issue seconds, and
+a node starts on its stream no earlier than it has been issued: the device runs ahead of
+nothing, and the thread runs ahead of the device as far as the device is slower. Nodes on
+the host are issued by their worker thread, not by this one.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from peakcut.cost.protocol import CostModel
+from peakcut.cost.protocol import CostModel, issue_seconds
 from peakcut.ir.graph import Graph
 from peakcut.ir.ops import COPY_DIRECTION
 from peakcut.simulate.order import IssueOrder
@@ -92,16 +98,28 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
     copies = np.fromiter((op in COPY_DIRECTION for op in ops), dtype=bool, count=n)
     on_host = np.fromiter((node.tags.on_host for node in nodes), dtype=bool, count=n)
     off_compute = copies | on_host
+    issue = np.fromiter((issue_seconds(cost, g, nid) for nid in issued.order), dtype=np.float64, count=n)
+    issue[on_host] = 0.0
+    issued_at = np.cumsum(issue)          # when the issuing thread is done with each node
     if not (overlap and off_compute.any()):
         # one stream: each node starts when the one before ends (cumsum adds in order, as the
-        # loop below would); copies are exposed for their whole time
-        ends = np.cumsum(np.concatenate(([0.0], times)))
+        # loop below would) and, on an asynchronous device, once issued; copies are exposed
+        # for their whole time
         exposed = 0.0
         for s in times[copies].tolist():
             exposed += s
-        return StreamTiming(start=ends[:-1].copy(), end=ends[1:].copy(), stream=(COMPUTE,) * n,
+        if not issue.any():
+            ends = np.cumsum(np.concatenate(([0.0], times)))
+            return StreamTiming(start=ends[:-1].copy(), end=ends[1:].copy(), stream=(COMPUTE,) * n,
+                                exposed_copy_seconds=float(exposed))
+        # end_i = max(end_{i-1}, issued_i) + t_i = D_i + max_{j <= i}(issued_j - D_{j-1}), D the
+        # running sum of the times
+        before = np.cumsum(np.concatenate(([0.0], times)))
+        finish = before[1:] + np.maximum.accumulate(issued_at - before[:-1])
+        return StreamTiming(start=finish - times, end=finish, stream=(COMPUTE,) * n,
                             exposed_copy_seconds=float(exposed))
     seconds = times.tolist()
+    issued_list = issued_at.tolist()
     start = [0.0] * n
     end = [0.0] * n
     streams: list[str] = []
@@ -118,17 +136,19 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
         stream = node_stream(op, True, host[i]) if off_compute[i] else COMPUTE   # (copies overlap)
         compute_free = stream_free[COMPUTE]
         if stream == COMPUTE:
-            # compute predecessors ran earlier on this stream: only copies and host nodes can hold it back
-            begin = compute_free
+            # compute predecessors ran earlier on this stream: only copies and host nodes can hold
+            # it back (and its issue, on an asynchronous device)
+            ready = compute_free if compute_free >= issued_list[i] else issued_list[i]
+            begin = ready
             for p in preds:
                 if beside_compute[p] and end[p] > begin:
                     begin = end[p]
-            exposed += begin - compute_free
+            exposed += begin - ready
         else:
             # a copy is issued once the compute node before it in order has finished; a host
             # op as soon as what it reads is there (the host worker takes its queue while the
             # Python thread issues kernels ahead of the device)
-            begin = stream_free[stream] if host[i] else max(stream_free[stream], compute_free)
+            begin = stream_free[stream] if host[i] else max(stream_free[stream], compute_free, issued_list[i])
             for p in preds:
                 begin = max(begin, end[p])
             beside_compute[i] = True
