@@ -278,7 +278,8 @@ class MeasuredCostModel:
         (peakcut.cost.fitted), rather than another family's."""
         ranked = sorted(jobs, key=lambda j: -j.estimate())
         seen: set[str] = set()
-        first, rest = [], []
+        first: list[Job] = []
+        rest: list[Job] = []
         for job in ranked:
             family = self._work_of(job).family
             (rest if family in seen else first).append(job)
