@@ -17,10 +17,12 @@ import torch
 
 from peakcut.cost.analytic import AnalyticCostModel
 from peakcut.cost.calls import is_swap, swap_transfer
+from peakcut.cost.protocol import issue_seconds
+from peakcut.ir.foreach import ForeachTag
 from peakcut.ir.graph import Graph, GraphError
-from peakcut.ir.node import TensorRef, iter_refs
+from peakcut.ir.node import Hyper, TensorRef, iter_refs
 from peakcut.ir.ops import LOAD_OP, STORE_OP, is_swap_op
-from peakcut.ir.registry import argument_names, mutated_arguments
+from peakcut.ir.registry import OpKind, argument_names, lookup, mutated_arguments
 from peakcut.ir.tags import RematTag
 from peakcut.memory import MemoryProfile, PeakStorage
 from peakcut.simulate.streams import COMPUTE, STREAMS, StreamTiming, node_seconds, node_stream
@@ -132,6 +134,8 @@ def tensor_layout(meta) -> str:
 def _render(value: Any, g: Graph) -> str:
     if isinstance(value, TensorRef):
         return tensor_layout(g.tensors[value.id])
+    if isinstance(value, Hyper):
+        return "hyper"
     if isinstance(value, torch.device):
         return "device"
     if isinstance(value, list):
@@ -154,7 +158,7 @@ def call_key(g: Graph, nid: int) -> str:
 class ReferenceAnalytic(AnalyticCostModel):
     """The analytic model as it was: a call-key cache only, the key rendered on every call."""
 
-    def node_seconds(self, g: Graph, nid: int) -> float:
+    def _whole(self, g: Graph, nid: int) -> float:
         if is_swap(g, nid):
             return self.copy_seconds(*swap_transfer(g, nid))
         key = call_key(g, nid)
@@ -162,7 +166,25 @@ class ReferenceAnalytic(AnalyticCostModel):
         if seconds is None:
             seconds = self._node_estimate(g, nid)
             self._seconds[key] = seconds
+        run = g.nodes[nid].tags.get(ForeachTag)
+        if run is not None and run.size > 1:
+            seconds -= self.profile.launch_seconds * (1 - 1 / run.size)
         return seconds
+
+    def issue_seconds(self, g: Graph, nid: int) -> float:
+        p = self.profile
+        if not p.asynchronous:
+            return 0.0
+        info = lookup(g.nodes[nid].op)
+        if info is not None and info.kind is OpKind.VIEW and not is_swap(g, nid):
+            return p.view_seconds
+        run = g.nodes[nid].tags.get(ForeachTag)
+        if run is not None and run.size > 1:
+            return p.launch_seconds / run.size
+        return p.launch_seconds
+
+    def node_seconds(self, g: Graph, nid: int) -> float:
+        return self._whole(g, nid) - self.issue_seconds(g, nid)
 
 
 # ------------------------------------------------------------------ computation hash
@@ -358,6 +380,9 @@ def time_streams(g: Graph, schedule: tuple, cost) -> StreamTiming:
     overlap = bool(cost.overlap_copies)
     n = len(order)
     seconds = node_seconds(g, order, cost).tolist()
+    issue = np.array([issue_seconds(cost, g, nid) if not g.nodes[nid].tags.on_host else 0.0 for nid in order],
+                     dtype=np.float64)
+    issued = np.cumsum(issue).tolist()
     start = [0.0] * n
     end = [0.0] * n
     streams: list[str] = []
@@ -369,15 +394,16 @@ def time_streams(g: Graph, schedule: tuple, cost) -> StreamTiming:
         stream = node_stream(op, overlap, g.nodes[nid].tags.on_host)
         compute_free = stream_free[COMPUTE]
         if stream == COMPUTE:
-            begin = compute_free
+            ready = max(compute_free, issued[i])
+            begin = ready
             for p in all_preds[i]:
                 if on_copy_stream[p] and end[p] > begin:
                     begin = end[p]
-            exposed += begin - compute_free
+            exposed += begin - ready
             if not overlap and op in (STORE_OP, LOAD_OP):
                 exposed += seconds[i]
         else:
-            begin = stream_free[stream] if stream == "host" else max(stream_free[stream], compute_free)
+            begin = stream_free[stream] if stream == "host" else max(stream_free[stream], compute_free, issued[i])
             for p in all_preds[i]:
                 begin = max(begin, end[p])
             on_copy_stream[i] = True

@@ -101,22 +101,14 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
     issue = np.fromiter((issue_seconds(cost, g, nid) for nid in issued.order), dtype=np.float64, count=n)
     issue[on_host] = 0.0
     issued_at = np.cumsum(issue)          # when the issuing thread is done with each node
-    if not (overlap and off_compute.any()):
-        # one stream: each node starts when the one before ends (cumsum adds in order, as the
-        # loop below would) and, on an asynchronous device, once issued; copies are exposed
-        # for their whole time
+    if not (overlap and off_compute.any()) and not issue.any():
+        # one stream, nothing issued ahead: each node starts when the one before ends (cumsum
+        # adds in order, as the loop below would); copies are exposed for their whole time
         exposed = 0.0
         for s in times[copies].tolist():
             exposed += s
-        if not issue.any():
-            ends = np.cumsum(np.concatenate(([0.0], times)))
-            return StreamTiming(start=ends[:-1].copy(), end=ends[1:].copy(), stream=(COMPUTE,) * n,
-                                exposed_copy_seconds=float(exposed))
-        # end_i = max(end_{i-1}, issued_i) + t_i = D_i + max_{j <= i}(issued_j - D_{j-1}), D the
-        # running sum of the times
-        before = np.cumsum(np.concatenate(([0.0], times)))
-        finish = before[1:] + np.maximum.accumulate(issued_at - before[:-1])
-        return StreamTiming(start=finish - times, end=finish, stream=(COMPUTE,) * n,
+        ends = np.cumsum(np.concatenate(([0.0], times)))
+        return StreamTiming(start=ends[:-1].copy(), end=ends[1:].copy(), stream=(COMPUTE,) * n,
                             exposed_copy_seconds=float(exposed))
     seconds = times.tolist()
     issued_list = issued_at.tolist()
