@@ -25,6 +25,7 @@ from peakcut.ir.serialize import graph_from_json, graph_to_json
 from peakcut.ir.tags import FissionTag
 from peakcut.ir.tensor import Role
 from peakcut.transform.host_update import is_host_updated
+from tests.capture.test_hooks import Net, data, loss_fn
 from tests.rules.test_host_update import on_host
 from tests.rules.test_offload_param import RULE as PARAM_RULE
 from tests.rules.test_offload_param import STATE_RULE, offload
@@ -35,24 +36,7 @@ TOL = tolerance(torch.float32, 32, STEPS)
 SEARCH = {"time_budget": 20, "max_states": 12, "device": "h200"}
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(8, 32)
-        self.norm = nn.LayerNorm(32)
-        self.fc2 = nn.Linear(32, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.norm(torch.relu(self.fc1(x))))
-
-
-def loss_fn(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    return nn.functional.cross_entropy(model(batch[0]), batch[1])
-
-
-def data(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(8, 8, generator=g), torch.randint(0, 4, (8,), generator=g)
+# the small step of tests/capture/test_hooks.py: Net (linear, layer norm, linear), its loss and data
 
 
 def two_groups(model: nn.Module) -> list[dict[str, Any]]:
