@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.peakcut-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test lint clean bench bench-quick
+.PHONY: demo test check-torch lint clean bench bench-quick
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,15 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/peakcut optimize bert-base --size paper --latency-limit 1.1 --time-budget 30 --device h200 --out out/demo
 
-test: $(STAMP)
+test: check-torch
 	$(PY) -m pytest -q -n 2       # pytest-xdist: two workers (CI has 2 cores)
+
+# The tests run on the pinned torch only: a package install that moved it fails here, by name.
+check-torch: $(STAMP)
+	@$(PY) -c "import re, sys, torch; pin = sys.argv[1]; m = re.search(r'torch==([^\s+]+)', pin); \
+	have = torch.__version__.split('+')[0]; sys.exit(None if m is None or have == m[1] else \
+	f'$(VENV) has torch {torch.__version__}, not {m[1]} as TORCH={pin} pins: a package install replaced it; ' \
+	'run make clean, then make test')" '$(TORCH)'
 
 bench: $(STAMP)
 	$(PY) -m bench.peers            # peers vs peakcut: tiny measured (~20 min) + paper simulated (~15 min)

@@ -9,7 +9,8 @@
     plan = peakcut.optimize(model, batch, loss_fn, "adamw", memory_limit=0.5, device="h200")
     plan.step(batch); plan.report; plan.save("out/plan"); peakcut.load_plan("out/plan", model)
 
-api.py: capture, build, measure; cli.py and cli_optimize.py: the `peakcut` command; units.py:
+api.py: capture, build, measure; cli.py and cli_optimize.py: the `peakcut` command, and
+cli_model.py the step it works on (a workload or the user's module:factory); units.py:
 sizes and durations for people; version.py: the version. Packages, in the order data flows:
 capture, ir, memory, cost, simulate, schedule, fission, transform, rules, optimizer, codegen,
 runtime; besides them spec (optimizer descriptions), workloads and report (docs/architecture.md).

@@ -1,4 +1,6 @@
-"""The `peakcut` command: `peakcut workloads`, `peakcut profile WORKLOAD`, `peakcut optimize WORKLOAD`."""
+"""The `peakcut` command: `peakcut workloads`, `peakcut profile WORKLOAD`, `peakcut optimize WORKLOAD`.
+
+WORKLOAD is a built-in workload or a user's own model, MODULE:FACTORY (cli_model.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from peakcut.cli_model import FACTORY_HELP, grad_norm, load_step
 from peakcut.cli_optimize import add_parser as add_optimize_parser
 from peakcut.memory.workspace import describe_workspace
 from peakcut.units import format_bytes, format_seconds
@@ -52,19 +55,20 @@ def fission_facts(g: Any) -> dict:
     return facts
 
 
-def profile_facts(name: str, size: str, batch: int | None, optimizer: str, status: Any,
-                  reorder_seconds: float = 20.0, device: str = "h100") -> tuple[dict, Any, Any]:
-    """Capture and simulate a workload; returns (facts, graph, memory profile). `device`: the
-    analytic profile the physical floors are priced on (optimizer.floors)."""
+def profile_facts(name: str, size: str | None, batch: int | None, optimizer: str | None, status: Any,
+                  reorder_seconds: float = 20.0, device: str = "h100",
+                  max_grad_norm: float | None = None) -> tuple[dict, Any, Any]:
+    """Capture and simulate a workload (a name or module:factory, cli_model.load_step); returns
+    (facts, graph, memory profile). `device`: the analytic profile the physical floors are
+    priced on (optimizer.floors)."""
     import peakcut
     from peakcut.memory import simulate
-    from peakcut.workloads import get_workload
 
     t0 = time.perf_counter()
-    status(f"building {name} ({size})")
-    inst = get_workload(name).build(size=size, batch_size=batch)
-    status(f"capturing one {optimizer} training step of {inst.description}")
-    g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, optimizer)
+    status(f"building {name}" + (f" ({size})" if size else ""))
+    inst = load_step(name, size, optimizer, batch)
+    status(f"capturing one {inst.optimizer_name} training step of {inst.description}")
+    g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, inst.optimizer, max_grad_norm=max_grad_norm)
     t_capture = time.perf_counter() - t0
     status("simulating memory")
     prof = simulate(g)
@@ -80,7 +84,8 @@ def profile_facts(name: str, size: str, batch: int | None, optimizer: str, statu
 
     floors = step_floors(g, get_profile(device)).as_dict()
     facts = {
-        "workload": name, "size": size, "description": inst.description, "optimizer": optimizer,
+        "workload": name, "size": inst.size, "description": inst.description, "optimizer": inst.optimizer_name,
+        "max_grad_norm": max_grad_norm,
         "batch_size": inst.batch_size, "nodes": len(g.nodes),
         "opaque_nodes": sum(1 for n in g.nodes if g.is_opaque(n)),
         "param_bytes": g.param_bytes(), "caller_held_bytes": prof.baseline_bytes,
@@ -104,12 +109,13 @@ def cmd_profile(args: argparse.Namespace, out: Console) -> int:
     err = Console(stderr=True)
     with err.status("starting", spinner="dots") as spinner:
         facts, g, prof = profile_facts(args.workload, args.size, args.batch, args.optimizer,
-                                       lambda text: spinner.update(text), args.reorder_seconds, args.device)
+                                       lambda text: spinner.update(text), args.reorder_seconds, args.device,
+                                       args.max_grad_norm)
         if args.plot:
             from peakcut.report.plot import plot_timeline
 
             spinner.update(f"plotting to {args.plot}")
-            plot_timeline(g, prof, args.plot, f"{facts['description']} — {args.optimizer} step (simulated)")
+            plot_timeline(g, prof, args.plot, f"{facts['description']} — {facts['optimizer']} step (simulated)")
             facts["plot"] = str(args.plot)
     if args.json:
         print(json.dumps(facts, indent=2))
@@ -153,19 +159,28 @@ def cmd_profile(args: argparse.Namespace, out: Console) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from peakcut.cost.profiles import GPU_PROFILES
-    from peakcut.workloads import ALL_WORKLOAD_NAMES, SIZES
+    from peakcut.workloads import SIZES
 
     gpu_names = tuple(GPU_PROFILES)
-    p = argparse.ArgumentParser(prog="peakcut", description="Fit training steps into less accelerator memory.")
+    p = argparse.ArgumentParser(
+        prog="peakcut", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Fit training steps into less accelerator memory.\n\n" + FACTORY_HELP,
+        epilog="peakcut optimize --help and peakcut profile --help give each command's options.")
     sub = p.add_subparsers(dest="command", required=True)
     w = sub.add_parser("workloads", help="list the benchmark workloads and their sizes")
     w.add_argument("--json", action="store_true", help="print JSON instead of a table")
     w.set_defaults(func=cmd_workloads)
-    pr = sub.add_parser("profile", help="capture a workload's training step and simulate its memory")
-    pr.add_argument("workload", choices=ALL_WORKLOAD_NAMES)
-    pr.add_argument("--size", choices=SIZES, default="paper")
-    pr.add_argument("--batch", type=int, default=None, help="batch size (default: the size's own)")
-    pr.add_argument("--optimizer", choices=("sgd", "adamw"), default="adamw")
+    pr = sub.add_parser("profile", help="capture a training step (a workload or your module:factory) and "
+                        "simulate its memory", formatter_class=argparse.RawDescriptionHelpFormatter,
+                        description="Capture one training step and simulate its memory.\n\n" + FACTORY_HELP)
+    pr.add_argument("workload", help="a workload name (peakcut workloads) or MODULE:FACTORY")
+    pr.add_argument("--size", choices=SIZES, default=None, help="built-in workloads: the size (default paper)")
+    pr.add_argument("--batch", type=int, default=None,
+                    help="built-in workloads: the batch size (default: the size's own)")
+    pr.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default=None,
+                    help="the optimizer when the factory returns none (default adamw)")
+    pr.add_argument("--max-grad-norm", type=grad_norm, default=None, metavar="NORM",
+                    help="clip the gradients to this global norm before the update (default: no clip)")
     pr.add_argument("--plot", metavar="FILE.png", default=None, help="write the memory timeline plot")
     pr.add_argument("--json", action="store_true", help="print the facts as one JSON object")
     pr.add_argument("--reorder-seconds", type=float, default=20.0,

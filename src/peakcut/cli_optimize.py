@@ -1,10 +1,11 @@
 """`peakcut optimize`: search a workload's step under a limit; write program, report, plots.
 
     peakcut optimize bert-base --size paper --memory-limit 40% --time-budget 60 --device h200
-    peakcut optimize mypkg.models:make --latency-limit 1.1 --out out/mine
+    peakcut optimize my_model:make --latency-limit 1.1 --max-grad-norm 1.0 --out out/mine
 
-A `module:factory` workload is a function returning (model, batch, loss_fn); the step is
-captured with --optimizer. Writes into --out: program.py, report.json, graph.json and
+A `module:factory` workload is the user's own model (cli_model.FACTORY_HELP: found from the
+current directory; the factory returns model, batch, loss_fn and optionally the optimizer;
+else --optimizer picks it). Writes into --out: program.py, report.json, graph.json and
 order.json (a saved plan, see peakcut.load_plan), memory.png (the simulated memory of eager
 and the plan over time) and, with --pareto, pareto.png.
 """
@@ -12,7 +13,6 @@ and the plan over time) and, with --pareto, pareto.png.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import time
 from pathlib import Path
@@ -21,30 +21,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from peakcut.cli_model import FACTORY_HELP, grad_norm, load_step
 from peakcut.units import format_bytes, format_seconds
-
-
-def _load_factory(spec: str) -> tuple[Any, Any, Any, str]:
-    module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise SystemExit(f"workload {spec!r}: expected a workload name or module:factory")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise SystemExit(f"workload {spec!r}: cannot load {attr} from {module_name}: {e}") from None
-    made = factory()
-    if not (isinstance(made, tuple) and len(made) == 3):
-        raise SystemExit(f"workload {spec!r}: {attr}() must return (model, batch, loss_fn)")
-    return (*made, spec)
-
-
-def _workload(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:
-    from peakcut.workloads import ALL_WORKLOAD_NAMES, get_workload
-
-    if args.workload in ALL_WORKLOAD_NAMES:
-        inst = get_workload(args.workload).build(args.size)
-        return inst.model, inst.batch, inst.loss_fn, inst.description
-    return _load_factory(args.workload)
 
 
 def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
@@ -58,9 +36,10 @@ def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
     err = Console(stderr=True)
     target = Path(args.out or f"out/optimize/{args.workload.replace(':', '_').replace('/', '_')}")
     with err.status("capturing", spinner="dots") as spinner:
-        model, batch, loss_fn, description = _workload(args)
+        source = load_step(args.workload, args.size, args.optimizer)
+        model, description = source.model, source.description
         t0 = time.perf_counter()
-        g = peakcut.capture(model, batch, loss_fn, args.optimizer)
+        g = peakcut.capture(model, source.batch, source.loss_fn, source.optimizer, max_grad_norm=args.max_grad_norm)
         captured_s = time.perf_counter() - t0
 
         def progress(p: Any) -> None:
@@ -73,7 +52,8 @@ def cmd_optimize(args: argparse.Namespace, out: Console) -> int:
                                time_budget=args.time_budget, device=args.device, seed=args.seed,
                                pareto=args.pareto, progress=progress, jobs=args.jobs)
         spinner.update(f"writing {target}")
-        report = {"workload": args.workload, "description": description, **found.report}
+        report = {"workload": args.workload, "description": description, "optimizer": source.optimizer_name,
+                  "max_grad_norm": args.max_grad_norm, **found.report}
         report["phases"] = merged(report.get("phases"), {"capture": captured_s}, {}, args.time_budget,
                                   time.perf_counter() - t0)
         best = found.best
@@ -128,15 +108,23 @@ def add_parser(sub: Any) -> None:
     from peakcut.cost.model import KNOWN_SPECS
     from peakcut.workloads import SIZES
 
-    o = sub.add_parser("optimize", help="search a workload's step under a memory or latency limit")
-    o.add_argument("workload", help="a workload name (peakcut workloads) or module:factory")
+    o = sub.add_parser("optimize", help="search a training step (a workload or your module:factory) under a "
+                       "memory or latency limit", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Search one training step's rewrites under a memory or latency limit and\n"
+                       "write the plan (program.py, report.json, plots) into --out, e.g.\n"
+                       "  peakcut optimize my_model:make --memory-limit 50% --max-grad-norm 1.0\n\n"
+                       + FACTORY_HELP)
+    o.add_argument("workload", help="a workload name (peakcut workloads) or MODULE:FACTORY")
     limit = o.add_mutually_exclusive_group()
     limit.add_argument("--memory-limit", default=None, help="e.g. 40%%, 0.4, 12GB: least latency under it")
     limit.add_argument("--latency-limit", default=None, help="ratio to eager, e.g. 1.1: least memory under it")
     o.add_argument("--time-budget", type=float, default=60.0, help="seconds for the whole search (default 60)")
     o.add_argument("--device", default="h200", help=f"cost model: {', '.join(KNOWN_SPECS)}")
-    o.add_argument("--size", choices=SIZES, default="paper")
-    o.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="adamw")
+    o.add_argument("--size", choices=SIZES, default=None, help="built-in workloads: the size (default paper)")
+    o.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default=None,
+                   help="the optimizer when the factory returns none (default adamw)")
+    o.add_argument("--max-grad-norm", type=grad_norm, default=None, metavar="NORM",
+                   help="clip the gradients to this global norm before the update (default: no clip)")
     o.add_argument("--pareto", action="store_true", help="collect the memory/latency front")
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--jobs", type=int, default=1,

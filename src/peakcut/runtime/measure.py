@@ -81,9 +81,9 @@ def _restored(step: Step, model: torch.nn.Module, enabled: bool):
 def allocator_events(fn: Callable[[], Any]) -> tuple[list[int], Any]:
     """Signed sizes of the c10 CPU allocator's alloc (+) / free (-) events while fn() runs, in time
     order, and fn's result. Read from torch.profiler's raw kineto events (profile_memory=True)."""
-    from torch.profiler import ProfilerActivity, profile
+    from peakcut.memory.workspace.profiler import allocator_profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with allocator_profile() as prof:
         result = fn()
     events = [e for e in prof.profiler.kineto_results.events()
               if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]

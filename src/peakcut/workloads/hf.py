@@ -9,24 +9,25 @@ Paper configs reproduce the published checkpoints' ``config.json``:
 ``bert-base-uncased`` (109.5M parameters with the tied MLM head),
 ``google/vit-base-patch16-224`` (86.6M) and ``EleutherAI/gpt-neo-1.3B`` (1.316B, tied LM head,
 alternating global/local attention with window 256).
+
+``transformers`` is imported when a model is built (:func:`transformers_module`), so the
+other workloads and the rest of peakcut work without it; building one of these without it
+raises an ImportError that names the extra to install (``peakcut[workloads]``).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+import importlib
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import (
-    BertConfig,
-    BertForMaskedLM,
-    GPTNeoConfig,
-    GPTNeoForCausalLM,
-    ViTConfig,
-    ViTForImageClassification,
-)
+
+if TYPE_CHECKING:
+    from transformers import BertConfig, GPTNeoConfig, ViTConfig
 
 Batch = tuple[torch.Tensor, ...]
 
@@ -112,23 +113,34 @@ _BERT_SEQ = {"paper": 512, "medium": 128, "tiny": 32}
 _GPT_NEO_SEQ = {"paper": 512, "medium": 128, "tiny": 32}
 
 
+def transformers_module() -> ModuleType:
+    """The ``transformers`` package; an ImportError naming the extra when it is not installed."""
+    try:
+        return importlib.import_module("transformers")
+    except ModuleNotFoundError as e:
+        if e.name != "transformers":
+            raise
+        raise ImportError("the transformers workloads (bert-base, vit-base, gpt-neo-1.3b, llama2-7b, "
+                          "gpt2-xl) need transformers: pip install 'peakcut[workloads]'") from e
+
+
 def bert_config(size: str) -> BertConfig:
     """``bert-base-uncased`` (paper) or a 2-layer, 64-wide sibling (tiny)."""
-    return BertConfig(
+    return transformers_module().BertConfig(
         **_BERT_DIMS[size], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_COMMON
     )
 
 
 def vit_config(size: str) -> ViTConfig:
     """``google/vit-base-patch16-224`` with 1000 classes (paper) or a 32x32/patch-8 sibling."""
-    return ViTConfig(
+    return transformers_module().ViTConfig(
         **_VIT_DIMS[size], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_COMMON
     )
 
 
 def gpt_neo_config(size: str) -> GPTNeoConfig:
     """``EleutherAI/gpt-neo-1.3B`` (paper) or a 2-layer global+local sibling (tiny)."""
-    return GPTNeoConfig(
+    return transformers_module().GPTNeoConfig(
         **copy.deepcopy(_GPT_NEO_DIMS[size]),
         intermediate_size=None,  # 4 * hidden_size
         activation_function="gelu_new",
@@ -155,7 +167,7 @@ def make_bert_base(size: str, batch_size: int) -> tuple[nn.Module, Batch]:
     the loss is defined for any seed.
     """
     cfg = bert_config(size)
-    model = BertForMaskedLM(cfg)
+    model = transformers_module().BertForMaskedLM(cfg)
     tokens, attention_mask = _token_batch(cfg.vocab_size, batch_size, _BERT_SEQ[size])
     masked = torch.rand(tokens.shape) < _MASK_PROB
     masked[:, 0] = True
@@ -168,7 +180,7 @@ def make_bert_base(size: str, batch_size: int) -> tuple[nn.Module, Batch]:
 def make_vit_base(size: str, batch_size: int) -> tuple[nn.Module, Batch]:
     """ViTForImageClassification and ``(pixel_values, labels)``."""
     cfg = vit_config(size)
-    model = ViTForImageClassification(cfg)
+    model = transformers_module().ViTForImageClassification(cfg)
     side: int = _VIT_DIMS[size]["image_size"]  # the config's field also admits a (h, w) pair
     classes: int = _VIT_DIMS[size]["num_labels"]
     pixels = torch.randn(batch_size, cfg.num_channels, side, side)
@@ -179,7 +191,7 @@ def make_vit_base(size: str, batch_size: int) -> tuple[nn.Module, Batch]:
 def make_gpt_neo_1_3b(size: str, batch_size: int) -> tuple[nn.Module, Batch]:
     """GPTNeoForCausalLM and ``(input_ids, attention_mask, labels)`` (labels = input_ids)."""
     cfg = gpt_neo_config(size)
-    model = GPTNeoForCausalLM(cfg)
+    model = transformers_module().GPTNeoForCausalLM(cfg)
     input_ids, attention_mask = _token_batch(cfg.vocab_size, batch_size, _GPT_NEO_SEQ[size])
     return model, (input_ids, attention_mask, input_ids.clone())
 

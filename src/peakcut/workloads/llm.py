@@ -44,12 +44,14 @@ scale tests of capture and planning.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from peakcut.workloads.hf import Batch, _token_batch
+from peakcut.workloads.hf import Batch, _token_batch, transformers_module
+
+if TYPE_CHECKING:
+    from transformers import GPT2Config, LlamaConfig
 
 _COMMON: dict[str, Any] = {"attn_implementation": "eager", "use_cache": False}
 
@@ -93,7 +95,7 @@ def llama2_7b_config(size: str, n_layer: int | None = None) -> LlamaConfig:
     dims = dict(_LLAMA_DIMS[size])
     if n_layer is not None:
         dims["num_hidden_layers"] = n_layer
-    return LlamaConfig(
+    return transformers_module().LlamaConfig(
         **dims,
         hidden_act="silu",
         rms_norm_eps=1e-5,
@@ -113,7 +115,7 @@ def gpt2_xl_config(size: str, n_layer: int | None = None) -> GPT2Config:
     dims = dict(_GPT2_DIMS[size])
     if n_layer is not None:
         dims["n_layer"] = n_layer
-    return GPT2Config(
+    return transformers_module().GPT2Config(
         **dims,
         n_inner=None,  # 4 * n_embd
         activation_function="gelu_new",
@@ -130,7 +132,7 @@ def gpt2_xl_config(size: str, n_layer: int | None = None) -> GPT2Config:
 def make_llama2_7b(size: str, batch_size: int, n_layer: int | None = None) -> tuple[nn.Module, Batch]:
     """LlamaForCausalLM and ``(input_ids, attention_mask, labels)`` (labels = input_ids)."""
     cfg = llama2_7b_config(size, n_layer)
-    model = LlamaForCausalLM(cfg)
+    model = transformers_module().LlamaForCausalLM(cfg)
     input_ids, attention_mask = _token_batch(cfg.vocab_size, batch_size, LLAMA_SEQ[size])
     return model, (input_ids, attention_mask, input_ids.clone())
 
@@ -138,6 +140,6 @@ def make_llama2_7b(size: str, batch_size: int, n_layer: int | None = None) -> tu
 def make_gpt2_xl(size: str, batch_size: int, n_layer: int | None = None) -> tuple[nn.Module, Batch]:
     """GPT2LMHeadModel and ``(input_ids, attention_mask, labels)`` (labels = input_ids)."""
     cfg = gpt2_xl_config(size, n_layer)
-    model = GPT2LMHeadModel(cfg)
+    model = transformers_module().GPT2LMHeadModel(cfg)
     input_ids, attention_mask = _token_batch(cfg.vocab_size, batch_size, GPT2_SEQ[size])
     return model, (input_ids, attention_mask, input_ids.clone())

@@ -5,8 +5,8 @@
 
 Two CPU models (docs/workspace.md). The default ("cpu") is calibrated on the machine at
 hand: each distinct call measured once from the allocator's events and cached per machine
-fingerprint (measured.py). The analytic rules ("cpu-rules"; oneDNN / ATen CPU kernels,
-fitted to one AVX-512 CPU) answer where nothing can be measured; they are split by op
+fingerprint (measured.py), in a profiler session that prints nothing (profiler.py). The
+analytic rules ("cpu-rules"; oneDNN / ATen CPU kernels, fitted to one AVX-512 CPU) answer where nothing can be measured; they are split by op
 family: pointwise, reductions, norms, indexing, matmul, convolution (with conv_geometry,
 onednn and onednn_wgrad), and rules.py maps families to rules. On a GPU ("cuda") each
 distinct call is measured with torch.cuda's allocator statistics (cuda.py). Everything a rule reads of

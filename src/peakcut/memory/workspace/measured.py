@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import record_function
 
 from peakcut.cost.cache import CacheFormatError, cache_root, checked_entries, load_json, save_json
 from peakcut.cost.calls import call_key
@@ -49,6 +49,7 @@ from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node
 from peakcut.ir.registry import resolve_op
 from peakcut.memory.workspace.machine import CpuMachine
+from peakcut.memory.workspace.profiler import allocator_profile
 from peakcut.memory.workspace.rules import workspace_ops
 
 SCHEMA_VERSION = 1
@@ -111,7 +112,7 @@ def measure_calls(calls: Sequence[Callable[[], Any]], warm_up: bool = True) -> l
     if warm_up:
         for call in calls:
             call()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with allocator_profile() as prof:
         for i, call in enumerate(calls):
             with record_function(f"{_MARK}{i}"):
                 result = call()
