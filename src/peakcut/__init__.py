@@ -21,11 +21,12 @@ from peakcut.capture import SGD, Adam, AdamW, CaptureError
 from peakcut.codegen import PartialUpdateError, Step, StepBindingError
 from peakcut.ir import Graph, GraphError, Role
 from peakcut.optimizer import LimitNotMet, Plan, load_plan, optimize
+from peakcut.optimizer.data_parallel import RankMismatch
 from peakcut.runtime import Measurement, check_equivalence
 from peakcut.version import __version__
 
 __all__ = [
-    "SGD", "Adam", "AdamW", "CaptureError", "Graph", "GraphError", "LimitNotMet", "Measurement", "PartialUpdateError",
+    "SGD", "Adam", "AdamW", "CaptureError", "Graph", "GraphError", "LimitNotMet", "Measurement", "RankMismatch", "PartialUpdateError",
     "Plan", "Role", "Step", "StepBindingError", "__version__", "build", "capture", "check_equivalence", "load_plan",
     "measure", "optimize",
 ]

@@ -1,10 +1,12 @@
-"""A model trained by more than one process is refused by name, before anything changes.
+"""What peakcut does not plan of a model trained by more than one process is refused by name,
+before anything changes.
 
-Two gloo ranks on this CPU: a DistributedDataParallel model, its inner module (ddp.module,
-not wrapped, under a process group of world size 2), an FSDP2 module (fully_shard), an FSDP
-(FullyShardedDataParallel) one and a model with a DTensor parameter are each refused by
-peakcut.optimize with a CaptureError that names what it found, and the parameters and the
-optimizer state are what they were before the call.
+Two gloo ranks on this CPU: a DistributedDataParallel module with a communication hook, its
+inner module (ddp.module, not wrapped, under a process group of world size 2), an FSDP2
+module (fully_shard), an FSDP (FullyShardedDataParallel) one and a model with a DTensor
+parameter are each refused by peakcut.optimize with an error that names what it found, and
+the parameters and the optimizer state are what they were before the call. (A plain DDP
+module is planned: tests/distributed.)
 """
 
 from __future__ import annotations
@@ -61,11 +63,11 @@ def _snapshot(model: nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor
 
 
 def _refused(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor],
-             match: str) -> None:
+             match: str, error: type[Exception] = peakcut.CaptureError) -> None:
     before = _snapshot(model, opt)
     try:
         peakcut.optimize(model, batch, loss_fn, opt, **FAST)
-    except peakcut.CaptureError as e:
+    except error as e:
         if not re.search(match, str(e)):
             raise AssertionError(f"the error does not match {match!r}: {e}") from e
     else:
@@ -76,7 +78,8 @@ def _refused(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch.Te
 
 
 def _rank(rank: int, init_file: str) -> None:
-    """One rank: DDP, its inner module, FSDP2, FSDP and a DTensor parameter are each refused."""
+    """One rank: DDP with a communication hook, DDP's inner module, FSDP2, FSDP and a DTensor
+    parameter are each refused."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=60))
     try:
@@ -87,7 +90,9 @@ def _rank(rank: int, init_file: str) -> None:
         loss_fn(ddp, batch).backward()           # one step in, so there is state to leave alone
         opt.step()
         opt.zero_grad(set_to_none=True)
-        _refused(ddp, opt, batch, r"the model is wrapped in DistributedDataParallel \(DDP\).*ddp\.module")
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        _refused(ddp, opt, batch, r"DistributedDataParallel: a communication hook \(fp16_compress_hook\)", ValueError)
         _refused(ddp.module, opt, batch, r"default process group \(backend 'gloo'\) has world size 2 "
                                          rf"\(this is rank {rank}\).*all-reduced")
 

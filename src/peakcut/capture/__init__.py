@@ -20,6 +20,8 @@ Files:
 - trace.py: make_fx over FakeTensors, recording each node's module, phase and list-op run
   (the generator-state calls through rng.py);
 - rng.py: random generator state as part of the step;
+- data_parallel.py: DDP's collectives traced into the step (buffers broadcast, gradients
+  all-reduced in buckets);
 - real_layouts.py: kernels whose fake kernel keeps a layout the real kernel does not;
 - backward.py: the traced backward (the loss's gradients);
 - update.py: the optimizer update as traced into the step (the for-loop's code, the clip,

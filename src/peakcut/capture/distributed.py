@@ -1,10 +1,12 @@
-"""Models trained by more than one process: refused by name, since a captured step is one
-process's step.
+"""Models trained by more than one process, checked before capture.
 
-DistributedDataParallel all-reduces gradients from hooks of its C++ reducer and FSDP shards
-parameters and gathers them from hooks of its own; a captured step runs neither. A model
-that is not wrapped, in a process whose default process group has more than one rank, would
-be updated on each rank with that rank's own gradients, never all-reduced.
+DistributedDataParallel all-reduces gradients from hooks of its C++ reducer, which a traced
+step never runs: capture takes the module DDP wraps and traces DDP's collectives itself
+(`data_parallel`, capture.data_parallel); peakcut.optimize unwraps a DDP module that way. A
+DDP module handed to capture directly, FSDP (whose hooks gather parameters and
+reduce-scatter gradients) and DTensor parameters are refused by name. A model that is not
+wrapped, in a process whose default process group has more than one rank, would be updated
+on each rank with that rank's own gradients, never all-reduced: refused too.
 """
 
 from __future__ import annotations
@@ -13,16 +15,17 @@ import torch
 
 from peakcut.capture.errors import CaptureError
 
-_ONE_PROCESS = "peakcut captures one process's step (multi-rank training is not supported yet)"
+_ONE_PROCESS = "peakcut plans one process's step or a DistributedDataParallel step (FSDP is not supported yet)"
 
 
 def _where(path: str) -> str:
     return "the model" if not path else f"module '{path}'"
 
 
-def check_distributed(model: torch.nn.Module) -> None:
+def check_distributed(model: torch.nn.Module, data_parallel: bool = False) -> None:
     """Raise CaptureError for a DDP- or FSDP-wrapped model, DTensor parameters, or a default
-    process group of more than one rank."""
+    process group of more than one rank (unless `data_parallel`: the module a DDP wraps,
+    captured with DDP's collectives)."""
     if not torch.distributed.is_available():
         return
     from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
@@ -33,8 +36,9 @@ def check_distributed(model: torch.nn.Module) -> None:
         if isinstance(module, DistributedDataParallel):
             raise CaptureError(
                 f"{_where(path)} is wrapped in DistributedDataParallel (DDP): DDP all-reduces the "
-                f"gradients from hooks of its reducer, which a captured step never runs; {_ONE_PROCESS}. "
-                "In a single process, capture the wrapped module (ddp.module) instead")
+                "gradients from hooks of its reducer, which a captured step never runs. "
+                "peakcut.optimize takes the DDP module itself and plans its step with DDP's all-reduce; "
+                "capture() takes the module a DDP wraps (ddp.module) with data_parallel=")
         if isinstance(module, FSDPModule):
             raise CaptureError(
                 f"{_where(path)} ({type(module).__name__}) is sharded with FSDP2 (fully_shard): its "
@@ -51,10 +55,11 @@ def check_distributed(model: torch.nn.Module) -> None:
                 f"parameter '{name}' is a DTensor (placements {p.placements} on a device mesh of "
                 f"{p.device_mesh.size()} ranks): {_ONE_PROCESS}")
     dist = torch.distributed
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if not data_parallel and dist.is_initialized() and dist.get_world_size() > 1:
         raise CaptureError(
             f"torch.distributed is initialized: the default process group (backend "
             f"'{dist.get_backend()}') has world size {dist.get_world_size()} (this is rank "
             f"{dist.get_rank()}), and the model is not wrapped in DistributedDataParallel or FSDP: a "
             "captured step would update each rank's parameters with that rank's own gradients, never "
-            f"all-reduced; {_ONE_PROCESS}. Capture in a process without a multi-rank process group")
+            "all-reduced. Wrap the model in DistributedDataParallel and pass that to peakcut.optimize "
+            "(FSDP is not supported yet), or capture in a process without a multi-rank process group")

@@ -22,6 +22,7 @@ from peakcut.capture.update import substitute_hypers
 from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph, StepSignature
 from peakcut.ir.tensor import Role
+from peakcut.spec.data_parallel import DataParallelSpec
 from peakcut.spec.optimizers import OptimizerSpec, describe, resolve_optimizer
 
 
@@ -58,6 +59,7 @@ def capture(
     max_grad_norm: float | None = None,
     grad_scaler: bool = False,
     accumulate: bool = False,
+    data_parallel: DataParallelSpec | None = None,
 ) -> Graph:
     """Trace one step of `model` on `batch` into a Graph.
 
@@ -78,7 +80,10 @@ def capture(
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    check_distributed(model)
+    check_distributed(model, data_parallel=data_parallel is not None)
+    if data_parallel is not None and (accumulate or loss_fn is None):
+        raise ValueError("DistributedDataParallel: peakcut plans a DDP training step without gradient "
+                         "accumulation (no ddp.no_sync() micro-batches) and with a loss_fn")
     hook_notes = check_hooks(model, trains=loss_fn is not None)   # refuses what cannot run; notes the rest
     check_inputs(model, batch, trains=loss_fn is not None)     # the batch's, parameters' and buffers' kinds
     spec = describe_optimizer(model, optimizer) if loss_fn is not None or optimizer is None else None
@@ -101,7 +106,7 @@ def capture(
     dev = _model_device(model, batch_leaves, device)
     mode = "inference" if loss_fn is None else ("train" if spec is not None else "grad")
     options = StepOptions(spec, mode, None if max_grad_norm is None else float(max_grad_norm), grad_scaler,
-                          accumulate)
+                          accumulate, data_parallel)
 
     param_items = list(model.named_parameters(remove_duplicate=True))
     buffer_items = list(model.named_buffers(remove_duplicate=True))
@@ -153,6 +158,10 @@ def _outputs(traced: Traced, options: StepOptions, keep_grads: bool
     keep = [True, *[spec is None or keep_grads or n not in updated for n in used_names]]
     if options.grad_scaler and mode == "train":       # without an update there is nothing to skip
         out_names.append("found_inf")
+        out_roles.append(Role.ACTIVATION)
+        keep.append(True)
+    if options.max_grad_norm is not None and mode == "train":     # the norm clip_grad_norm_ returns
+        out_names.append("grad_norm")
         out_roles.append(Role.ACTIVATION)
         keep.append(True)
     return out_names, out_roles, keep, ""

@@ -14,12 +14,14 @@ from torch.utils import _pytree as pytree
 from peakcut.capture.backward import gradients
 from peakcut.capture.binding import BoundModel
 from peakcut.capture.constants import ClosedOver
+from peakcut.capture.data_parallel import ReadyOrder, all_reduced, broadcast_buffers, bucket_names
 from peakcut.capture.errors import CaptureError
 from peakcut.capture.hooks import parameter_hooks, register_parameter_hooks
 from peakcut.capture.trace import TraceLog, new_fake_mode, trace_step
 from peakcut.capture.update import HyperTable, clip_by_total_norm, slot_like, traced_update, unscale
 from peakcut.ir.node import Phase
 from peakcut.ir.tensor import Role
+from peakcut.spec.data_parallel import DataParallelSpec
 from peakcut.spec.optimizers import OptimizerSpec
 
 LossFn = Callable[[Any, Any], torch.Tensor]
@@ -28,13 +30,14 @@ LossFn = Callable[[Any, Any], torch.Tensor]
 @dataclass(frozen=True)
 class StepOptions:
     """What the traced step does besides the forward: the optimizer, the mode ('inference',
-    'grad' or 'train'), the clip, a GradScaler, gradient accumulation."""
+    'grad' or 'train'), the clip, a GradScaler, gradient accumulation, DDP's collectives."""
 
     spec: OptimizerSpec | None
     mode: str
     max_grad_norm: float | None
     grad_scaler: bool
     accumulate: bool
+    data_parallel: DataParallelSpec | None = None
 
 
 @dataclass
@@ -71,7 +74,7 @@ def trace_training_step(model: torch.nn.Module, param_items: list, buffer_items:
                         batch_spec: Any, loss_fn: LossFn | None, options: StepOptions, dev: torch.device,
                         frozen: set[str]) -> Traced:
     """make_fx of one step; parameters named in `frozen` get no gradient and no update."""
-    spec, mode = options.spec, options.mode
+    spec, mode, dp = options.spec, options.mode, options.data_parallel
     trainable = [p.requires_grad and mode != "inference" and n not in frozen for n, p in param_items]
     train_names = [n for (n, _), tr in zip(param_items, trainable, strict=True) if tr]
     group_of = spec.group_of() if spec is not None else {}
@@ -99,6 +102,8 @@ def trace_training_step(model: torch.nn.Module, param_items: list, buffer_items:
         live = [p.detach().requires_grad_() if tr else p for p, tr in zip(params, trainable, strict=True)]
         register_parameter_hooks(live, hooks)      # the parameters' p.register_hook hooks
         state = {n: p for (n, _), p in zip(param_items, live, strict=True)}
+        if dp is not None and dp.sync_buffers and mode != "inference":
+            broadcast_buffers(buffers, dp)
         state.update({n: b for (n, _), b in zip(buffer_items, buffers, strict=True)})
         bound = BoundModel(model, state, [n for n, _ in buffer_items])
         b = pytree.tree_unflatten(list(leaves), batch_spec)
@@ -120,8 +125,15 @@ def trace_training_step(model: torch.nn.Module, param_items: list, buffer_items:
             target = loss * scale[0] if scale else loss      # GradScaler.scale(loss)
             log.set_phase(Phase.BACKWARD)
             live_train = [p for p, tr in zip(live, trainable, strict=True) if tr]
+            ready = ReadyOrder(live_train, train_names) if dp is not None else None
             grads = gradients(target, live_train)
         output_info["used"] = [g is not None for g in grads]
+        if ready is not None and dp is not None:        # DDP: averaged over the ranks, in buckets
+            ready.remove()
+            produced = {n: g for n, g in zip(train_names, grads, strict=True) if g is not None}
+            order = [n for n in dict.fromkeys(ready.names) if n in produced]
+            reduced = all_reduced(produced, bucket_names(order, by_name, dp), dp)
+            grads = [reduced.get(n) for n in train_names]
         extra: list[torch.Tensor] = []
         if spec is not None and mode == "train":
             log.set_phase(Phase.OPTIMIZER)
@@ -135,7 +147,8 @@ def trace_training_step(model: torch.nn.Module, param_items: list, buffer_items:
                     found_inf = unscale(ordered, scale[0], log)
                     extra.append(found_inf)
                 if options.max_grad_norm is not None:
-                    clip_by_total_norm(ordered, options.max_grad_norm, log)
+                    norm = clip_by_total_norm(ordered, options.max_grad_norm, log)
+                    extra.append(torch.zeros((), device=dev) if norm is None else norm)
                 if scale:
                     torch.ops.peakcut.skip_update_if(found_inf)
                 slot_map: dict[str, dict[str, torch.Tensor]] = {n: {} for n in updated}

@@ -20,6 +20,7 @@ from peakcut.codegen.step_inputs import check_slots, input_mappings
 from peakcut.codegen.swap import HostPool, host_copy
 from peakcut.codegen.update_inputs import Prepared, StepBindingError, UpdateInputs
 from peakcut.codegen.update_progress import PartialUpdateError, update_begun
+from peakcut.ir.collectives import overlapped_order
 from peakcut.ir.graph import Graph
 from peakcut.ir.tensor import TensorMeta
 from peakcut.memory import simulate
@@ -66,7 +67,7 @@ class Step:
                  title: str = "", optimizer: torch.optim.Optimizer | None = None, scaler: Any = None,
                  code: Sequence[CodeHook] = ()) -> None:
         self.graph = graph
-        self.order = list(graph.order if order is None else order)
+        self.order = overlapped_order(graph, graph.order if order is None else order)
         model = workspace_model("auto", graph.device)      # the GPU's own for a graph on a GPU
         peak = simulate(graph, self.order, model).peak_bytes
         self.source = generate_source(graph, self.order, title=title,
@@ -98,6 +99,7 @@ class Step:
         self._prepared = Prepared()
         self._model: torch.nn.Module | None = None
         self._returned_grads = {n.removeprefix("grad:") for n in graph.output_names if n.startswith("grad:")}
+        self.grad_norm: torch.Tensor | None = None     # the last call's norm before clipping (max_grad_norm)
         self._batch_spec: Any = None            # the batch structure last checked against the capture
         spec = self.update.spec
         self._updated = {n for g in spec.groups for n in g.params} if spec is not None else set()
@@ -301,6 +303,7 @@ class Step:
             spec = pytree.treespec_loads(sig.output_spec)
             return pytree.tree_unflatten(list(outputs), spec)
         named = dict(zip(self.graph.output_names, outputs, strict=True))
+        self.grad_norm = named.get("grad_norm")
         self.update.finish(self._prepared, named.get("found_inf"))
         if not self._returned_grads and not sig.accumulate:
             return outputs[0]

@@ -5,7 +5,8 @@
     cost.node_seconds(g, nid); cost.copy_seconds(nbytes, "d2h"); step_seconds(cost, g, order)
 
 - protocol.py: the CostModel interface; model.py: getting a model by name;
-- analytic.py: the roofline model; profiles.py: the device profiles it reads;
+- analytic.py: the roofline model; profiles.py: the device profiles it reads; links.py: the
+  links between ranks and what a collective costs on them;
 - measured.py: every distinct call timed on the local device; cache.py: its on-disk cache,
   fingerprint.py: what a cache file depends on; fitted.py: prices of calls not measured yet,
   fitted to the measured calls of their family;

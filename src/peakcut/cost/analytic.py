@@ -21,7 +21,9 @@ FLOPs and bytes come from peakcut.ir.registry (flops, bytes_moved) on meta tenso
 from __future__ import annotations
 
 from peakcut.cost.calls import NodeWork, call_key, is_swap, node_work, swap_transfer
+from peakcut.cost.links import LinkProfile, node_link
 from peakcut.cost.profiles import DeviceProfile, host_profile
+from peakcut.ir.collectives import STARTS, WAIT_OP, world_size_of
 from peakcut.ir.foreach import ForeachTag
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node
@@ -51,13 +53,15 @@ class AnalyticCostModel:
     """Per-op latency from a DeviceProfile's peak figures (see the module docstring).
 
     tf32: price fp32 matmuls and convolutions at the TF32 tensor-core rate (what
-    torch.backends.cuda.matmul.allow_tf32 enables) instead of the FP32 rate.
+    torch.backends.cuda.matmul.allow_tf32 enables) instead of the FP32 rate. link: the link
+    collectives between ranks run on (cost.links; default: the profile's link within a node).
     """
 
-    def __init__(self, profile: DeviceProfile, *, tf32: bool = False) -> None:
+    def __init__(self, profile: DeviceProfile, *, tf32: bool = False, link: LinkProfile | None = None) -> None:
         self.profile = profile
         self.tf32 = tf32
-        self.name = f"analytic:{profile.name}"
+        self.link = link if link is not None else node_link(profile.name)
+        self.name = f"analytic:{profile.name}" if link is None else f"analytic:{profile.name}+{link.name}"
         self.overlap_copies = profile.overlap_copies
         host = host_profile(profile)
         # nodes on the host (NodeTags.on_host): priced on the host's profile
@@ -129,7 +133,14 @@ class AnalyticCostModel:
         return seconds
 
     def _node_estimate(self, g: Graph, nid: int) -> float:
-        if g.nodes[nid].op in ALLOCATION_ONLY_OPS:
+        node = g.nodes[nid]
+        if node.op in ALLOCATION_ONLY_OPS:
+            return self.profile.launch_seconds
+        if node.op in STARTS:       # on the link: one launch, then the collective's transfer
+            nbytes = g.tensors[node.input_tuple[0]].nbytes
+            return self.profile.launch_seconds + self.link.collective_seconds(
+                node.op, nbytes, world_size_of(node.args))
+        if node.op == WAIT_OP:      # the issuing thread records a wait: no device work
             return self.profile.launch_seconds
         return self.work_seconds(node_work(g, nid))
 

@@ -2,7 +2,8 @@
 
 - tensor.py: tensor metadata (shape, dtype, storage); node.py: one op call; graph.py: the Graph;
 - edit.py: the one graph editor; infer.py: an op call's output layouts from FakeTensors;
-- registry.py: per-op facts; ops.py: peakcut's own ops (device/host copies); real_dtypes.py:
+- registry.py: per-op facts; ops.py: peakcut's own ops (device/host copies); collectives.py:
+  torch.distributed's collectives as ops (a bucket's all-reduce, its wait); real_dtypes.py:
   where fake kernels disagree with real ones;
 - tags.py: what a node carries between packages; foreach.py: the tag of a node that is one
   tensor's share of a list op (torch.optim's foreach and fused updates); node_cache.py:
@@ -10,6 +11,7 @@
 - check.py: validation (check_graph); serialize.py: versioned JSON;
 - dims/: dimension rules, for fission."""
 
+from peakcut.ir import collectives  # noqa: F401  (registers the collective ops)
 from peakcut.ir.check import check_graph
 from peakcut.ir.graph import Graph, GraphError, StepSignature
 from peakcut.ir.node import Node, Phase, TensorRef

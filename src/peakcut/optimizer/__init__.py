@@ -24,11 +24,13 @@ swapping and re-ordering, under a memory or a latency limit.
   baselines.py: the ZeRO-Offload-style peer priced on the same timeline;
   peak_standing.py: what stands at a plan's peak, and how much of it fission parts hold;
   held_floor.py: memory limits no plan can meet on a host device (held bytes, whole ops);
-- optimized.py: what optimize_graph found; report.py: its report;
+- optimized.py: what optimize_graph found; report.py: its report; arena.py: its arena and
+  predicted reserved bytes (the plan's order laid out, the allocator modelled);
   limit_messages.py: the sentences of a LimitNotMet;
 - shares.py: how an optimize call shares its time budget; phases.py: where it went (seconds
   and states per phase, for the report);
-- api.py: peakcut.optimize() and optimize_graph().
+- api.py: peakcut.optimize() and optimize_graph(); data_parallel.py: one plan on every rank of a
+  DistributedDataParallel step (the ranks' steps compared, rank 0's plan broadcast).
 """
 
 from peakcut.optimizer.api import optimize, optimize_graph

@@ -38,6 +38,7 @@ from peakcut.optimizer import shares
 from peakcut.optimizer.budget import BudgetedCost, MeasurePacer
 from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.context import calibrate
+from peakcut.optimizer.data_parallel import check_same_program, check_same_step, rank_zero_program
 from peakcut.optimizer.derive import Deriver
 from peakcut.optimizer.held_floor import HOST_DEVICES, held_floor_refusal
 from peakcut.optimizer.limit_messages import search_shortfall, whole_op
@@ -64,6 +65,7 @@ from peakcut.optimizer.verify import runs_here as verify_runs_here
 from peakcut.rules import REWRITE_MOVES, RULES
 from peakcut.schedule import schedule
 from peakcut.simulate import Timeline, simulate_timeline
+from peakcut.spec.data_parallel import DataParallelSpec, describe_data_parallel, is_data_parallel
 from peakcut.spec.optimizers import resolve_optimizer
 
 
@@ -290,6 +292,10 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
       memory (peakcut.runtime.host_allocator: no page faults for activations made again
       every step; the process's resident size stays at its high-water mark). The measured
       per-op times assume it; False leaves the allocator alone.
+    - model may be a DistributedDataParallel module: call optimize on every rank with that
+      rank's batch (same shapes everywhere); the step broadcasts rank 0's buffers and
+      all-reduces the gradients in DDP's buckets as graph nodes the search schedules, rank 0
+      searches (analytic cost models only) and every rank runs its plan (docs/distributed.md).
     Raises LimitNotMet (with `.plan`, the best plan found) when the limit is not met.
     """
     _check_arguments(memory_limit, latency_limit, fission_dims, time_budget, jobs, seed, max_states)
@@ -300,17 +306,18 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
     if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
         raise TypeError(f"scaler: expected a torch.amp.GradScaler, got {type(scaler).__name__}")
     use_scaler = scaler is not None and scaler.is_enabled()
+    model, data_parallel = _unwrapped(model, device)
     opt = resolve_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
     if accumulate > 1 and opt is None:
         raise ValueError("accumulate=k needs an optimizer; without one plan.step already adds into p.grad")
     search = dict(memory_limit=memory_limit, latency_limit=latency_limit, device=device, seed=seed,
                   max_states=max_states, pareto=pareto, settings=settings, fission_dims=fission_dims,
                   progress=progress, jobs=jobs)
-    checked = (verify and not pareto and not use_scaler and accumulate == 1
+    checked = (verify and not pareto and not use_scaler and accumulate == 1 and data_parallel is None
                and (not isinstance(device, str) or device.startswith("measured"))
                and verify_runs_here(get_cost_model(device) if isinstance(device, str) else device, model))
     plan_for = _Planner(model, loss_fn, opt, device, memory_limit, search, checked, keep_grads, max_grad_norm,
-                        use_scaler, accumulate, keep_host_memory)
+                        use_scaler, accumulate, keep_host_memory, data_parallel)
     main, micro = plan_for(batch, time_budget)
     plan = Plan(model, main.graph, main.order, main.report, optimizer=opt, scaler=scaler, micro=micro,
                 accumulate=accumulate, replan=(lambda b: plan_for(b, time_budget)) if replan else None,
@@ -341,13 +348,20 @@ class _Planner:
     use_scaler: bool
     accumulate: int
     keep_host_memory: bool
+    data_parallel: DataParallelSpec | None = None
 
     def __call__(self, b: Any, budget: float) -> tuple[Program, Program | None]:
         t0 = time.perf_counter()
         model, loss_fn, opt = self.model, self.loss_fn, self.opt
         final_share = budget if self.accumulate == 1 else budget * 0.6
         g = capture(model, b, loss_fn, opt, keep_grads=self.keep_grads, max_grad_norm=self.max_grad_norm,
-                    grad_scaler=self.use_scaler, accumulate=self.accumulate > 1)
+                    grad_scaler=self.use_scaler, accumulate=self.accumulate > 1, data_parallel=self.data_parallel)
+        if self.data_parallel is not None:      # the same plan on every rank: rank 0's
+            dp, left = self.data_parallel, budget - (time.perf_counter() - t0)
+            check_same_step(g, {k: v for k, v in self.search.items() if k != "progress"}, dp, "captured step")
+            main = rank_zero_program(lambda: _search(g, left, model, self.search, self.accumulate), dp)
+            check_same_program(main, dp)
+            return main, None
         check = None
         searched = self.search
         calibration = None
@@ -395,6 +409,17 @@ class _Planner:
             gm = capture(model, b, loss_fn, None, grad_scaler=self.use_scaler)
             micro = _search(gm, budget - (time.perf_counter() - t0), model, self.search, self.accumulate)
         return main, micro
+
+
+def _unwrapped(model: torch.nn.Module, device: str | CostModel) -> tuple[torch.nn.Module, DataParallelSpec | None]:
+    """The module to capture, and the spec of its DistributedDataParallel step if it is one."""
+    if not is_data_parallel(model):
+        return model, None
+    if isinstance(device, str) and device.startswith("measured") or isinstance(device, MeasuredCostModel):
+        raise ValueError(f"device={device!r} with DistributedDataParallel: a measured cost model times the "
+                         "step's calls on one rank, which collectives cannot run alone; use an analytic "
+                         "profile (device='h100', 'h200', 'cpu', ...)")
+    return describe_data_parallel(model)
 
 
 def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, Any], accumulate: int,

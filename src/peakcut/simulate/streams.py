@@ -15,6 +15,11 @@ device, so a host op placed after the backward in the order still starts with th
 gradient it reads). Otherwise (a CPU, where the host is the device) every node,
 copies and host nodes included, runs on the compute stream in issue order.
 
+Collectives (ir.collectives: a gradient bucket's all-reduce, a buffer's broadcast) run on a
+communication stream when copies overlap: started in issue order once the compute node
+before them has finished and what they read is done, like a copy; the wait node after one is
+a compute node that waits for its end.
+
 On an asynchronous device (a GPU: the cost model prices a node's issue apart, CostModel
 issue_seconds) one host thread issues the nodes in order, each taking its issue seconds, and
 a node starts on its stream no earlier than it has been issued: the device runs ahead of
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from peakcut.cost.protocol import CostModel, issue_seconds
+from peakcut.ir.collectives import STARTS
 from peakcut.ir.graph import Graph
 from peakcut.ir.ops import COPY_DIRECTION
 from peakcut.simulate.order import IssueOrder
@@ -37,7 +43,8 @@ COMPUTE = "compute"
 D2H = "d2h"
 H2D = "h2d"
 HOST = "host"
-STREAMS = (COMPUTE, D2H, H2D, HOST)
+COMM = "comm"
+STREAMS = (COMPUTE, D2H, H2D, HOST, COMM)
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,8 @@ def node_stream(op: str, overlap_copies: bool, on_host: bool = False) -> str:
         return COMPUTE
     if on_host:
         return HOST
+    if op in STARTS:
+        return COMM
     direction = COPY_DIRECTION.get(op)
     if direction is None:
         return COMPUTE
@@ -97,7 +106,8 @@ def time_streams(g: Graph, issued: IssueOrder, cost: CostModel) -> StreamTiming:
     ops = [node.op for node in nodes]
     copies = np.fromiter((op in COPY_DIRECTION for op in ops), dtype=bool, count=n)
     on_host = np.fromiter((node.tags.on_host for node in nodes), dtype=bool, count=n)
-    off_compute = copies | on_host
+    collectives = np.fromiter((op in STARTS for op in ops), dtype=bool, count=n)
+    off_compute = copies | on_host | collectives
     issue = np.fromiter((issue_seconds(cost, g, nid) for nid in issued.order), dtype=np.float64, count=n)
     issue[on_host] = 0.0
     issued_at = np.cumsum(issue)          # when the issuing thread is done with each node

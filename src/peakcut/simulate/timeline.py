@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from peakcut.cost.protocol import CostModel
+from peakcut.ir.collectives import overlapped_order
 from peakcut.ir.graph import Graph
 from peakcut.memory import PeakStorage
 from peakcut.memory.workspace import WorkspaceSpec
@@ -91,7 +92,7 @@ def simulate_timeline(
     the graph's device, by default; a spec or a model), or None to ignore workspace. Raises
     peakcut.ir.graph.GraphError when `order` is not a topological order of g's nodes.
     """
-    issued = issue_order(g, order)
+    issued = issue_order(g, overlapped_order(g, g.order if order is None else order))
     timing = time_streams(g, issued, cost)
     curve = memory_curve(g, issued, timing, workspace)
     k = int(np.argmax(curve.bytes))

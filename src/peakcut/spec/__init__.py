@@ -8,4 +8,6 @@ while a step runs) and the optimizer; it imports nothing of peakcut but `ir`.
 - scalars.py: the values of the update's run-time scalars, read from the user's optimizer.
 - tensor_kinds.py: which tensors a step can hold, and why a batch cannot be given to one.
 - constants.py: the `const:` inputs' names and their binding to the user's tensors.
+- data_parallel.py: a DistributedDataParallel step (its process group and buckets), read from
+  the user's DDP module.
 """
