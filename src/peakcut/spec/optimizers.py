@@ -177,6 +177,10 @@ def describe(opt: torch.optim.Optimizer, model: torch.nn.Module,
     model.named_parameters() as a dict, when the caller has it); a clear error for
     optimizers, options and parameters peakcut cannot reproduce exactly."""
     name = type(opt).__name__
+    if type(opt).__module__.startswith("accelerate."):
+        raise TypeError(f"optimizer accelerate {name}: use peakcut.integrations.accelerate.optimize(accelerator, "
+                        "model, batch, loss_fn, optimizer), which plans with the accelerator's mixed precision "
+                        "and gradient accumulation")
     if type(opt) not in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW):
         raise TypeError(f"optimizer {type(opt).__module__}.{name} is not supported (subclasses neither: "
                         "their step() may differ): peakcut reproduces "
