@@ -32,7 +32,8 @@ class StepSignature:
 
     input names: 'param:<name>', 'buffer:<name>', 'state:<param>.<slot>', 'acc:<param>',
     'scaler:scale', 'batch:<i>', 'const:<where>' (a tensor the step reads besides these:
-    capture.constants). output names: 'loss', 'grad:<param>', 'found_inf', 'out:<i>'.
+    capture.constants). output names: 'loss', 'grad:<param>', 'found_inf', 'grad_norm' (the
+    gradients' total norm before clipping), 'out:<i>'.
     """
 
     batch_spec: str = ""         # pytree treespec of the batch (torch.utils._pytree dumps)

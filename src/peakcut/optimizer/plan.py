@@ -64,7 +64,9 @@ class Plan:
 
     `plan.step(batch)` stands for `loss_fn(model, batch).backward(); clip; optimizer.step();
     optimizer.zero_grad()` (with accumulate=k: the backward on every call, the rest on
-    every k-th). The optimizer (and GradScaler) are the user's objects.
+    every k-th). The optimizer (and GradScaler) are the user's objects. With max_grad_norm,
+    `plan.grad_norm` is the gradients' total norm before clipping at the last update (the
+    tensor clip_grad_norm_ returns).
     """
 
     def __init__(self, model: torch.nn.Module, graph: Graph, order: list[int], report: dict[str, Any], *,
@@ -80,6 +82,7 @@ class Plan:
         self.scaler = scaler
         self.accumulate = accumulate
         self.micro_steps = 0                    # micro-batches since the last update
+        self.grad_norm: torch.Tensor | None = None   # total norm the last update clipped (max_grad_norm)
         self._replan = replan
         self._steps: dict[tuple[Any, ...], tuple[Step, Step | None]] = {}
         self._programs: dict[tuple[Any, ...], tuple[Program, Program | None]] = {}
@@ -146,6 +149,7 @@ class Plan:
             return loss
         loss = main(self.model, batch)
         self.micro_steps = 0
+        self.grad_norm = main.grad_norm
         return loss
 
     def save(self, path: str | Path) -> Path:
