@@ -3,10 +3,11 @@ before anything changes.
 
 Two gloo ranks on this CPU: a DistributedDataParallel module with a communication hook, its
 inner module (ddp.module, not wrapped, under a process group of world size 2), an FSDP2
-module (fully_shard), an FSDP (FullyShardedDataParallel) one and a model with a DTensor
-parameter are each refused by peakcut.optimize with an error that names what it found, and
-the parameters and the optimizer state are what they were before the call. (A plain DDP
-module is planned: tests/distributed.)
+module with a mixed-precision policy and one with shards of unequal sizes, an FSDP
+(FullyShardedDataParallel) module and a model with a DTensor parameter are each refused by
+peakcut.optimize with an error that names what it found, and the parameters and the
+optimizer state are what they were before the call. (Plain DDP and FSDP2 modules are
+planned: tests/distributed.)
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ def _refused(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch.Te
 
 
 def _rank(rank: int, init_file: str) -> None:
-    """One rank: DDP with a communication hook, DDP's inner module, FSDP2, FSDP and a DTensor
-    parameter are each refused."""
+    """One rank: DDP with a communication hook, DDP's inner module, FSDP2 with what peakcut
+    does not plan, FSDP and a DTensor parameter are each refused."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=60))
     try:
@@ -96,12 +97,21 @@ def _rank(rank: int, init_file: str) -> None:
         _refused(ddp.module, opt, batch, r"default process group \(backend 'gloo'\) has world size 2 "
                                          rf"\(this is rank {rank}\).*all-reduced")
 
-        from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+        from torch.distributed.fsdp import (
+            FullyShardedDataParallel,
+            MixedPrecisionPolicy,
+            fully_shard,
+        )
         sharded, _ = make_mlp()
-        fully_shard(sharded.fc1)
+        fully_shard(sharded.fc1, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
         fully_shard(sharded)
         _refused(sharded, torch.optim.AdamW(sharded.parameters()), batch,
-                 r"the model \(FSDPMLP\) is sharded with FSDP2 \(fully_shard\)")
+                 r"FSDP2: module 'fc1' has a MixedPrecisionPolicy", ValueError)
+        uneven, _ = make_mlp()          # 3 rows cannot be split evenly over 2 ranks
+        uneven.fc2 = nn.Linear(16, 3)
+        fully_shard(uneven)
+        _refused(uneven, torch.optim.AdamW(uneven.parameters()), batch,
+                 r"FSDP2: parameter 'fc2.weight' has 3 rows, not a multiple of the 2 ranks", ValueError)
         fsdp = FullyShardedDataParallel(make_mlp()[0], device_id=torch.device("cpu"))
         _refused(fsdp, torch.optim.AdamW(fsdp.parameters()), batch,
                  r"the model is wrapped in FullyShardedDataParallel \(FSDP\)")

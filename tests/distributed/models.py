@@ -75,7 +75,7 @@ class TinyCNN(nn.Module):
         super().__init__()
         self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
         self.conv2, self.bn2 = nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
-        self.head = nn.Linear(16, 10)
+        self.head = nn.Linear(16, 12)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.relu(self.bn1(self.conv1(x)))
@@ -85,7 +85,7 @@ class TinyCNN(nn.Module):
 
 def cnn_batch(rank: int, step: int, batch: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(2000 * rank + step)
-    return torch.randn(batch, 3, 16, 16, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    return torch.randn(batch, 3, 16, 16, generator=g), torch.randint(0, 12, (batch,), generator=g)
 
 
 def cnn_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

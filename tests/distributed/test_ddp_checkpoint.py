@@ -22,7 +22,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from tests.distributed.models import TinyGPT, adamw_two_groups, gpt_batch, gpt_loss
-from tests.distributed.test_ddp import _close, _ddp, eager_step
+from tests.distributed.test_data_parallel import _close, _ddp, eager_step
 from tests.tolerance import tolerance
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")

@@ -21,7 +21,8 @@ Files:
   (the generator-state calls through rng.py);
 - rng.py: random generator state as part of the step;
 - data_parallel.py: DDP's collectives traced into the step (buffers broadcast, gradients
-  all-reduced in buckets);
+  all-reduced in buckets); fully_sharded.py: FSDP2's (parameters all-gathered from their
+  shards, gradients reduce-scattered and averaged, the clip's norm over every rank);
 - real_layouts.py: kernels whose fake kernel keeps a layout the real kernel does not;
 - backward.py: the traced backward (the loss's gradients);
 - update.py: the optimizer update as traced into the step (the for-loop's code, the clip,

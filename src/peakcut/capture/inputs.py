@@ -19,15 +19,17 @@ import torch
 from torch.utils import _pytree as pytree
 
 from peakcut.capture.errors import CaptureError
+from peakcut.spec.fully_sharded import local_tensor
 from peakcut.spec.tensor_kinds import batch_problem, unsupported_kind
 
 _SUPPORTED = " (peakcut captures dense torch.Tensors and nn.Parameters of the usual dtypes)"
 
 
-def check_inputs(model: torch.nn.Module, batch: Any, trains: bool) -> None:
+def check_inputs(model: torch.nn.Module, batch: Any, trains: bool, sharded: bool = False) -> None:
     """Refuse, before tracing, a batch leaf that is not a tensor (TypeError) and a batch leaf,
     parameter or buffer of a kind a captured step cannot hold (CaptureError). `trains`: the
-    step computes gradients (a loss_fn is given)."""
+    step computes gradients (a loss_fn is given); `sharded`: the parameters are FSDP2's DTensors,
+    whose local shards the step holds."""
     for i, (path, leaf) in enumerate(pytree.tree_flatten_with_path(batch)[0]):
         if not isinstance(leaf, torch.Tensor):
             raise TypeError(f"batch leaf {i} (batch{pytree.keystr(path)}) is a {type(leaf).__name__}; "
@@ -37,7 +39,7 @@ def check_inputs(model: torch.nn.Module, batch: Any, trains: bool) -> None:
         raise CaptureError(f"{problem}, which a captured step cannot take{_SUPPORTED}")
     for kind, items in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
         for name, t in items:
-            what = unsupported_kind(t)
+            what = unsupported_kind(local_tensor(t) if sharded else t)
             if what is None and kind == "parameter" and trains and t.requires_grad and t.is_complex():
                 what = "a complex tensor that requires grad (complex training is not captured)"
             if what is not None:

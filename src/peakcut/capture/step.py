@@ -14,6 +14,7 @@ from torch.utils import _pytree as pytree
 from peakcut.capture.control_edges import chain_random, gate_updates, updates_after_loss
 from peakcut.capture.convert import fx_to_graph
 from peakcut.capture.distributed import check_distributed
+from peakcut.capture.fully_sharded import fsdp_hooks_removed, waits_in_place
 from peakcut.capture.hooks import check_hooks
 from peakcut.capture.inputs import check_inputs
 from peakcut.capture.module_state import tensors_restored
@@ -23,6 +24,7 @@ from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph, StepSignature
 from peakcut.ir.tensor import Role
 from peakcut.spec.data_parallel import DataParallelSpec
+from peakcut.spec.fully_sharded import FullyShardedSpec, local_tensor
 from peakcut.spec.optimizers import OptimizerSpec, describe, resolve_optimizer
 
 
@@ -60,6 +62,7 @@ def capture(
     grad_scaler: bool = False,
     accumulate: bool = False,
     data_parallel: DataParallelSpec | None = None,
+    fully_sharded: FullyShardedSpec | None = None,
 ) -> Graph:
     """Trace one step of `model` on `batch` into a Graph.
 
@@ -77,15 +80,37 @@ def capture(
       'scaler:scale' input, gradients are unscaled, and the update is skipped when one is inf/nan.
     - accumulate: the optimizer's gradients are added to 'acc:<param>' inputs (the p.grad of
       earlier micro-batches) before clipping and the update.
+    - data_parallel: `model` is the module a DistributedDataParallel wraps
+      (spec.data_parallel.describe_data_parallel): the step broadcasts rank 0's buffers and
+      all-reduces the gradients in DDP's buckets, as DDP does (capture.data_parallel).
+    - fully_sharded: `model` is an FSDP2 module (spec.fully_sharded.describe_fully_sharded):
+      the step takes each parameter's local shard, all-gathers it where it is used and
+      reduce-scatters its gradient, as fully_shard's hooks do (capture.fully_sharded).
     """
+    if fully_sharded is not None:
+        with fsdp_hooks_removed(model):
+            return _capture(model, batch, loss_fn, optimizer, device=device, keep_grads=keep_grads,
+                            max_grad_norm=max_grad_norm, grad_scaler=grad_scaler, accumulate=accumulate,
+                            data_parallel=data_parallel, fully_sharded=fully_sharded)
+    return _capture(model, batch, loss_fn, optimizer, device=device, keep_grads=keep_grads,
+                    max_grad_norm=max_grad_norm, grad_scaler=grad_scaler, accumulate=accumulate,
+                    data_parallel=data_parallel, fully_sharded=None)
+
+
+def _capture(model: torch.nn.Module, batch: Any, loss_fn: LossFn | None, optimizer: Any, *,
+             device: str | torch.device | None, keep_grads: bool, max_grad_norm: float | None,
+             grad_scaler: bool, accumulate: bool, data_parallel: DataParallelSpec | None,
+             fully_sharded: FullyShardedSpec | None) -> Graph:
+    """capture() once fully_shard's hooks are off the modules."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    check_distributed(model, data_parallel=data_parallel is not None)
-    if data_parallel is not None and (accumulate or loss_fn is None):
-        raise ValueError("DistributedDataParallel: peakcut plans a DDP training step without gradient "
-                         "accumulation (no ddp.no_sync() micro-batches) and with a loss_fn")
+    check_distributed(model, data_parallel=data_parallel is not None, fully_sharded=fully_sharded is not None)
+    if (data_parallel is not None or fully_sharded is not None) and (accumulate or loss_fn is None or keep_grads):
+        raise ValueError(f"{'FSDP2' if fully_sharded is not None else 'DistributedDataParallel'}: peakcut plans "
+                         "a multi-rank training step with a loss_fn, without gradient accumulation and "
+                         "without keep_grads")
     hook_notes = check_hooks(model, trains=loss_fn is not None)   # refuses what cannot run; notes the rest
-    check_inputs(model, batch, trains=loss_fn is not None)     # the batch's, parameters' and buffers' kinds
+    check_inputs(model, batch, trains=loss_fn is not None, sharded=fully_sharded is not None)     # the batch's, parameters' and buffers' kinds
     spec = describe_optimizer(model, optimizer) if loss_fn is not None or optimizer is None else None
     if optimizer is not None and loss_fn is None:
         raise ValueError("an optimizer needs a loss_fn(model, batch) -> scalar loss")
@@ -106,9 +131,10 @@ def capture(
     dev = _model_device(model, batch_leaves, device)
     mode = "inference" if loss_fn is None else ("train" if spec is not None else "grad")
     options = StepOptions(spec, mode, None if max_grad_norm is None else float(max_grad_norm), grad_scaler,
-                          accumulate, data_parallel)
+                          accumulate, data_parallel, fully_sharded)
 
-    param_items = list(model.named_parameters(remove_duplicate=True))
+    param_items = [(n, _local_parameter(p) if fully_sharded is not None else p)
+                   for n, p in model.named_parameters(remove_duplicate=True)]
     buffer_items = list(model.named_buffers(remove_duplicate=True))
     frozen: set[str] = set()
     while True:  # parameters that get no gradient are re-traced as frozen (torch.optim skips them)
@@ -121,6 +147,7 @@ def capture(
         frozen |= unused
     gm, log, input_names, roles = traced.gm, traced.log, traced.input_names, traced.roles
     substitute_hypers(gm, traced.hypers)
+    waits_in_place(gm)
     log.notes.extend(hook_notes)
 
     updated = set(traced.updated)
@@ -139,6 +166,12 @@ def capture(
     updates_after_loss(edit)
     chain_random(edit)
     return edit.finish()
+
+
+def _local_parameter(p: torch.Tensor) -> torch.Tensor:
+    """An FSDP2 parameter's local shard, marked as trainable as the parameter is (the shard
+    itself never requires grad; the step differentiates stand-ins for it)."""
+    return local_tensor(p).detach().requires_grad_(p.requires_grad)
 
 
 def _outputs(traced: Traced, options: StepOptions, keep_grads: bool

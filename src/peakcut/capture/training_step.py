@@ -16,12 +16,14 @@ from peakcut.capture.binding import BoundModel
 from peakcut.capture.constants import ClosedOver
 from peakcut.capture.data_parallel import ReadyOrder, all_reduced, broadcast_buffers, bucket_names
 from peakcut.capture.errors import CaptureError
+from peakcut.capture.fully_sharded import averaged, gathered, global_norm
 from peakcut.capture.hooks import parameter_hooks, register_parameter_hooks
 from peakcut.capture.trace import TraceLog, new_fake_mode, trace_step
 from peakcut.capture.update import HyperTable, clip_by_total_norm, slot_like, traced_update, unscale
 from peakcut.ir.node import Phase
 from peakcut.ir.tensor import Role
 from peakcut.spec.data_parallel import DataParallelSpec
+from peakcut.spec.fully_sharded import FullyShardedSpec
 from peakcut.spec.optimizers import OptimizerSpec
 
 LossFn = Callable[[Any, Any], torch.Tensor]
@@ -30,7 +32,7 @@ LossFn = Callable[[Any, Any], torch.Tensor]
 @dataclass(frozen=True)
 class StepOptions:
     """What the traced step does besides the forward: the optimizer, the mode ('inference',
-    'grad' or 'train'), the clip, a GradScaler, gradient accumulation, DDP's collectives."""
+    'grad' or 'train'), the clip, a GradScaler, gradient accumulation, DDP's or FSDP2's collectives."""
 
     spec: OptimizerSpec | None
     mode: str
@@ -38,6 +40,7 @@ class StepOptions:
     grad_scaler: bool
     accumulate: bool
     data_parallel: DataParallelSpec | None = None
+    fully_sharded: FullyShardedSpec | None = None
 
 
 @dataclass
@@ -74,7 +77,7 @@ def trace_training_step(model: torch.nn.Module, param_items: list, buffer_items:
                         batch_spec: Any, loss_fn: LossFn | None, options: StepOptions, dev: torch.device,
                         frozen: set[str]) -> Traced:
     """make_fx of one step; parameters named in `frozen` get no gradient and no update."""
-    spec, mode, dp = options.spec, options.mode, options.data_parallel
+    spec, mode, dp, fs = options.spec, options.mode, options.data_parallel, options.fully_sharded
     trainable = [p.requires_grad and mode != "inference" and n not in frozen for n, p in param_items]
     train_names = [n for (n, _), tr in zip(param_items, trainable, strict=True) if tr]
     group_of = spec.group_of() if spec is not None else {}
@@ -102,6 +105,8 @@ def trace_training_step(model: torch.nn.Module, param_items: list, buffer_items:
         live = [p.detach().requires_grad_() if tr else p for p, tr in zip(params, trainable, strict=True)]
         register_parameter_hooks(live, hooks)      # the parameters' p.register_hook hooks
         state = {n: p for (n, _), p in zip(param_items, live, strict=True)}
+        if fs is not None:          # FSDP2: the module runs on parameters gathered from the shards
+            state = {n: gathered(p, n, fs) for n, p in state.items()}
         if dp is not None and dp.sync_buffers and mode != "inference":
             broadcast_buffers(buffers, dp)
         state.update({n: b for (n, _), b in zip(buffer_items, buffers, strict=True)})
@@ -128,6 +133,8 @@ def trace_training_step(model: torch.nn.Module, param_items: list, buffer_items:
             ready = ReadyOrder(live_train, train_names) if dp is not None else None
             grads = gradients(target, live_train)
         output_info["used"] = [g is not None for g in grads]
+        if fs is not None:
+            grads = averaged(grads, fs)
         if ready is not None and dp is not None:        # DDP: averaged over the ranks, in buckets
             ready.remove()
             produced = {n: g for n, g in zip(train_names, grads, strict=True) if g is not None}
@@ -147,7 +154,8 @@ def trace_training_step(model: torch.nn.Module, param_items: list, buffer_items:
                     found_inf = unscale(ordered, scale[0], log)
                     extra.append(found_inf)
                 if options.max_grad_norm is not None:
-                    norm = clip_by_total_norm(ordered, options.max_grad_norm, log)
+                    norm = clip_by_total_norm(ordered, options.max_grad_norm, log,
+                                              None if fs is None else (lambda n: global_norm(n, fs)))
                     extra.append(torch.zeros((), device=dev) if norm is None else norm)
                 if scale:
                     torch.ops.peakcut.skip_update_if(found_inf)

@@ -25,7 +25,7 @@ capture.list_update), and a GradScaler's unscale repeats `GradScaler.unscale_`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -86,13 +86,16 @@ def substitute_hypers(gm: torch.fx.GraphModule, hypers: HyperTable) -> None:
 
 
 # ----------------------------------------------------------------------------- traced update
-def clip_by_total_norm(grads: Sequence[torch.Tensor], max_norm: float, log: TraceLog | None = None) -> None:
+def clip_by_total_norm(grads: Sequence[torch.Tensor], max_norm: float, log: TraceLog | None = None,
+                       reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor | None:
     """torch.nn.utils.clip_grad_norm_(norm_type=2, foreach=None) on these gradients, in place:
     per device/dtype group (in torch's grouping order), the norms and the scaling as the list
     ops it calls where the device supports them (torch._foreach_norm, torch._foreach_mul_: on
-    a CPU and a GPU; recorded as runs in `log`), else one call per gradient."""
+    a CPU and a GPU; recorded as runs in `log`), else one call per gradient. Returns the total
+    norm before clipping, as clip_grad_norm_ does (None without gradients). `reduce`: this
+    rank's total norm -> the norm over every rank's shards (FSDP2)."""
     if not grads:
-        return
+        return None
     runs = Runs(log)
     groups = _grouped(grads)
     first = grads[0].device
@@ -103,6 +106,8 @@ def clip_by_total_norm(grads: Sequence[torch.Tensor], max_norm: float, log: Trac
         else:
             norms.extend(torch.linalg.vector_norm(g, 2.0) for g in group)
     total_norm = torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), 2.0)
+    if reduce is not None:
+        total_norm = reduce(total_norm)
     clip_coef = max_norm / (total_norm + CLIP_EPS)
     clip_coef_clamped = torch.clamp(clip_coef, max=1.0)
     for device, group in groups:
@@ -112,6 +117,7 @@ def clip_by_total_norm(grads: Sequence[torch.Tensor], max_norm: float, log: Trac
         else:
             for g in group:
                 g.mul_(coef)
+    return total_norm
 
 
 def _grouped(tensors: Sequence[torch.Tensor]) -> list[tuple[torch.device, list[torch.Tensor]]]:

@@ -26,6 +26,7 @@ from peakcut.ir.tensor import TensorMeta
 from peakcut.memory import simulate
 from peakcut.memory.workspace import model_name, workspace_model
 from peakcut.spec.constants import held, resolve
+from peakcut.spec.fully_sharded import local_tensor
 from peakcut.spec.optimizers import OptimizerSpec
 from peakcut.spec.tensor_kinds import batch_problem
 
@@ -231,7 +232,9 @@ class Step:
                 value = constants[name]
             else:
                 value = leaves[int(key)]
-            values.append(self._check(name, value, self.graph.tensors[tid]))
+            # an FSDP2 parameter or its optimizer state is a DTensor: the step takes its local shard
+            values.append(self._check(name, None if value is None else local_tensor(value),
+                                      self.graph.tensors[tid]))
         return values
 
     def _kept_on_host(self, name: str, p: torch.Tensor) -> torch.Tensor:

@@ -139,7 +139,7 @@ class AnalyticCostModel:
         if node.op in STARTS:       # on the link: one launch, then the collective's transfer
             nbytes = g.tensors[node.input_tuple[0]].nbytes
             return self.profile.launch_seconds + self.link.collective_seconds(
-                node.op, nbytes, world_size_of(node.args))
+                node.op, nbytes, world_size_of(node.op, node.args))
         if node.op == WAIT_OP:      # the issuing thread records a wait: no device work
             return self.profile.launch_seconds
         return self.work_seconds(node_work(g, nid))

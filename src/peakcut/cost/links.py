@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from peakcut.ir.collectives import ALL_REDUCE_OP, BROADCAST_OP
+from peakcut.ir.collectives import ALL_GATHER_OP, ALL_REDUCE_OP, BROADCAST_OP, REDUCE_SCATTER_OP
 
 GIGA = 1e9
 MICRO = 1e-6
@@ -48,12 +48,23 @@ class LinkProfile:
             return 0.0
         return (ranks - 1) * self.step_seconds + nbytes / self.bus_bandwidth
 
+    def ring_seconds(self, nbytes: int, ranks: int) -> float:
+        """An all-gather of `nbytes` in all (each rank contributes nbytes / ranks) or a
+        reduce-scatter of `nbytes` per rank: p-1 ring steps of nbytes / p."""
+        if ranks <= 1:
+            return 0.0
+        return (ranks - 1) * (self.step_seconds + nbytes / ranks / self.bus_bandwidth)
+
     def collective_seconds(self, op: str, nbytes: int, ranks: int) -> float:
-        """The collective `op` (peakcut's start ops, ir.collectives) on `nbytes` per rank."""
+        """The collective `op` (the start ops of ir.collectives) whose input has `nbytes`."""
         if op == ALL_REDUCE_OP:
             return self.all_reduce_seconds(nbytes, ranks)
         if op == BROADCAST_OP:
             return self.broadcast_seconds(nbytes, ranks)
+        if op == ALL_GATHER_OP:
+            return self.ring_seconds(nbytes * ranks, ranks)
+        if op == REDUCE_SCATTER_OP:
+            return self.ring_seconds(nbytes, ranks)
         raise ValueError(f"op {op!r} is not a collective peakcut prices")
 
 

@@ -1,9 +1,11 @@
 """peakcut's collective ops: torch.distributed's collectives as graph nodes.
 
 A data-parallel step all-reduces its gradients (and broadcasts its buffers) through these
-ops. Each collective is two nodes: the op that starts it on a tensor in place
-(`peakcut::all_reduce_`, `peakcut::broadcast_`), and `peakcut::wait_collective`, which waits
-for the collective started on that tensor to complete. Between the two the collective runs
+ops. Each collective is two nodes: the op that starts it (`peakcut::all_reduce_` and
+`peakcut::broadcast_` in place on a tensor; the functional collectives' all-gather and
+reduce-scatter into a new one, as DTensor's redistribution of an FSDP2 parameter traces
+them), and `peakcut::wait_collective`, which waits for the collective that writes that
+tensor to complete. Between the two the collective runs
 on its own stream beside compute (simulate/streams.py), and readers of the tensor come after
 the wait (both nodes write the tensor, so capture's storage edges order them).
 
@@ -21,12 +23,16 @@ from collections.abc import Sequence
 import torch
 
 from peakcut.ir.graph import Graph
+from peakcut.ir.registry import OpKind, lookup
 
 ALL_REDUCE_OP = "peakcut.all_reduce_.default"
 BROADCAST_OP = "peakcut.broadcast_.default"
 WAIT_OP = "peakcut.wait_collective.default"
-STARTS = (ALL_REDUCE_OP, BROADCAST_OP)
+ALL_GATHER_OP = "_c10d_functional.all_gather_into_tensor.default"
+REDUCE_SCATTER_OP = "_c10d_functional.reduce_scatter_tensor.default"
+STARTS = (ALL_REDUCE_OP, BROADCAST_OP, ALL_GATHER_OP, REDUCE_SCATTER_OP)
 COLLECTIVE_OPS = (*STARTS, WAIT_OP)
+_SIZE_ARGUMENT = {ALL_GATHER_OP: 1, REDUCE_SCATTER_OP: 2}    # the others: the last argument
 
 
 @torch.library.custom_op("peakcut::all_reduce_", mutates_args=("tensor",))
@@ -69,12 +75,32 @@ def is_collective(op: str) -> bool:
     return op in STARTS
 
 
-def world_size_of(args: tuple[object, ...]) -> int:
-    """The group size a start's arguments name (its last argument)."""
-    size = args[-1]
+def world_size_of(op: str, args: tuple[object, ...]) -> int:
+    """The group size a start's arguments name."""
+    size = args[_SIZE_ARGUMENT.get(op, -1)]
     if not isinstance(size, int) or size < 1:
         raise ValueError(f"a collective's last argument is its group size, got {size!r}")
     return size
+
+
+def _views_then_first_reader(g: Graph, wait: int, position: dict[int, int]) -> tuple[list[int], int]:
+    """The views (and views of views) of the tensor `wait` waits for that come before the
+    first node after the wait that reads data from it, and that node's position (the order's
+    end if none)."""
+    views: set[int] = set()
+    readers: list[int] = []
+    frontier = [wait]
+    while frontier:
+        for nid in g.successors(frontier.pop()):
+            info = lookup(g.nodes[nid].op)
+            if info is not None and info.kind is OpKind.VIEW:
+                if nid not in views:
+                    views.add(nid)
+                    frontier.append(nid)
+            else:
+                readers.append(position[nid])
+    first = min(readers, default=len(position))
+    return sorted((v for v in views if position[v] < first), key=position.__getitem__), first
 
 
 def overlapped_order(g: Graph, order: Sequence[int]) -> list[int]:
@@ -90,17 +116,23 @@ def overlapped_order(g: Graph, order: Sequence[int]) -> list[int]:
     if not moved or len(set(order)) != len(nodes) or any(nid not in nodes for nid in order):
         return list(order)          # (an order that is not one of g's nodes is the caller's to refuse)
     position = {n: i for i, n in enumerate(order)}
-    key = {n: float(i) for i, n in enumerate(order)}
+    key: dict[int, tuple[float, int, int]] = {n: (float(i), 0, i) for i, n in enumerate(order)}
+    shifted = list(moved)
     for nid in moved:
         if nodes[nid].op == WAIT_OP:
-            after = [position[s] for s in g.successors(nid)]
-            key[nid] = min(after) - 0.5 if after else len(order) + 0.5
+            # the views of the waited tensor move with the wait: they read no data
+            views, first = _views_then_first_reader(g, nid, position)
+            anchor = first - 0.5
+            key[nid] = (anchor, 0, position[nid])
+            for v in views:
+                key[v] = (anchor, 1, position[v])
+            shifted.extend(views)
         else:
             before = [position[p] for p in g.predecessors(nid)]
-            key[nid] = max(before) + 0.5 if before else -0.5
+            key[nid] = ((max(before) + 0.5) if before else -0.5, 0, position[nid])
     out = sorted(order, key=lambda n: (key[n], position[n]))
     placed = {n: i for i, n in enumerate(out)}
-    for nid in moved:         # moved next to another moved node: keep the order as it was
+    for nid in shifted:       # moved next to another moved node: keep the order as it was
         if any(placed[p] > placed[nid] for p in g.predecessors(nid)) or any(
                 placed[s] < placed[nid] for s in g.successors(nid)):
             return list(order)

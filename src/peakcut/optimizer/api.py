@@ -66,6 +66,7 @@ from peakcut.rules import REWRITE_MOVES, RULES
 from peakcut.schedule import schedule
 from peakcut.simulate import Timeline, simulate_timeline
 from peakcut.spec.data_parallel import DataParallelSpec, describe_data_parallel, is_data_parallel
+from peakcut.spec.fully_sharded import FullyShardedSpec, describe_fully_sharded, is_fully_sharded
 from peakcut.spec.optimizers import resolve_optimizer
 
 
@@ -348,14 +349,16 @@ class _Planner:
     use_scaler: bool
     accumulate: int
     keep_host_memory: bool
-    data_parallel: DataParallelSpec | None = None
+    data_parallel: DataParallelSpec | FullyShardedSpec | None = None     # DDP's or FSDP2's ranks
 
     def __call__(self, b: Any, budget: float) -> tuple[Program, Program | None]:
         t0 = time.perf_counter()
         model, loss_fn, opt = self.model, self.loss_fn, self.opt
         final_share = budget if self.accumulate == 1 else budget * 0.6
         g = capture(model, b, loss_fn, opt, keep_grads=self.keep_grads, max_grad_norm=self.max_grad_norm,
-                    grad_scaler=self.use_scaler, accumulate=self.accumulate > 1, data_parallel=self.data_parallel)
+                    grad_scaler=self.use_scaler, accumulate=self.accumulate > 1,
+                    data_parallel=self.data_parallel if isinstance(self.data_parallel, DataParallelSpec) else None,
+                    fully_sharded=self.data_parallel if isinstance(self.data_parallel, FullyShardedSpec) else None)
         if self.data_parallel is not None:      # the same plan on every rank: rank 0's
             dp, left = self.data_parallel, budget - (time.perf_counter() - t0)
             check_same_step(g, {k: v for k, v in self.search.items() if k != "progress"}, dp, "captured step")
@@ -411,15 +414,18 @@ class _Planner:
         return main, micro
 
 
-def _unwrapped(model: torch.nn.Module, device: str | CostModel) -> tuple[torch.nn.Module, DataParallelSpec | None]:
-    """The module to capture, and the spec of its DistributedDataParallel step if it is one."""
-    if not is_data_parallel(model):
+def _unwrapped(model: torch.nn.Module, device: str | CostModel
+               ) -> tuple[torch.nn.Module, DataParallelSpec | FullyShardedSpec | None]:
+    """The module to capture, and the spec of its DistributedDataParallel or FSDP2 step if it
+    is one."""
+    ddp, fsdp = is_data_parallel(model), is_fully_sharded(model)
+    if not (ddp or fsdp):
         return model, None
     if isinstance(device, str) and device.startswith("measured") or isinstance(device, MeasuredCostModel):
-        raise ValueError(f"device={device!r} with DistributedDataParallel: a measured cost model times the "
-                         "step's calls on one rank, which collectives cannot run alone; use an analytic "
-                         "profile (device='h100', 'h200', 'cpu', ...)")
-    return describe_data_parallel(model)
+        raise ValueError(f"device={device!r} with {'DistributedDataParallel' if ddp else 'FSDP2'}: a measured cost "
+                         "model times the step's calls on one rank, which collectives cannot run alone; use an "
+                         "analytic profile (device='h100', 'h200', 'cpu', ...)")
+    return describe_data_parallel(model) if ddp else (model, describe_fully_sharded(model))
 
 
 def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, Any], accumulate: int,

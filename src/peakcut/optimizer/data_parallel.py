@@ -1,4 +1,4 @@
-"""One plan on every rank of a DistributedDataParallel step.
+"""One plan on every rank of a DistributedDataParallel or FSDP2 step.
 
 Every rank captures its own step; the ranks then compare digests of what they captured and
 of the options they search with (an all-gather), and refuse together, naming the ranks, when
@@ -23,6 +23,9 @@ from peakcut.ir.graph import Graph
 from peakcut.ir.serialize import graph_from_json, graph_to_json
 from peakcut.optimizer.plan import Program
 from peakcut.spec.data_parallel import DataParallelSpec
+from peakcut.spec.fully_sharded import FullyShardedSpec
+
+Ranks = DataParallelSpec | FullyShardedSpec
 
 
 class RankMismatch(RuntimeError):
@@ -44,11 +47,11 @@ def _canonical(value: Any) -> Any:
     return repr(value)
 
 
-def _group(spec: DataParallelSpec) -> dist.ProcessGroup:
+def _group(spec: Ranks) -> dist.ProcessGroup:
     return dist.distributed_c10d._resolve_process_group(spec.group_name)  # type: ignore[arg-type]
 
 
-def check_same_step(g: Graph, options: dict[str, Any], spec: DataParallelSpec, what: str) -> None:
+def check_same_step(g: Graph, options: dict[str, Any], spec: Ranks, what: str) -> None:
     """Raise RankMismatch on every rank when the ranks' `what` (a captured step and its
     search options) differ."""
     group = _group(spec)
@@ -59,10 +62,14 @@ def check_same_step(g: Graph, options: dict[str, Any], spec: DataParallelSpec, w
     if differing:
         detail = "; ".join(f"rank {r}: {everyone[r][1]}" for r in [0, *differing[:3]])
         raise RankMismatch(
-            f"DistributedDataParallel: ranks {differing} would run a different {what} than rank 0 (the batch's "
+            f"{_kind(spec)}: ranks {differing} would run a different {what} than rank 0 (the batch's "
             f"shapes and dtypes, the model, the optimizer or the options given to peakcut.optimize differ: "
             f"{detail}); every rank must call peakcut.optimize with the same model, optimizer, options and "
             "batch shapes")
+
+
+def _kind(spec: Ranks) -> str:
+    return "FSDP2" if isinstance(spec, FullyShardedSpec) else "DistributedDataParallel"
 
 
 def _shapes(g: Graph) -> str:
@@ -71,7 +78,7 @@ def _shapes(g: Graph) -> str:
     return ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in batch) or "no batch tensors"
 
 
-def rank_zero_program(search: Callable[[], Program], spec: DataParallelSpec) -> Program:
+def rank_zero_program(search: Callable[[], Program], spec: Ranks) -> Program:
     """Rank 0's `search()`, broadcast to every rank of the group."""
     group = _group(spec)
     payload: list[Any] = [None]
@@ -87,14 +94,14 @@ def rank_zero_program(search: Callable[[], Program], spec: DataParallelSpec) -> 
     dist.broadcast_object_list(payload, group=group, group_src=0)
     sent = payload[0]
     if sent[0] == "error":
-        raise RuntimeError(f"DistributedDataParallel: rank 0's search failed: {sent[1]}")
+        raise RuntimeError(f"{_kind(spec)}: rank 0's search failed: {sent[1]}")
     if spec.rank == 0:
         return program
     _, graph_json, order, report, feasible, why_not = sent
     return Program(graph_from_json(graph_json), list(order), report, feasible, why_not)
 
 
-def check_same_program(program: Program, spec: DataParallelSpec) -> None:
+def check_same_program(program: Program, spec: Ranks) -> None:
     """Raise RankMismatch when the ranks' programs differ (after the broadcast, they must not)."""
     check_same_step(program.graph, {"order": list(program.order)}, spec, "plan")
 

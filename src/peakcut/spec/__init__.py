@@ -9,5 +9,6 @@ while a step runs) and the optimizer; it imports nothing of peakcut but `ir`.
 - tensor_kinds.py: which tensors a step can hold, and why a batch cannot be given to one.
 - constants.py: the `const:` inputs' names and their binding to the user's tensors.
 - data_parallel.py: a DistributedDataParallel step (its process group and buckets), read from
-  the user's DDP module.
+  the user's DDP module; fully_sharded.py: an FSDP2 step (its mesh and the parameters' full
+  shapes), read from a module fully_shard was applied to.
 """
