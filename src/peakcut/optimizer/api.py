@@ -35,6 +35,7 @@ from peakcut.fission.loss import detach_loss
 from peakcut.ir.graph import Graph
 from peakcut.memory.workspace import WorkspaceSpec, workspace_model
 from peakcut.optimizer import shares
+from peakcut.optimizer.arena import layout_seconds
 from peakcut.optimizer.budget import BudgetedCost, MeasurePacer
 from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.context import calibrate
@@ -169,6 +170,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         root = with_root_rewrites(root, deriver, settings, None if pareto else planned)   # the front's fast end stays
     budgeted = isinstance(cost, BudgetedCost) and time_budget > 0
     kept = shares.REPRICE_SHARE * time_budget if budgeted and math.isfinite(time_budget) else 0.0  # for reprice
+    kept += layout_seconds(time_budget) if math.isfinite(time_budget) else 0.0     # the report's arena layout
     left = max(0.0, time_budget - kept - (time.perf_counter() - t0))
     polishing = time_budget > 0 and not pareto and (settings is None or settings.uses(REWRITE_MOVES))
     searching = left * (1 - shares.POLISH_SHARE) if polishing else left

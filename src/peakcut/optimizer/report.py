@@ -1,5 +1,6 @@
 """The report optimize_graph returns: the limit and whether the plan meets it, the eager and
-the plan's figures and how they were made, the floors and the ZeRO-Offload-style peer, the
+the plan's figures and how they were made (its arena and predicted reserved bytes:
+optimizer.arena), the floors and the ZeRO-Offload-style peer, the
 F-Tree, the search's effort and front; where a memory limit is missed, what stands at the
 plan's peak and the whole-op floor; and the step optimize captured. Where the time went
 (report["phases"]) is optimizer.phases."""
@@ -15,6 +16,7 @@ from peakcut.cost.profiles import DeviceProfile
 from peakcut.cost.protocol import CostModel
 from peakcut.ir.graph import Graph
 from peakcut.memory.workspace import WorkspaceSpec, describe_workspace
+from peakcut.optimizer.arena import arena_entries, layout_seconds
 from peakcut.optimizer.baselines import zero_offload
 from peakcut.optimizer.budget import BudgetedCost
 from peakcut.optimizer.floors import Floors, step_floors
@@ -100,6 +102,7 @@ def search_report(g: Graph, cost: CostModel, workspace: WorkspaceSpec, objective
         "eager_latency_s": eager.latency_seconds,
         "eager_ratio": eager_ratio,
         **plan_entries(best, eager, eager_ratio),
+        **arena_entries(best.program, best.order, cost, workspace, layout_seconds(time_budget)),
         "memory_method": memory_method,
         "latency_method": latency_method,
         "capture_notes": list(g.signature.notes),

@@ -1,6 +1,7 @@
 """How one optimize call shares its time budget, and the defaults and margins of its limits.
 
-optimize_graph: the memory-aware re-order takes REORDER_SHARE of it, the polish keeps
+optimize_graph: the memory-aware re-order takes REORDER_SHARE of it, the plan's arena layout
+at most LAYOUT_SHARE (after the search; its first greedy order always runs), the polish keeps
 POLISH_SHARE of what the search is given, and a measured cost model keeps REPRICE_SHARE for
 measuring and pricing again the states that can become the plan (optimizer.reprice); during
 the search it measures new calls in slices of at most optimizer.budget.MEASURE_DUTY of the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 DEFAULT_LATENCY_LIMIT = 1.10      # MAGIS's default: least memory within 10% of eager latency
 REORDER_SHARE = 0.1               # share of the time budget the initial re-ordering may take
+LAYOUT_SHARE = 0.05               # of the time budget, at most, for the plan's arena layout (optimizer.arena)
 REPRICE_SHARE = 0.04              # of optimize_graph's time budget, kept for optimizer.reprice (measured cost)
 MEASURE_BEFORE_SHARE = 0.12       # of the time budget, measuring the step's calls before the search (verify=True)
 SEARCH_SHARE = 0.5                # of the time budget, at least, for the search (verify=True; measured cost)

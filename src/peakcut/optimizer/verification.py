@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from peakcut.optimizer.arena import arena_entries
 from peakcut.optimizer.context import ContextCalibration, refit
 from peakcut.optimizer.limit_messages import measured_shortfall, none_ran
 from peakcut.optimizer.optimized import Optimized
@@ -63,6 +64,8 @@ def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: An
     if state is not found.best:
         report.update(plan_entries(state, found.eager, found.eager_ratio),
                       search=dict(report["search"], compact_estimate=estimate(state)))
+        report.update(arena_entries(state.program, state.order, found.cost,
+                                    found.deriver.workspace if found.deriver is not None else "auto", 0.0))
     root = found.captured
     refitted = refit(state.latency_s / root.latency_s if root.latency_s > 0 else 0.0, calibration, verdict,
                      candidate_name(root, root))
