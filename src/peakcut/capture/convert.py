@@ -23,6 +23,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from peakcut.capture.constants import LIFTED
+from peakcut.capture.fully_sharded import STORAGE_ALIASES
 from peakcut.capture.real_layouts import output_mask
 from peakcut.capture.realcheck import real_output_dtypes
 from peakcut.capture.trace import CaptureError, TraceLog, kv_cache_hint
@@ -55,10 +56,12 @@ class FakeDtypesTag(Tag):
 
 
 class _Builder:
-    def __init__(self) -> None:
+    def __init__(self, aliases: Sequence[tuple[Any, Any]] = ()) -> None:
         self.metas: dict[int, TensorMeta] = {}
         self.storages: dict[int, int] = {}
         self._storage_ids: dict[StorageWeakRef, int] = {}
+        # a fake storage that stands for another (a functional wait's result is its argument)
+        self._aliases = {StorageWeakRef(alias): target for alias, target in aliases}
         self._keepalive: list[Any] = []
         self._next = 0
 
@@ -71,6 +74,7 @@ class _Builder:
         creates then holds as many elements of the real dtype)."""
         dtype = val.dtype if dtype is None else dtype
         storage = val.untyped_storage()
+        storage = self._aliases.get(StorageWeakRef(storage), storage)
         key = StorageWeakRef(storage)
         if key not in self._storage_ids:
             self._storage_ids[key] = self.new_id()
@@ -103,7 +107,7 @@ def fx_to_graph(
 
     input_names / input_roles: the placeholders', then those of the constants the trace read
     (get_attr nodes marked by capture.constants), in order of first reading."""
-    b = _Builder()
+    b = _Builder(gm.meta.get(STORAGE_ALIASES, ()))
     env: dict[torch.fx.Node, Any] = {}
     nodes: dict[int, Node] = {}
     order: list[int] = []

@@ -81,13 +81,22 @@ def global_norm(local_total: torch.Tensor, spec: FullyShardedSpec) -> torch.Tens
     return squared ** 0.5
 
 
+STORAGE_ALIASES = "peakcut_storage_aliases"
+"""gm.meta key: (storage, the storage it stands for) pairs of fake storages, for convert."""
+
+
 def waits_in_place(gm: torch.fx.GraphModule) -> None:
     """Each `_c10d_functional.wait_tensor(x)` becomes `peakcut.wait_collective(x)`; its readers
-    read x (the functional wait returns its argument)."""
+    read x (the functional wait returns its argument). The fake values traced after the wait
+    live in the wait's fake storage: gm.meta[STORAGE_ALIASES] says it stands for x's."""
     wait = torch.ops._c10d_functional.wait_tensor.default
+    aliases = gm.meta.setdefault(STORAGE_ALIASES, [])
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is wait:
             waited = node.args[0]
+            out_val, in_val = node.meta.get("val"), waited.meta.get("val")
+            if isinstance(out_val, torch.Tensor) and isinstance(in_val, torch.Tensor):
+                aliases.append((out_val.untyped_storage(), in_val.untyped_storage()))
             with gm.graph.inserting_before(node):
                 marker = gm.graph.call_function(torch.ops.peakcut.wait_collective.default, (waited,))
                 marker.meta.update({k: v for k, v in node.meta.items() if k != "val"})

@@ -9,7 +9,7 @@ Each rule file is an adapter of a body in peakcut.transform.
 - registry.py: Registry and RULES, the one place rules are listed (one line each);
 - hotspot.py: the memory hot-spot program rules are tried at;
 - fission_rule.py: the region rule (F-Tree mutations);
-- swap_rule.py, remat_rule.py, offload_state_rule.py, offload_param_rule.py,
+- swap_rule.py, remat_rule.py, regather_rule.py, offload_state_rule.py, offload_param_rule.py,
   host_update_rule.py: the program rules;
 - taso_rules.py (merge_matmuls, split_matmul, drop_identity, cancel_transposes, fold_views),
   conv_cat_rule.py, conv_grads_rule.py, checkpoint_rule.py (checkpoint_blocks,

@@ -32,6 +32,7 @@ from peakcut.rules.offload_param_rule import OffloadParamRule
 from peakcut.rules.offload_state_rule import OffloadStateRule
 from peakcut.rules.phase import in_search
 from peakcut.rules.query import Query
+from peakcut.rules.regather_rule import RegatherRule
 from peakcut.rules.remat_rule import RematRule
 from peakcut.rules.spatial_rule import SplitRowsRule
 from peakcut.rules.swap_rule import SwapRule
@@ -203,6 +204,7 @@ RULES = Registry(
     programs=(
         SwapRule(),
         RematRule(),
+        RegatherRule(),
         OffloadStateRule(),
         OffloadParamRule(),
         HostUpdateRule(),

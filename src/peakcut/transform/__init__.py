@@ -11,6 +11,7 @@ Files:
   its recompute keeps alive; activations.py: cheap saved activations recomputed;
   attention.py: attention's scores, from their matmul to the softmax, as units to recompute;
 - swap.py: swapping to host memory and back, and its dual;
+- regather.py: an FSDP2 parameter gathered again from its shard for its later readers;
 - offload_state.py, offload_param.py: optimizer state and parameters kept in host memory
   between steps; host_input.py: what both need of the input; host_update.py: a parameter's update run on the host;
 - batch_norm.py: training-mode batch norm as ops a batch split can cross;

@@ -1,0 +1,216 @@
+"""Gather a sharded parameter again for its later readers (FSDP2's reshard after forward).
+
+An FSDP2 step (capture.fully_sharded) all-gathers each parameter from the ranks' shards
+into a full tensor T: `A = all_gather_into_tensor(shard)`, `W = wait_collective(T)`, then
+views of T that the forward and the backward read. T lives from the gather to its last
+reader in the backward. `regather` gives `users` (typically the backward's readers) their
+own gather of the same shard: A' and its wait W' make T' in a fresh storage, the views the
+users read are made again of T', and the users read those; T is freed after its other
+readers. The shard is a step input, alive throughout, and an all-gather of it is the same
+bytes every time (every rank runs the same plan, so every rank gathers again), so the users
+read what they read before: the numbers do not change.
+
+New nodes carry RegatherTag(of=A): the rule places the gather hidden (early enough that
+compute hides it) and the wait and views late (right before their first reader).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from peakcut.ir.collectives import ALL_GATHER_OP, WAIT_OP
+from peakcut.ir.edit import GraphEditor, splice
+from peakcut.ir.graph import Graph
+from peakcut.ir.node import TensorRef, map_refs
+from peakcut.ir.registry import OpKind, lookup
+from peakcut.ir.tags import NodeTags, Tag
+from peakcut.transform.rewrite import (
+    Rewrite,
+    RuleError,
+    check_order_matches,
+    describe_node,
+    describe_users,
+    positions,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RegatherTag(Tag):
+    """A node of a second gather of all-gather node `of` (the gather, its wait or a view)."""
+
+    kind: ClassVar[str] = "regather"
+    of: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"of": self.of}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> RegatherTag:
+        return cls(int(doc["of"]))
+
+
+@dataclass(frozen=True)
+class _Gather:
+    node: int                  # the all-gather A
+    full: int                  # its output T
+    wait: int                  # W
+    storage: int               # T's storage
+
+
+def _gather(g: Graph, node: int) -> _Gather | str:
+    if node not in g.nodes:
+        return f"node {node} is not in the graph"
+    n = g.nodes[node]
+    if n.op != ALL_GATHER_OP:
+        return f"{describe_node(g, node)} is not an all-gather"
+    full = n.outputs[0]
+    if full is None:
+        return f"{describe_node(g, node)} has no output"
+    storage = g.tensors[full].storage
+    waits = [u for u in g.users(full) if g.nodes[u].op == WAIT_OP]
+    if len(waits) != 1:
+        return f"{describe_node(g, node)} is waited for {len(waits)} times, not once"
+    if g.storage_writers(storage) != [waits[0]]:
+        return f"the gathered tensor of {describe_node(g, node)} is written by more than its wait"
+    return _Gather(node, full, waits[0], storage)
+
+
+def _is_view(g: Graph, nid: int) -> bool:
+    info = lookup(g.nodes[nid].op)
+    return info is not None and info.kind is OpKind.VIEW
+
+
+def _chain(g: Graph, tensor: int, gathered: _Gather) -> list[int] | str:
+    """The view nodes from T to `tensor` (in that order), or why `tensor` is not a view of T."""
+    chain: list[int] = []
+    while tensor != gathered.full:
+        p = g.producer(tensor)
+        if p is None or not _is_view(g, p):
+            return f"tensor {tensor} reads the gathered storage but is not a view of it"
+        chain.append(p)
+        sources = [t for t in g.nodes[p].input_tuple if g.tensors[t].storage == gathered.storage]
+        if len(sources) != 1:
+            return f"{describe_node(g, p)} views the gathered storage through {len(sources)} tensors"
+        tensor = sources[0]
+    return chain[::-1]
+
+
+def _why_not(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> tuple[_Gather, list[int]] | str:
+    stale = check_order_matches(g, order)
+    if stale:
+        return stale
+    gathered = _gather(g, node)
+    if isinstance(gathered, str):
+        return gathered
+    if not users:
+        return "no readers to gather again for"
+    pos = positions(order)
+    for u in users:
+        if u not in g.nodes:
+            return f"node {u} is not in the graph"
+        if _is_view(g, u) or g.nodes[u].op == WAIT_OP:
+            return f"{describe_node(g, u)} is a view or a wait, not a reader of the gathered data"
+        if pos[u] < pos[gathered.wait]:
+            return f"{describe_node(g, u)} runs before the gather is waited for"
+        for t in g.nodes[u].input_tuple:
+            if g.tensors[t].storage == gathered.storage:
+                chain = _chain(g, t, gathered)
+                if isinstance(chain, str):
+                    return chain
+    others = [r for r in _readers(g, gathered) if r not in set(users)]
+    if not others:
+        return f"every reader of {describe_node(g, node)} is among the users: nothing is freed earlier"
+    return gathered, sorted(users, key=pos.__getitem__)
+
+
+def _readers(g: Graph, gathered: _Gather) -> list[int]:
+    """The nodes that read the gathered data (not its views or its wait)."""
+    found = []
+    for nid, n in g.nodes.items():
+        if nid in (gathered.node, gathered.wait) or _is_view(g, nid):
+            continue
+        if any(g.tensors[t].storage == gathered.storage for t in n.input_tuple):
+            found.append(nid)
+    return found
+
+
+def why_not_regather(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> str | None:
+    """Why `users` cannot read a second gather of all-gather `node` (None when they can)."""
+    found = _why_not(g, order, node, users)
+    return found if isinstance(found, str) else None
+
+
+def regather(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> Rewrite:
+    """`users` read their own gather of all-gather `node`'s shard (module doc); RuleError
+    (why_not_regather's reason) where it does not apply."""
+    found = _why_not(g, order, node, users)
+    if isinstance(found, str):
+        raise RuleError(found)
+    gathered, users = found
+    a = g.nodes[gathered.node]
+    first = g.nodes[users[0]]
+    tags = NodeTags(RegatherTag(gathered.node))
+    edit = GraphEditor(g)
+    a2 = edit.add_op(a.op, a.args, dict(a.kwargs), name=f"{a.name}_again", phase=first.phase, module=a.module,
+                     tags=tags)
+    full2 = a2.outputs[0]
+    w = g.nodes[gathered.wait]
+    w2 = edit.add_op(w.op, (TensorRef(full2),), {}, name=f"{w.name}_again", phase=first.phase, module=w.module,
+                     tags=tags)
+    added = [a2.id, w2.id]
+    made: dict[int, int] = {gathered.full: full2}        # old tensor -> its twin of T'
+    old_views: list[int] = []
+    for u in users:
+        mapping: dict[int, int] = {}
+        for t in g.nodes[u].input_tuple:
+            if g.tensors[t].storage != gathered.storage:
+                continue
+            for v in _chain(g, t, gathered):      # (checked by _why_not)
+                out = g.nodes[v].outputs[0]
+                if out is None or out in made:
+                    continue
+                view = g.nodes[v]
+                args = map_refs(view.args, lambda r: TensorRef(made.get(r.id, r.id)))
+                v2 = edit.add_op(view.op, args, dict(view.kwargs), name=f"{view.name}_again", phase=first.phase,
+                                 module=view.module, tags=tags)
+                edit.add_control(v2.id, [w2.id])
+                made[out] = v2.outputs[0]     # type: ignore[assignment]
+                added.append(v2.id)
+                old_views.append(v)
+            mapping[t] = made[t]
+        edit.rewire(u, mapping)
+        edit.add_control(u, [w2.id])
+    pos = positions(order)
+    at = pos[users[0]]
+    capture_at = positions(g.order)[users[0]]
+    edit.insert_in_order(capture_at, added)
+    # the forward's views nobody reads now: gone, so they keep T alive no longer
+    removed = _unread(edit.graph, old_views)
+    if removed:
+        edit.remove_nodes(removed)
+    gone = set(removed)
+    return Rewrite(
+        graph=edit.finish(), order=[n for n in splice(order, at, added) if n not in gone], added=tuple(added),
+        changed=tuple(users), removed=tuple(removed),
+        description=f"gather {describe_node(g, gathered.node)} again for {describe_users(g, users)}",
+    )
+
+
+def _unread(g: Graph, views: Sequence[int]) -> list[int]:
+    """The nodes among `views` (and views of them, latest first) whose outputs nothing reads
+    and the step does not return."""
+    outputs = set(g.outputs)
+    pos = positions(g.order)
+    waited_on = {p for deps in g.control.values() for p in deps}     # nodes others must follow
+    dead: list[int] = []
+    gone: set[int] = set()
+    for v in sorted(set(views), key=lambda n: -pos[n]):
+        out = g.nodes[v].outputs[0]
+        if out is None or out in outputs or v in waited_on:
+            continue
+        if all(u in gone for u in g.users(out)):
+            dead.append(v)
+            gone.add(v)
+    return dead
