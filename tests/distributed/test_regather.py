@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from tests.distributed.models import TinyGPT, adamw_two_groups, gpt_batch, gpt_loss
 from tests.distributed.spawn import run_ranks
-from tests.distributed.test_data_parallel import _close, _full, _fsdp2, eager_step
+from tests.distributed.test_data_parallel import _close, _fsdp2, _full, eager_step
 from tests.tolerance import tolerance
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
