@@ -12,18 +12,16 @@ planned: tests/distributed.)
 
 from __future__ import annotations
 
-import datetime
 import re
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import peakcut
+from tests.distributed.spawn import run_ranks
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
@@ -78,67 +76,49 @@ def _refused(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch.Te
         raise AssertionError(f"the refusal of {type(model).__name__} changed parameters or optimizer state")
 
 
-def _rank(rank: int, init_file: str) -> None:
+def _rank(rank: int, world: int) -> None:
     """One rank: DDP with a communication hook, DDP's inner module, FSDP2 with what peakcut
     does not plan, FSDP and a DTensor parameter are each refused."""
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=60))
-    try:
-        torch.set_num_threads(1)
-        model, batch = make_mlp()
-        ddp = nn.parallel.DistributedDataParallel(model)
-        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
-        loss_fn(ddp, batch).backward()           # one step in, so there is state to leave alone
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        _refused(ddp, opt, batch, r"DistributedDataParallel: a communication hook \(fp16_compress_hook\)", ValueError)
-        _refused(ddp.module, opt, batch, r"default process group \(backend 'gloo'\) has world size 2 "
-                                         rf"\(this is rank {rank}\).*all-reduced")
+    model, batch = make_mlp()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    loss_fn(ddp, batch).backward()           # one step in, so there is state to leave alone
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    _refused(ddp, opt, batch, r"DistributedDataParallel: a communication hook \(fp16_compress_hook\)", ValueError)
+    _refused(ddp.module, opt, batch, r"default process group \(backend 'gloo'\) has world size 2 "
+                                     rf"\(this is rank {rank}\).*all-reduced")
 
-        from torch.distributed.fsdp import (
-            FullyShardedDataParallel,
-            MixedPrecisionPolicy,
-            fully_shard,
-        )
-        sharded, _ = make_mlp()
-        fully_shard(sharded.fc1, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
-        fully_shard(sharded)
-        _refused(sharded, torch.optim.AdamW(sharded.parameters()), batch,
-                 r"FSDP2: module 'fc1' has a MixedPrecisionPolicy", ValueError)
-        uneven, _ = make_mlp()          # 3 rows cannot be split evenly over 2 ranks
-        uneven.fc2 = nn.Linear(16, 3)
-        fully_shard(uneven)
-        _refused(uneven, torch.optim.AdamW(uneven.parameters()), batch,
-                 r"FSDP2: parameter 'fc2.weight' has 3 rows, not a multiple of the 2 ranks", ValueError)
-        fsdp = FullyShardedDataParallel(make_mlp()[0], device_id=torch.device("cpu"))
-        _refused(fsdp, torch.optim.AdamW(fsdp.parameters()), batch,
-                 r"the model is wrapped in FullyShardedDataParallel \(FSDP\)")
+    from torch.distributed.fsdp import (
+        FullyShardedDataParallel,
+        MixedPrecisionPolicy,
+        fully_shard,
+    )
+    sharded, _ = make_mlp()
+    fully_shard(sharded.fc1, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    fully_shard(sharded)
+    _refused(sharded, torch.optim.AdamW(sharded.parameters()), batch,
+             r"FSDP2: module 'fc1' has a MixedPrecisionPolicy", ValueError)
+    uneven, _ = make_mlp()          # 3 rows cannot be split evenly over 2 ranks
+    uneven.fc2 = nn.Linear(16, 3)
+    fully_shard(uneven)
+    _refused(uneven, torch.optim.AdamW(uneven.parameters()), batch,
+             r"FSDP2: parameter 'fc2.weight' has 3 rows, not a multiple of the 2 ranks", ValueError)
+    fsdp = FullyShardedDataParallel(make_mlp()[0], device_id=torch.device("cpu"))
+    _refused(fsdp, torch.optim.AdamW(fsdp.parameters()), batch,
+             r"the model is wrapped in FullyShardedDataParallel \(FSDP\)")
 
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor import Shard, distribute_tensor
-        parallel, _ = make_mlp()          # tensor parallelism by hand: one DTensor parameter
-        mesh = init_device_mesh("cpu", (WORLD,))
-        parallel.fc1.weight = nn.Parameter(distribute_tensor(parallel.fc1.weight.detach(), mesh, [Shard(0)]))
-        _refused(parallel, torch.optim.AdamW(parallel.parameters()), batch,
-                 r"parameter 'fc1\.weight' is a DTensor \(placements \(Shard\(dim=0\),\) on a device mesh "
-                 r"of 2 ranks\)")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    parallel, _ = make_mlp()          # tensor parallelism by hand: one DTensor parameter
+    mesh = init_device_mesh("cpu", (WORLD,))
+    parallel.fc1.weight = nn.Parameter(distribute_tensor(parallel.fc1.weight.detach(), mesh, [Shard(0)]))
+    _refused(parallel, torch.optim.AdamW(parallel.parameters()), batch,
+             r"parameter 'fc1\.weight' is a DTensor \(placements \(Shard\(dim=0\),\) on a device mesh "
+             r"of 2 ranks\)")
 
 
 def test_ddp_its_inner_module_and_fsdp_are_refused_on_two_ranks(tmp_path: Path) -> None:
-    ctx = mp.start_processes(_rank, args=(str(tmp_path / "init"),), nprocs=WORLD, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {WORLD} ranks did not finish in {TIMEOUT_S:.0f} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join()
+    run_ranks(_rank, WORLD, tmp_path, timeout_s=TIMEOUT_S)
