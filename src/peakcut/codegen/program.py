@@ -219,7 +219,7 @@ class Step:
             source = {"param": params, "buffer": buffers}.get(kind)
             value: torch.Tensor | None
             if kind == "param" and key in self._host_params:
-                value = self._kept_on_host(key, params[key])
+                value = self._kept_on_host(key, local_tensor(params[key]))   # (an FSDP2 shard's own tensor)
             elif source is not None:
                 value = source[key]             # present: _check_model_and_batch checked
             elif kind == "state":

@@ -21,6 +21,7 @@ from torch.optim.optimizer import _get_scalar_dtype
 
 from peakcut.codegen.swap import host_copy, host_empty_strided
 from peakcut.ir.ops import HOST_DEVICE
+from peakcut.spec.fully_sharded import local_tensor
 from peakcut.spec.optimizers import SUPPORTED, GroupSpec, OptimizerSpec, describe
 from peakcut.spec.scalars import scalars
 
@@ -245,7 +246,9 @@ class UpdateInputs:
         home = self._home(p)
         if not self._on_host(name, slot):
             return torch.zeros_like(p, memory_format=torch.preserve_format, device=home)
-        kept = host_empty_strided(p.shape, p.stride(), p.dtype, pinned=home.type == "cuda")[0].zero_()
+        local = local_tensor(p)        # an FSDP2 parameter's state is a DTensor like it: its shard kept
+        kept = sharded_like(p, host_empty_strided(local.shape, local.stride(), p.dtype,
+                                                  pinned=home.type == "cuda")[0].zero_())
         self._kept[(id(p), slot)] = kept
         return kept
 
@@ -261,7 +264,7 @@ class UpdateInputs:
         key = (id(p), slot)
         if not on_host or self._kept.get(key) is t:
             return t
-        kept = host_copy(t, pinned=home.type == "cuda")
+        kept = sharded_like(p, host_copy(local_tensor(t), pinned=home.type == "cuda"))
         self._kept[key] = kept
         return kept
 
@@ -287,3 +290,14 @@ def _check_like(name: str, slot: str, t: torch.Tensor, p: torch.Tensor, home: to
     if t.shape != p.shape or t.dtype != p.dtype or not placed:
         raise StepBindingError(f"optimizer state {name}.{slot}: {tuple(t.shape)} {t.dtype} on {t.device}, the "
                                f"parameter is {tuple(p.shape)} {p.dtype} and the step runs on {home}")
+
+
+def sharded_like(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """`local` as the shard of a DTensor placed as `p` is (an FSDP2 parameter's state), or
+    `local` itself for a plain parameter."""
+    if local_tensor(p) is p:
+        return local
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                              stride=p.stride())

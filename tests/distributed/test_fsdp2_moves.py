@@ -1,4 +1,6 @@
-"""FSDP2's reshard after forward as a rule: the backward reads a second all-gather of each
+"""The moves a plan makes on FSDP2 steps beyond the single-process ones, on 2 gloo ranks.
+
+Reshard after forward as a rule: the backward reads a second all-gather of each
 parameter's shard, the full parameters gathered for the forward are freed before it, and the
 step's numbers do not change.
 
@@ -10,6 +12,11 @@ steps (tests.tolerance for float64: a second gather brings the same bytes, so on
 order of independent work changed), and its measured peak is the simulated one within 5%.
 The gathered storages' lifetimes follow the wait: a functional wait's result is its argument,
 one storage (capture.fully_sharded.waits_in_place).
+
+Per-tensor offload of a shard and of its optimizer state (what FSDP2's CPUOffloadPolicy does
+for all of them at once): offload_state and offload_param at every site keep the shards'
+AdamW moments and the parameter shards in host buffers, the optimizer's state stays a DTensor
+(sharded like its parameter, its shard in the host buffer), and the numbers do not change.
 """
 
 from __future__ import annotations
@@ -80,3 +87,45 @@ def test_regathered_parameters_free_the_forward_gathers_and_keep_the_numbers(tmp
         assert r["after"] < r["before"], r
         assert r["before"] - r["after"] >= 0.5 * r["gathered"], r
         assert abs(r["simulated"] - r["measured"]) <= 0.05 * r["measured"], r
+
+
+def _offloads(rank: int, world: int, out: str) -> None:
+    import peakcut
+    from peakcut.fission.loss import detach_loss
+    from peakcut.memory import simulate
+    from peakcut.rules import RULES
+    from peakcut.rules.query import Query
+    from peakcut.schedule import schedule
+    from peakcut.spec.fully_sharded import describe_fully_sharded
+
+    eager, ours = _model(), _model()
+    opt_eager, opt_ours = adamw_two_groups(eager), adamw_two_groups(ours)
+    batches = [gpt_batch(rank, step, 8) for step in range(STEPS)]
+    g = detach_loss(peakcut.capture(ours, batches[0], gpt_loss, opt_ours, max_grad_norm=1.0,
+                                    fully_sharded=describe_fully_sharded(ours)))
+    order = list(schedule(g, time_limit=5.0).order)
+    applied = {}
+    for kind in ("offload_state", "offload_param"):
+        rule = RULES.program_rule(kind)
+        rewrite, reasons = rule.apply_many(g, order, list(rule.sites(Query(g, order, profile=simulate(g, order)))))
+        if rewrite is None:
+            raise AssertionError(f"{kind} applied nowhere: {reasons}")
+        applied[kind] = sum(r is None for r in reasons)
+        g, order = rewrite.graph, rewrite.order
+    step = peakcut.build(g, order, optimizer=opt_ours)
+    tol = tolerance(torch.float64, batches[0][0].numel(), STEPS)
+    for k, batch in enumerate(batches):
+        _close(step(ours, batch), eager_step(eager, opt_eager, batch, gpt_loss), f"loss {k}", tol)
+    for (name, p), q in zip(ours.named_parameters(), eager.parameters(), strict=True):
+        _close(_full(p), _full(q), name, tol)
+    from torch.distributed.tensor import DTensor
+    sharded = all(isinstance(v, DTensor) for s in opt_ours.state.values() for k, v in s.items() if k != "step")
+    Path(out, f"offload-{rank}.json").write_text(json.dumps({**applied, "sharded_state": sharded}))
+
+
+def test_offloaded_shards_and_state_keep_the_numbers(tmp_path: Path) -> None:
+    run_ranks(_offloads, 2, tmp_path, str(tmp_path))
+    for rank in range(2):
+        r = json.loads((tmp_path / f"offload-{rank}.json").read_text())
+        assert r["offload_state"] > 0 and r["offload_param"] > 0 and r["sharded_state"], r
+
