@@ -52,7 +52,7 @@ def broadcast_buffers(buffers: Sequence[torch.Tensor], spec: DataParallelSpec) -
     """Rank 0's buffers into every rank's, in place (DDP's forward_sync_buffers)."""
     for buffer in buffers:
         torch.ops.peakcut.broadcast_(buffer, 0, spec.group_name, spec.world_size)
-        torch.ops.peakcut.wait_collective(buffer)
+        torch.ops.peakcut.wait_collective(buffer, [])
 
 
 def all_reduced(grads: dict[str, torch.Tensor], buckets: Sequence[Sequence[str]], spec: DataParallelSpec
@@ -69,5 +69,5 @@ def all_reduced(grads: dict[str, torch.Tensor], buckets: Sequence[Sequence[str]]
         for n, part in zip(names, parts, strict=True):
             out[n] = part.view(grads[n].shape)
         torch.ops.peakcut.all_reduce_(flat, "sum", spec.group_name, spec.world_size)
-        torch.ops.peakcut.wait_collective(flat)
+        torch.ops.peakcut.wait_collective(flat, [])
     return out

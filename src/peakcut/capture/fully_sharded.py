@@ -77,7 +77,7 @@ def global_norm(local_total: torch.Tensor, spec: FullyShardedSpec) -> torch.Tens
     """The 2-norm over every rank's shards from this rank's: sum of squares all-reduced."""
     squared = local_total ** 2.0
     torch.ops.peakcut.all_reduce_(squared, "sum", spec.group_name, spec.world_size)
-    torch.ops.peakcut.wait_collective(squared)
+    torch.ops.peakcut.wait_collective(squared, [])
     return squared ** 0.5
 
 
@@ -86,7 +86,8 @@ STORAGE_ALIASES = "peakcut_storage_aliases"
 
 
 def waits_in_place(gm: torch.fx.GraphModule) -> None:
-    """Each `_c10d_functional.wait_tensor(x)` becomes `peakcut.wait_collective(x)`; its readers
+    """Each `_c10d_functional.wait_tensor(x)` becomes `peakcut.wait_collective(x, [input])`
+    (input: what the collective that made x reads, alive until it completes); its readers
     read x (the functional wait returns its argument). The fake values traced after the wait
     live in the wait's fake storage: gm.meta[STORAGE_ALIASES] says it stands for x's."""
     wait = torch.ops._c10d_functional.wait_tensor.default
@@ -97,8 +98,11 @@ def waits_in_place(gm: torch.fx.GraphModule) -> None:
             out_val, in_val = node.meta.get("val"), waited.meta.get("val")
             if isinstance(out_val, torch.Tensor) and isinstance(in_val, torch.Tensor):
                 aliases.append((out_val.untyped_storage(), in_val.untyped_storage()))
-            with gm.graph.inserting_before(node):
-                marker = gm.graph.call_function(torch.ops.peakcut.wait_collective.default, (waited,))
+            start = waited if isinstance(waited, torch.fx.Node) else None
+            reads = [a for a in (start.args if start is not None and start.op == "call_function" else ())
+                     if isinstance(a, torch.fx.Node)]
+            with gm.graph.inserting_before(node):      # the collective's input lives until its wait
+                marker = gm.graph.call_function(torch.ops.peakcut.wait_collective.default, (waited, reads))
                 marker.meta.update({k: v for k, v in node.meta.items() if k != "val"})
                 marker.meta["val"] = None
             node.replace_all_uses_with(waited)

@@ -299,5 +299,7 @@ def sharded_like(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
         return local
     from torch.distributed.tensor import DTensor
 
+    if not isinstance(p, DTensor):
+        raise TypeError(f"a sharded parameter is a DTensor, got {type(p).__name__}")
     return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape,
                               stride=p.stride())

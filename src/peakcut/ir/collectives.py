@@ -60,13 +60,16 @@ def _broadcast_fake(tensor: torch.Tensor, src: int, group_name: str, world_size:
 
 
 @torch.library.custom_op("peakcut::wait_collective", mutates_args=("tensor",))
-def wait_collective(tensor: torch.Tensor) -> None:
-    """Wait until the collective started on `tensor` has written it."""
+def wait_collective(tensor: torch.Tensor, reads: Sequence[torch.Tensor]) -> None:
+    """Wait until the collective started on `tensor` has written it. `reads`: the tensors the
+    collective reads until then (a functional collective's input; none for one in place), so
+    that the graph keeps them alive as long as the collective does; the wait does nothing
+    with them."""
     torch.ops._c10d_functional.wait_tensor(tensor)
 
 
 @wait_collective.register_fake
-def _wait_fake(tensor: torch.Tensor) -> None:
+def _wait_fake(tensor: torch.Tensor, reads: Sequence[torch.Tensor]) -> None:
     return None
 
 
@@ -103,33 +106,69 @@ def _views_then_first_reader(g: Graph, wait: int, position: dict[int, int]) -> t
     return sorted((v for v in views if position[v] < first), key=position.__getitem__), first
 
 
-def overlapped_order(g: Graph, order: Sequence[int]) -> list[int]:
-    """`order` with every collective started as soon as what it reads is ready and waited for
-    just before the first node that depends on it, so compute runs while it is in flight.
+IN_PLACE_STARTS = (ALL_REDUCE_OP, BROADCAST_OP)
 
-    Neither move changes memory: a start and a wait allocate and free nothing, and the
-    tensor they work on is read after the wait in either order. Code generation and the
-    timeline both run the step in this order. Without collectives, `order` itself.
+
+def _started_by(g: Graph, wait: int) -> int | None:
+    """The start whose collective `wait` waits for (None if none is found)."""
+    tensor = g.nodes[wait].input_tuple[0]
+    producer = g.producer(tensor)
+    if producer is not None and g.nodes[producer].op in STARTS:
+        return producer
+    starts = [w for w in g.storage_writers(g.tensors[tensor].storage) if g.nodes[w].op in IN_PLACE_STARTS]
+    return starts[-1] if starts else None
+
+
+def overlapped_order(g: Graph, order: Sequence[int]) -> list[int]:
+    """`order` with the collectives moved so that compute runs while they are in flight, as
+    code generation and the timeline both run the step:
+
+    - an in-place collective (ALL_REDUCE_OP, BROADCAST_OP: DDP's buckets and buffers) starts
+      as soon as what it reads is ready; moving it allocates and frees nothing;
+    - an all-gather starts where the all-gather before it in `order` was (one gather ahead,
+      as FSDP2 prefetches the next unit): its result is allocated that much earlier, which
+      the memory curve of this order counts;
+    - a wait goes right before the first node that reads what it waits for (the views of
+      that tensor with it: they read no data), but a reduce-scatter's wait no later than the
+      next reduce-scatter's start: its input, the full gradient, lives until its wait, and
+      one reduce-scatter in flight at a time keeps one such gradient, as FSDP2 does.
+
+    Without collectives, `order` itself.
     """
     nodes = g.nodes
-    moved = [nid for nid in order if nid in nodes and nodes[nid].op in COLLECTIVE_OPS]
-    if not moved or len(set(order)) != len(nodes) or any(nid not in nodes for nid in order):
+    if not any(nid in nodes and nodes[nid].op in COLLECTIVE_OPS for nid in order):
+        return list(order)
+    if len(set(order)) != len(nodes) or any(nid not in nodes for nid in order):
         return list(order)          # (an order that is not one of g's nodes is the caller's to refuse)
     position = {n: i for i, n in enumerate(order)}
     key: dict[int, tuple[float, int, int]] = {n: (float(i), 0, i) for i, n in enumerate(order)}
-    shifted = list(moved)
-    for nid in moved:
-        if nodes[nid].op == WAIT_OP:
-            # the views of the waited tensor move with the wait: they read no data
+    shifted: list[int] = []
+    gathers = [n for n in order if nodes[n].op == ALL_GATHER_OP]
+    scatters = [position[n] for n in order if nodes[n].op == REDUCE_SCATTER_OP]
+    for before_it, nid in zip(gathers, gathers[1:], strict=False):
+        preds = [position[p] for p in g.predecessors(nid)]
+        key[nid] = (max(position[before_it], *preds) + 0.5, 0, position[nid])
+        shifted.append(nid)
+    for nid in order:
+        op = nodes[nid].op
+        if op in IN_PLACE_STARTS:
+            before = [position[p] for p in g.predecessors(nid)]
+            key[nid] = ((max(before) + 0.5) if before else -0.5, 0, position[nid])
+            shifted.append(nid)
+        elif op == WAIT_OP:
+            start = _started_by(g, nid)
+            if start is None:
+                continue
             views, first = _views_then_first_reader(g, nid, position)
+            if nodes[start].op == REDUCE_SCATTER_OP:
+                later = [p for p in scatters if p > position[start]]
+                first = min(first, later[0]) if later else first
+                views = [v for v in views if position[v] < first]
             anchor = first - 0.5
             key[nid] = (anchor, 0, position[nid])
             for v in views:
                 key[v] = (anchor, 1, position[v])
-            shifted.extend(views)
-        else:
-            before = [position[p] for p in g.predecessors(nid)]
-            key[nid] = ((max(before) + 0.5) if before else -0.5, 0, position[nid])
+            shifted.extend((nid, *views))
     out = sorted(order, key=lambda n: (key[n], position[n]))
     placed = {n: i for i, n in enumerate(out)}
     for nid in shifted:       # moved next to another moved node: keep the order as it was

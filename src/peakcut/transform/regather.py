@@ -156,9 +156,11 @@ def regather(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) ->
     a2 = edit.add_op(a.op, a.args, dict(a.kwargs), name=f"{a.name}_again", phase=first.phase, module=a.module,
                      tags=tags)
     full2 = a2.outputs[0]
+    if full2 is None:
+        raise RuleError(f"{describe_node(g, gathered.node)} again made no tensor")
     w = g.nodes[gathered.wait]
-    w2 = edit.add_op(w.op, (TensorRef(full2),), {}, name=f"{w.name}_again", phase=first.phase, module=w.module,
-                     tags=tags)
+    w2 = edit.add_op(w.op, (TensorRef(full2), *w.args[1:]), {}, name=f"{w.name}_again", phase=first.phase,
+                     module=w.module, tags=tags)
     added = [a2.id, w2.id]
     made: dict[int, int] = {gathered.full: full2}        # old tensor -> its twin of T'
     old_views: list[int] = []
@@ -167,7 +169,10 @@ def regather(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) ->
         for t in g.nodes[u].input_tuple:
             if g.tensors[t].storage != gathered.storage:
                 continue
-            for v in _chain(g, t, gathered):      # (checked by _why_not)
+            chain = _chain(g, t, gathered)
+            if isinstance(chain, str):            # (checked by _why_not)
+                raise RuleError(chain)
+            for v in chain:
                 out = g.nodes[v].outputs[0]
                 if out is None or out in made:
                     continue
@@ -176,7 +181,10 @@ def regather(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) ->
                 v2 = edit.add_op(view.op, args, dict(view.kwargs), name=f"{view.name}_again", phase=first.phase,
                                  module=view.module, tags=tags)
                 edit.add_control(v2.id, [w2.id])
-                made[out] = v2.outputs[0]     # type: ignore[assignment]
+                twin = v2.outputs[0]
+                if twin is None:
+                    raise RuleError(f"{describe_node(g, v)} again made no tensor")
+                made[out] = twin
                 added.append(v2.id)
                 old_views.append(v)
             mapping[t] = made[t]
