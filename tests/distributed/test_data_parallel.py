@@ -43,7 +43,7 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 
 STEPS = 3
 BATCH = 8
-SEARCH = {"device": "cpu", "latency_limit": 1.5, "time_budget": 20.0, "max_states": 60}
+SEARCH = {"device": "cpu", "latency_limit": 1.5, "time_budget": 10.0, "max_states": 24}
 KINDS = {
     "gpt": (TinyGPT, gpt_batch, gpt_loss),
     "cnn": (TinyCNN, cnn_batch, cnn_loss),
