@@ -43,21 +43,44 @@ def _model() -> torch.nn.Module:
     return _fsdp2(TinyGPT().double())
 
 
+class _Run:
+    """One rank's two FSDP2 copies of the model, their optimizers and batches, and our copy's
+    step captured and ordered for memory."""
+
+    def __init__(self, rank: int) -> None:
+        import peakcut
+        from peakcut.fission.loss import detach_loss
+        from peakcut.schedule import schedule
+        from peakcut.spec.fully_sharded import describe_fully_sharded
+
+        self.eager, self.ours = _model(), _model()
+        self.opt_eager, self.opt_ours = adamw_two_groups(self.eager), adamw_two_groups(self.ours)
+        self.batches = [gpt_batch(rank, step, 8) for step in range(STEPS)]
+        self.g = detach_loss(peakcut.capture(self.ours, self.batches[0], gpt_loss, self.opt_ours, max_grad_norm=1.0,
+                                             fully_sharded=describe_fully_sharded(self.ours)))
+        self.order = list(schedule(self.g, time_limit=5.0).order)
+
+    def trains_like_eager(self, g: object, order: list[int]) -> object:
+        """The program (g, order) trains our copy as FSDP2's loop trains the other, over STEPS."""
+        import peakcut
+
+        step = peakcut.build(g, order, optimizer=self.opt_ours)
+        tol = tolerance(torch.float64, self.batches[0][0].numel(), STEPS)
+        for k, batch in enumerate(self.batches):
+            _close(step(self.ours, batch), eager_step(self.eager, self.opt_eager, batch, gpt_loss), f"loss {k}", tol)
+        for (name, p), q in zip(self.ours.named_parameters(), self.eager.parameters(), strict=True):
+            _close(_full(p), _full(q), name, tol)
+        return step
+
+
 def _regathers(rank: int, world: int, out: str) -> None:
     import peakcut
-    from peakcut.fission.loss import detach_loss
     from peakcut.memory import simulate
     from peakcut.rules.query import Query
     from peakcut.rules.regather_rule import RegatherRule
-    from peakcut.schedule import schedule
-    from peakcut.spec.fully_sharded import describe_fully_sharded
 
-    eager, ours = _model(), _model()
-    opt_eager, opt_ours = adamw_two_groups(eager), adamw_two_groups(ours)
-    batches = [gpt_batch(rank, step, 8) for step in range(STEPS)]
-    g = detach_loss(peakcut.capture(ours, batches[0], gpt_loss, opt_ours, max_grad_norm=1.0,
-                                    fully_sharded=describe_fully_sharded(ours)))
-    order = list(schedule(g, time_limit=5.0).order)
+    run = _Run(rank)
+    ours, batches, g, order = run.ours, run.batches, run.g, run.order
     before = simulate(g, order)
     rule = RegatherRule()
     sites = list(rule.sites(Query(g, order, profile=before)))
@@ -65,12 +88,7 @@ def _regathers(rank: int, world: int, out: str) -> None:
     if rewrite is None:
         raise AssertionError(f"regather applied nowhere: {reasons}")
     after = simulate(rewrite.graph, rewrite.order)
-    step = peakcut.build(rewrite.graph, rewrite.order, optimizer=opt_ours)
-    tol = tolerance(torch.float64, batches[0][0].numel(), STEPS)
-    for k, batch in enumerate(batches):
-        _close(step(ours, batch), eager_step(eager, opt_eager, batch, gpt_loss), f"loss {k}", tol)
-    for (name, p), q in zip(ours.named_parameters(), eager.parameters(), strict=True):
-        _close(_full(p), _full(q), name, tol)
+    step = run.trains_like_eager(rewrite.graph, rewrite.order)
     measured = peakcut.measure(step, ours, batches[0], method="cpu-profiler", repeats=1).peak_bytes
     gathered = sum(g.storages[g.tensors[s.tensor].storage] for s in sites)
     Path(out, f"{rank}.json").write_text(json.dumps({
@@ -90,20 +108,12 @@ def test_regathered_parameters_free_the_forward_gathers_and_keep_the_numbers(tmp
 
 
 def _offloads(rank: int, world: int, out: str) -> None:
-    import peakcut
-    from peakcut.fission.loss import detach_loss
     from peakcut.memory import simulate
     from peakcut.rules import RULES
     from peakcut.rules.query import Query
-    from peakcut.schedule import schedule
-    from peakcut.spec.fully_sharded import describe_fully_sharded
 
-    eager, ours = _model(), _model()
-    opt_eager, opt_ours = adamw_two_groups(eager), adamw_two_groups(ours)
-    batches = [gpt_batch(rank, step, 8) for step in range(STEPS)]
-    g = detach_loss(peakcut.capture(ours, batches[0], gpt_loss, opt_ours, max_grad_norm=1.0,
-                                    fully_sharded=describe_fully_sharded(ours)))
-    order = list(schedule(g, time_limit=5.0).order)
+    run = _Run(rank)
+    g, order = run.g, run.order
     applied = {}
     for kind in ("offload_state", "offload_param"):
         rule = RULES.program_rule(kind)
@@ -112,14 +122,9 @@ def _offloads(rank: int, world: int, out: str) -> None:
             raise AssertionError(f"{kind} applied nowhere: {reasons}")
         applied[kind] = sum(r is None for r in reasons)
         g, order = rewrite.graph, rewrite.order
-    step = peakcut.build(g, order, optimizer=opt_ours)
-    tol = tolerance(torch.float64, batches[0][0].numel(), STEPS)
-    for k, batch in enumerate(batches):
-        _close(step(ours, batch), eager_step(eager, opt_eager, batch, gpt_loss), f"loss {k}", tol)
-    for (name, p), q in zip(ours.named_parameters(), eager.parameters(), strict=True):
-        _close(_full(p), _full(q), name, tol)
+    run.trains_like_eager(g, order)
     from torch.distributed.tensor import DTensor
-    sharded = all(isinstance(v, DTensor) for s in opt_ours.state.values() for k, v in s.items() if k != "step")
+    sharded = all(isinstance(v, DTensor) for s in run.opt_ours.state.values() for k, v in s.items() if k != "step")
     Path(out, f"offload-{rank}.json").write_text(json.dumps({**applied, "sharded_state": sharded}))
 
 
