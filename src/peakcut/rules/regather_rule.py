@@ -16,7 +16,7 @@ from peakcut.rules.base import ProgramRule, Site
 from peakcut.rules.hotspot import HotspotSite
 from peakcut.rules.query import Query
 from peakcut.schedule.placement import Placement
-from peakcut.transform.regather import RegatherTag, regather, why_not_regather
+from peakcut.transform.regather import RegatherTag, regather, regather_many, why_not_regather
 from peakcut.transform.rewrite import Rewrite, describe_node
 
 
@@ -65,6 +65,11 @@ class RegatherRule(ProgramRule):
 
     def apply(self, g: Graph, order: Sequence[int], site: Site) -> Rewrite:
         return regather(g, order, site.node, site.users)
+
+    def apply_many(self, g: Graph, order: Sequence[int], sites: Sequence[Site]
+                   ) -> tuple[Rewrite | None, list[str | None]]:
+        """Every site in one edit (each gather is its own parameter's)."""
+        return regather_many(g, order, [(site.node, site.users) for site in sites])
 
     def describe(self, query: Query, site: Site) -> str:
         return f"gather {describe_node(query.g, site.node)} again for {len(site.users)} reader(s) after the peak"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from peakcut.ir.collectives import ALL_GATHER_OP, WAIT_OP
-from peakcut.ir.edit import GraphEditor, splice
+from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import TensorRef, map_refs
 from peakcut.ir.registry import OpKind, lookup
@@ -145,14 +145,67 @@ def why_not_regather(g: Graph, order: Sequence[int], node: int, users: Sequence[
 def regather(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> Rewrite:
     """`users` read their own gather of all-gather `node`'s shard (module doc); RuleError
     (why_not_regather's reason) where it does not apply."""
-    found = _why_not(g, order, node, users)
-    if isinstance(found, str):
-        raise RuleError(found)
-    gathered, users = found
+    rewrite, reasons = regather_many(g, order, [(node, users)])
+    if rewrite is None:
+        raise RuleError(reasons[0] or "regather does not apply")
+    return rewrite
+
+
+def regather_many(g: Graph, order: Sequence[int], sites: Sequence[tuple[int, Sequence[int]]]
+                  ) -> tuple[Rewrite | None, list[str | None]]:
+    """Each (all-gather node, users) of `sites` where it applies, in one edit (each gather is
+    its own parameter's: the sites are independent); also, per site, why it does not apply
+    (None: applied)."""
+    reasons: list[str | None] = []
+    found: list[tuple[_Gather, list[int]]] = []
+    seen: set[int] = set()
+    for node, users in sites:
+        checked = _why_not(g, order, node, users) if node not in seen else "the same all-gather twice"
+        reasons.append(checked if isinstance(checked, str) else None)
+        if not isinstance(checked, str):
+            found.append(checked)
+            seen.add(node)
+    if not found:
+        return None, reasons
+    edit = GraphEditor(g)
+    before: dict[int, list[int]] = {}        # first user -> the nodes added right before it
+    old_views: list[int] = []
+    changed: list[int] = []
+    for gathered, users in found:
+        added, views = _twin(edit, g, gathered, users)
+        before.setdefault(users[0], []).extend(added)
+        old_views.extend(views)
+        changed.extend(users)
+    edit.set_order(_spliced(g.order, before))
+    # the forward's views nobody reads now: gone, so they keep T alive no longer
+    removed = _unread(edit.graph, old_views)
+    if removed:
+        edit.remove_nodes(removed)
+    gone = set(removed)
+    added_all = tuple(n for nodes in before.values() for n in nodes)
+    names = [describe_node(g, gathered.node) for gathered, _ in found]
+    what = (f"gather {names[0]} again for {describe_users(g, found[0][1])}" if len(found) == 1
+            else f"gather {len(found)} parameters again for their readers after the peak")
+    return Rewrite(graph=edit.finish(), order=[n for n in _spliced(order, before) if n not in gone],
+                   added=added_all, changed=tuple(dict.fromkeys(changed)), removed=tuple(removed),
+                   description=what), reasons
+
+
+def _spliced(order: Sequence[int], before: dict[int, list[int]]) -> list[int]:
+    """`order` with before[x] right before each x."""
+    out: list[int] = []
+    for n in order:
+        out.extend(before.get(n, ()))
+        out.append(n)
+    return out
+
+
+def _twin(edit: GraphEditor, g: Graph, gathered: _Gather, users: Sequence[int]) -> tuple[list[int], list[int]]:
+    """A second gather for `users` added to `edit` (the gather, its wait, the views the users
+    read, rewired): the nodes added, in order, and the forward's views the users read before."""
     a = g.nodes[gathered.node]
     first = g.nodes[users[0]]
     tags = NodeTags(RegatherTag(gathered.node))
-    edit = GraphEditor(g)
     a2 = edit.add_op(a.op, a.args, dict(a.kwargs), name=f"{a.name}_again", phase=first.phase, module=a.module,
                      tags=tags)
     full2 = a2.outputs[0]
@@ -190,20 +243,7 @@ def regather(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) ->
             mapping[t] = made[t]
         edit.rewire(u, mapping)
         edit.add_control(u, [w2.id])
-    pos = positions(order)
-    at = pos[users[0]]
-    capture_at = positions(g.order)[users[0]]
-    edit.insert_in_order(capture_at, added)
-    # the forward's views nobody reads now: gone, so they keep T alive no longer
-    removed = _unread(edit.graph, old_views)
-    if removed:
-        edit.remove_nodes(removed)
-    gone = set(removed)
-    return Rewrite(
-        graph=edit.finish(), order=[n for n in splice(order, at, added) if n not in gone], added=tuple(added),
-        changed=tuple(users), removed=tuple(removed),
-        description=f"gather {describe_node(g, gathered.node)} again for {describe_users(g, users)}",
-    )
+    return added, old_views
 
 
 def _unread(g: Graph, views: Sequence[int]) -> list[int]:
