@@ -32,11 +32,6 @@ def _is_fsdp_hook(fn: object) -> bool:
     return type(owner).__name__ == _FSDP_STATE
 
 
-def is_fsdp_hook(fn: object) -> bool:
-    """Whether a module hook is one fully_shard registered (capture traces its work itself)."""
-    return _is_fsdp_hook(fn)
-
-
 @contextmanager
 def fsdp_hooks_removed(model: torch.nn.Module) -> Iterator[None]:
     """fully_shard's forward hooks taken off every module of `model`, put back on exit."""

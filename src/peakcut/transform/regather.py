@@ -119,20 +119,28 @@ def _why_not(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) ->
                 chain = _chain(g, t, gathered)
                 if isinstance(chain, str):
                     return chain
-    others = [r for r in _readers(g, gathered) if r not in set(users)]
+    chosen = set(users)
+    others = [r for r in _readers(g, gathered) if r not in chosen]
     if not others:
         return f"every reader of {describe_node(g, node)} is among the users: nothing is freed earlier"
     return gathered, sorted(users, key=pos.__getitem__)
 
 
 def _readers(g: Graph, gathered: _Gather) -> list[int]:
-    """The nodes that read the gathered data (not its views or its wait)."""
-    found = []
-    for nid, n in g.nodes.items():
-        if nid in (gathered.node, gathered.wait) or _is_view(g, nid):
-            continue
-        if any(g.tensors[t].storage == gathered.storage for t in n.input_tuple):
-            found.append(nid)
+    """The nodes that read the gathered data: readers of T and of its views (found through
+    the views, not by a walk of the whole graph), not the views themselves or the wait."""
+    found: list[int] = []
+    seen: set[int] = set()
+    tensors = [gathered.full]
+    while tensors:
+        for nid in g.users(tensors.pop()):
+            if nid in seen or nid in (gathered.node, gathered.wait):
+                continue
+            seen.add(nid)
+            if _is_view(g, nid):
+                tensors.extend(t for t in g.nodes[nid].output_tuple if g.tensors[t].storage == gathered.storage)
+            else:
+                found.append(nid)
     return found
 
 
