@@ -10,7 +10,9 @@ why_not_* twin (the rule registry, peakcut.rules, interleaves their sites).
   and splitting (or un-merging) one;
 - algebra.py: drop_identity, cancel_transposes, fold_views;
 - conv_cat.py: split_conv_cat, convolutions run per concatenated tensor;
-- conv_grads.py: split_conv_grads, a convolution's backward as two calls.
+- conv_grads.py: split_conv_grads, a convolution's backward as two calls;
+- substitute.py: substitute, a node's result computed instead by given ATen calls (a generated
+  substitution's destination, peakcut.taso).
 """
 
 from peakcut.transform.taso.algebra import (
