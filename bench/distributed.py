@@ -20,9 +20,11 @@ Columns, each a per-rank peak and step time:
 - captured: the step as captured (every full parameter kept from its forward gather to its
   backward use), in capture order; the reference of the 1.10 latency limit.
 - FSDP2 (a): reshard after forward: peakcut's regather move on every decoder layer's parameter
-  for its readers after the loss (the root's stay gathered, as FSDP2 keeps the root's), issued
-  as FSDP2 issues them: each unit's gathers one unit ahead, each reduce-scatter as soon as its
-  gradient is made. (b): (a) after checkpoint_blocks on every decoder layer. (c): (a) with the optimizer state and update on the host
+  for its readers after the loss (the root's stay gathered, as FSDP2 keeps the root's). Every
+  column's collectives run where peakcut's programs run them (`ir.collectives.
+  overlapped_order`): each reduce-scatter as soon as its gradient is made, and the gathers
+  ahead of their readers with at most twice the largest gather's bytes gathered and not yet
+  read (FSDP2 holds the unit it runs and the next one it prefetched). (b): (a) after checkpoint_blocks on every decoder layer. (c): (a) with the optimizer state and update on the host
   (optimizer.baselines' ZeRO-Offload-style plan) and the parameter shards on the host
   (CPUOffloadPolicy): their bytes are taken off (a)'s device peak, an estimate.
 - peakcut: `optimize_graph` at latency <= 1.10 x captured, and at per-GPU memory limits of 40 and
@@ -47,9 +49,8 @@ import torch
 from peakcut.cost.analytic import AnalyticCostModel
 from peakcut.cost.links import INFINIBAND_NDR, LinkProfile, node_link
 from peakcut.cost.profiles import H100, H200, DeviceProfile
-from peakcut.ir.collectives import ALL_GATHER_OP, REDUCE_SCATTER_OP, WAIT_OP
+from peakcut.ir.collectives import ALL_GATHER_OP
 from peakcut.ir.graph import Graph
-from peakcut.ir.registry import OpKind, lookup
 from peakcut.ir.tensor import Role
 from peakcut.optimizer import optimize_graph
 from peakcut.optimizer.limit_messages import search_shortfall
@@ -58,7 +59,7 @@ from peakcut.rules.hotspot import HotspotSite
 from peakcut.schedule.placement import place
 from peakcut.simulate import simulate_timeline
 from peakcut.transform.checkpoint import checkpoint_blocks, find_blocks
-from peakcut.transform.regather import RegatherTag
+from peakcut.transform.regather import RegatherTag, backward_readers
 from peakcut.units import format_bytes, format_seconds
 
 # Llama-2 dims (the published config.json files); tiny: the workloads' 2-layer sibling
@@ -177,11 +178,6 @@ def capture_step(model: str, world: int, batch: int, seq: int) -> tuple[Graph, f
         return g, time.perf_counter() - t0
 
 
-def _reads_data(g: Graph, nid: int) -> bool:
-    info = lookup(g.nodes[nid].op)
-    return not (info is not None and info.kind is OpKind.VIEW) and g.nodes[nid].op != WAIT_OP
-
-
 def unit_of(g: Graph, gather: int) -> str:
     """The fully_shard unit whose parameter all-gather node `gather` gathers: 'model.layers.<i>',
     or '' for the root's (embeddings, final norm, LM head)."""
@@ -194,127 +190,18 @@ def unit_of(g: Graph, gather: int) -> str:
     return ".".join(name.split(".")[:3]) if name.startswith("model.layers.") else ""
 
 
-def _loss_position(g: Graph, order: list[int]) -> int:
-    loss = g.producer(g.outputs[g.output_names.index("loss")])
-    return order.index(loss) if loss is not None else len(order)
-
-
 def backward_gather_sites(g: Graph, order: list[int]) -> list[HotspotSite]:
-    """A regather site for every decoder layer's all-gather whose full parameter is read after the
-    loss (its readers there); the root's parameters stay gathered, as FSDP2 keeps the root's."""
-    after = _loss_position(g, order)
-    gathers = [nid for nid in order if g.nodes[nid].op == ALL_GATHER_OP and g.nodes[nid].outputs[0] is not None
-               and unit_of(g, nid)]
-    storage = {g.tensors[g.nodes[nid].outputs[0]].storage: nid for nid in gathers}  # type: ignore[index]
-    readers: dict[int, list[int]] = {s: [] for s in storage}
-    for nid in order[after + 1:]:
-        if _reads_data(g, nid):
-            for t in g.nodes[nid].input_tuple:
-                s = g.tensors[t].storage
-                if s in readers and (not readers[s] or readers[s][-1] != nid):
-                    readers[s].append(nid)
-    return [HotspotSite(g.nodes[nid].outputs[0], nid, tuple(readers[s]), g.storages[s], g.storages[s])  # type: ignore[arg-type]
-            for s, nid in storage.items() if readers[s]]
-
-
-def _gather_chains(g: Graph, order: list[int]) -> dict[int, tuple[list[int], int]]:
-    """Per all-gather node: it, its wait and the views of its result made before the first node
-    that reads the gathered data (in `order`), and that reader."""
-    chains: dict[int, tuple[list[int], int]] = {}
-    for nid in order:
-        if g.nodes[nid].op == ALL_GATHER_OP and g.nodes[nid].outputs[0] is not None:
-            chains[nid] = ([], -1)
-    storage = {g.tensors[g.nodes[a].outputs[0]].storage: a for a in chains}  # type: ignore[index]
+    """A regather site for every decoder layer's all-gather whose full parameter the backward
+    reads (its readers there); the root's parameters stay gathered, as FSDP2 keeps the root's."""
+    sites = []
     for nid in order:
         node = g.nodes[nid]
-        touched = {g.tensors[t].storage for t in (*node.input_tuple, *(o for o in node.outputs if o is not None))}
-        for s in touched & storage.keys():
-            a = storage[s]
-            members, reader = chains[a]
-            if reader != -1:
-                continue
-            if nid == a or not _reads_data(g, nid):
-                members.append(nid)
-            else:
-                chains[a] = (members, nid)
-    return {a: (m, r) for a, (m, r) in chains.items() if r != -1}
-
-
-def prefetched(g: Graph, order: list[int]) -> list[int]:
-    """`order` as FSDP2 issues its all-gathers: each gather's wait and views right before the
-    first node that reads the gathered data, and each unit's gathers issued together where the
-    previous unit's first gather then is (one unit prefetched), in the forward and the backward
-    apart (the root's all with its first; the first unit's with the root's); each
-    reduce-scatter as soon as it can start. `order` itself where that would break a dependency."""
-    chains = _gather_chains(g, order)
-    moved = {n for members, _ in chains.values() for n in members}
-    before: dict[int, list[int]] = {}
-    for members, reader in chains.values():
-        before.setdefault(reader, []).extend(members)
-    late: list[int] = []
-    for nid in order:
-        late.extend(before.get(nid, ()))
-        if nid not in moved:
-            late.append(nid)
-    after = _loss_position(g, late)
-    groups: list[dict[str, list[int]]] = [{}, {}]            # forward, backward: unit -> its gathers
-    for i, nid in enumerate(late):
-        if nid in chains:
-            groups[i > after].setdefault(unit_of(g, nid), []).append(nid)
-    emit: dict[int, list[int]] = {}
-    for phase in groups:
-        units = list(phase.values())
-        for j, nodes in enumerate(units):
-            emit.setdefault(units[max(j - 1, 0)][0], []).extend(nodes)
-    out: list[int] = []
-    for nid in late:
-        out.extend(emit.get(nid, ()))
-        if nid not in chains:
-            out.append(nid)
-    out = reduced_early(g, out)
-    return out if _valid(g, out) else list(order)
-
-
-def reduced_early(g: Graph, order: list[int]) -> list[int]:
-    """`order` with each reduce-scatter, and the views of the gradient it reads, started right
-    after that gradient is made (FSDP2 reduce-scatters a unit's gradients as soon as its
-    backward ends); its wait stays."""
-    chains: list[list[int]] = []
-    for nid in order:
-        if g.nodes[nid].op == REDUCE_SCATTER_OP:
-            chain, todo = [nid], list(g.nodes[nid].input_tuple)
-            while todo:
-                p = g.producer(todo.pop())
-                if p is not None and not _reads_data(g, p) and g.nodes[p].op != WAIT_OP and p not in chain:
-                    chain.append(p)
-                    todo.extend(g.nodes[p].input_tuple)
-            chains.append(chain)
-    moved = {n for chain in chains for n in chain}
-    rest = [nid for nid in order if nid not in moved]
-    pos = {nid: i for i, nid in enumerate(rest)}
-    where = {nid: i for i, nid in enumerate(order)}
-    after: dict[int, list[int]] = {}
-    for chain in chains:
-        deps = [g.producer(t) for n in chain for t in g.nodes[n].input_tuple] + \
-            [d for n in chain for d in g.control.get(n, ())]
-        last = max((pos[d] for d in deps if d is not None and d in pos), default=-1)
-        after.setdefault(last, []).extend(sorted(chain, key=where.__getitem__))
-    out = list(after.get(-1, ()))
-    for i, nid in enumerate(rest):
-        out.append(nid)
-        out.extend(after.get(i, ()))
-    return out
-
-
-def _valid(g: Graph, order: list[int]) -> bool:
-    """Whether every node of `order` comes after its inputs' producers and its control edges."""
-    seen: set[int] = set()
-    for nid in order:
-        before = [g.producer(t) for t in g.nodes[nid].input_tuple] + list(g.control.get(nid, ()))
-        if any(p is not None and p not in seen for p in before):
-            return False
-        seen.add(nid)
-    return True
+        if node.op == ALL_GATHER_OP and node.outputs[0] is not None and unit_of(g, nid):
+            users = backward_readers(g, nid)
+            size = g.storages[g.tensors[node.outputs[0]].storage]
+            if users:
+                sites.append(HotspotSite(node.outputs[0], nid, users, size, size))
+    return sites
 
 
 def resharded(g: Graph, order: list[int]) -> tuple[Graph, list[int]]:
@@ -352,7 +239,7 @@ def peer(name: str, g: Graph, cost: AnalyticCostModel) -> Cell:
         return _cell(g, order, cost, how + ", capture order)")
     if name not in PEERS:
         raise ValueError(f"peer {name!r}: expected one of {PEERS}")
-    how += ", regather on every layer's parameters, FSDP2's issue order: gathers one unit ahead"
+    how += ", regather on every layer's parameters"
     if name == "fsdp2_ac":
         blocks = [b for bs in find_blocks(g).values() for b in bs]
         rw, why = checkpoint_blocks(g, order, blocks)
@@ -362,10 +249,10 @@ def peer(name: str, g: Graph, cost: AnalyticCostModel) -> Cell:
         how += ", checkpoint_blocks on every layer"
     rg, ro = resharded(g, order)
     if name != "fsdp2_offload":
-        return _cell(rg, prefetched(rg, ro), cost, how + ")")
+        return _cell(rg, ro, cost, how + ")")
     program, placed, refused = host_updated(rg, ro, cost)
     shards = sum(g.tensors[t].nbytes for t in g.inputs if g.tensors[t].role is Role.PARAM)
-    cell = _cell(program, prefetched(program, placed), cost, how + ", optimizer state and update on the host; "
+    cell = _cell(program, placed, cost, how + ", optimizer state and update on the host; "
                  f"the parameter shards' {format_bytes(shards)} taken off the peak: an estimate)", minus=shards)
     cell.note = f"{refused} update(s) kept on the device" if refused else ""
     return cell

@@ -119,15 +119,65 @@ def _started_by(g: Graph, wait: int) -> int | None:
     return starts[-1] if starts else None
 
 
-def overlapped_order(g: Graph, order: Sequence[int]) -> list[int]:
+def _first_data_read(g: Graph, gather: int, position: dict[int, int]) -> int:
+    """The position of the first node that reads the data all-gather `gather` makes (after
+    its wait and views; the order's end where nothing does)."""
+    out = g.nodes[gather].outputs[0]
+    waits = [u for u in g.users(out) if g.nodes[u].op == WAIT_OP] if out is not None else []
+    return min((_views_then_first_reader(g, w, position)[1] for w in waits), default=len(position))
+
+
+def _scatter_chain(g: Graph, scatter: int) -> list[int]:
+    """Reduce-scatter `scatter` and the views of the gradient it reads that only it reads
+    (what moves with its start)."""
+    chain, todo = [scatter], list(g.nodes[scatter].input_tuple)
+    while todo:
+        p = g.producer(todo.pop())
+        if p is None or p in chain:
+            continue
+        info = lookup(g.nodes[p].op)
+        if info is None or info.kind is not OpKind.VIEW:
+            continue
+        if all(u in chain or g.nodes[u].op == WAIT_OP for t in g.nodes[p].output_tuple for u in g.users(t)):
+            chain.append(p)
+            todo.extend(g.nodes[p].input_tuple)
+    return chain
+
+
+def _gathers_issued(g: Graph, order: Sequence[int], position: dict[int, int], window: int | None
+                    ) -> dict[int, float]:
+    """Where each all-gather is issued (a position between two of `order`'s): in the order of
+    their first readers, gather k right before the first reader of the earliest gather j
+    such that gathers j..k hold at most `window` bytes, so the gathered data that waits for
+    its readers stays within the window (FSDP2's prefetch of the next unit); None: twice the
+    largest gather."""
+    first_read = {n: _first_data_read(g, n, position) for n in order if g.nodes[n].op == ALL_GATHER_OP}
+    gathers = sorted(first_read, key=lambda n: (first_read[n], position[n]))
+    sizes = [g.tensors[t].nbytes if (t := g.nodes[n].outputs[0]) is not None else 0 for n in gathers]
+    limit = 2 * max(sizes, default=0) if window is None else window
+    issued: dict[int, float] = {}
+    j, ahead = 0, 0                   # right before gather j is read, gathers j..k are unread; their bytes
+    for k, nid in enumerate(gathers):
+        ahead += sizes[k]
+        while ahead > limit and j < k:
+            ahead -= sizes[j]
+            j += 1
+        issued[nid] = first_read[gathers[j]] - 0.75
+    return issued
+
+
+def overlapped_order(g: Graph, order: Sequence[int], prefetch_bytes: int | None = None) -> list[int]:
     """`order` with the collectives moved so that compute runs while they are in flight, as
     code generation and the timeline both run the step:
 
     - an in-place collective (ALL_REDUCE_OP, BROADCAST_OP: DDP's buckets and buffers) starts
       as soon as what it reads is ready; moving it allocates and frees nothing;
-    - an all-gather starts where the all-gather before it in `order` was (one gather ahead,
-      as FSDP2 prefetches the next unit): its result is allocated that much earlier, which
-      the memory curve of this order counts;
+    - a reduce-scatter (and the views of the gradient only it reads) starts as soon as its
+      gradient is made, as FSDP2 reduce-scatters a unit's gradients when its backward ends;
+    - an all-gather starts as early as the gathered data not yet read stays within
+      `prefetch_bytes` (default: twice the largest gather), in the order the gathers are
+      read, as FSDP2 prefetches the next unit: its result is allocated that much before it
+      is read, which the memory curve of this order counts;
     - a wait goes right before the first node that reads what it waits for (the views of
       that tensor with it: they read no data), but a reduce-scatter's wait no later than the
       next reduce-scatter's start: its input, the full gradient, lives until its wait, and
@@ -143,12 +193,23 @@ def overlapped_order(g: Graph, order: Sequence[int]) -> list[int]:
     position = {n: i for i, n in enumerate(order)}
     key: dict[int, tuple[float, int, int]] = {n: (float(i), 0, i) for i, n in enumerate(order)}
     shifted: list[int] = []
-    gathers = [n for n in order if nodes[n].op == ALL_GATHER_OP]
-    scatters = [position[n] for n in order if nodes[n].op == REDUCE_SCATTER_OP]
-    for before_it, nid in zip(gathers, gathers[1:], strict=False):
-        preds = [position[p] for p in g.predecessors(nid)]
-        key[nid] = (max(position[before_it], *preds) + 0.5, 0, position[nid])
+    for nid, ahead in _gathers_issued(g, order, position, prefetch_bytes).items():
+        key[nid] = (max(ahead, *(position[p] + 0.5 for p in g.predecessors(nid))), 0, position[nid])
         shifted.append(nid)
+    scatter_start: dict[int, float] = {}
+    for nid in order:
+        if nodes[nid].op != REDUCE_SCATTER_OP:
+            continue
+        chain = _scatter_chain(g, nid)
+        inside = set(chain)
+        ready = [position[p] for v in chain for p in g.predecessors(v) if p not in inside]
+        anchor = min(max(ready, default=-1) + 0.5, float(position[nid]))
+        scatter_start[nid] = anchor
+        for v in chain:
+            key[v] = (anchor, 0, position[v])
+        shifted.extend(chain)
+    starts = sorted(scatter_start.items(), key=lambda kv: (kv[1], position[kv[0]]))
+    next_scatter = {a: b for (a, _), (b, _) in zip(starts, starts[1:], strict=False)}
     for nid in order:
         op = nodes[nid].op
         if op in IN_PLACE_STARTS:
@@ -160,14 +221,14 @@ def overlapped_order(g: Graph, order: Sequence[int]) -> list[int]:
             if start is None:
                 continue
             views, first = _views_then_first_reader(g, nid, position)
-            if nodes[start].op == REDUCE_SCATTER_OP:
-                later = [p for p in scatters if p > position[start]]
-                first = min(first, later[0]) if later else first
-                views = [v for v in views if position[v] < first]
-            anchor = first - 0.5
-            key[nid] = (anchor, 0, position[nid])
+            here = (first - 0.5, 0, position[nid])
+            after = next_scatter.get(start)
+            if after is not None and key[after] < here:
+                here = (key[after][0], 0, position[nid])    # before the next start: it sorts by position
+                views = [v for v in views if key[v] < here]
+            key[nid] = here
             for v in views:
-                key[v] = (anchor, 1, position[v])
+                key[v] = (here[0], 1, position[v])
             shifted.extend((nid, *views))
     out = sorted(order, key=lambda n: (key[n], position[n]))
     placed = {n: i for i, n in enumerate(out)}

@@ -187,6 +187,15 @@ def _bulk_moves(state: State, deriver: Deriver, kinds: list[str], query: Query,
                        partial(deriver.with_recipes, state, recipes))
 
 
+def root_bulk_moves(state: State, deriver: Deriver, settings: MoveSettings) -> Iterator[Move]:
+    """The move at every site of each batched rule that asks to be tried on the search's root
+    (ProgramRule.at_root), in the registry's order, where the settings use the rule."""
+    kinds = [k for k in deriver.rules.program_kinds if settings.uses(k) and deriver.rules.program_rule(k).at_root]
+    if kinds:
+        query = Query(state.program, state.order, profile=simulate(state.program, state.order, deriver.workspace))
+        yield from _bulk_moves(state, deriver, kinds, query, region_nodes(state.tree), {})
+
+
 def _recipe(rule: ProgramRule, site: Site, query: Query, base: Graph, regions: frozenset[int]) -> Recipe | None:
     """The recipe of `rule` at a site of the state's program (query.g), in base ids; None where the site
     touches a region (a region node or a part copy: the rule would cross a region boundary)

@@ -99,6 +99,12 @@ class ProgramRule(Rule[Site]):
     input's tensors) and apply_many applies many in one edit: the search then also offers all
     of its sites at once as one move, and replays runs of its recipes in one edit."""
 
+    at_root: bool = False
+    """True when a batched rule's move at every one of its sites is also tried on the search's
+    root, and kept where it dominates or the objective prefers it
+    (peakcut.optimizer.root_rewrites): a move the search would take first, which a short
+    search of a large step might otherwise never combine with the moves it takes."""
+
     @abstractmethod
     def sites(self, query: Query) -> Iterable[HotspotSite]:
         """Where to try the rule on query's program (query.hotspot: its memory hot-spot), best

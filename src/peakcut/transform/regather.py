@@ -23,9 +23,9 @@ from typing import Any, ClassVar
 from peakcut.ir.collectives import ALL_GATHER_OP, WAIT_OP
 from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import TensorRef, map_refs
+from peakcut.ir.node import Phase, TensorRef, map_refs
 from peakcut.ir.registry import OpKind, lookup
-from peakcut.ir.tags import NodeTags, Tag
+from peakcut.ir.tags import FissionTag, NodeTags, Tag
 from peakcut.transform.rewrite import (
     Rewrite,
     RuleError,
@@ -144,6 +144,19 @@ def _readers(g: Graph, gathered: _Gather) -> list[int]:
     return found
 
 
+def backward_readers(g: Graph, node: int) -> tuple[int, ...]:
+    """The readers of all-gather `node`'s data that run in the backward (the recomputes of
+    checkpointed blocks included), by node id; none where `node` is not a gather this
+    transform takes or where every reader is in the backward (nothing would be freed
+    earlier). Fission part copies are left out: a region reads what its base reads."""
+    gathered = _gather(g, node)
+    if isinstance(gathered, str):
+        return ()
+    readers = _readers(g, gathered)
+    found = [r for r in readers if g.nodes[r].phase is Phase.BACKWARD and g.nodes[r].tags.get(FissionTag) is None]
+    return tuple(sorted(found)) if len(found) < len(readers) else ()
+
+
 def why_not_regather(g: Graph, order: Sequence[int], node: int, users: Sequence[int]) -> str | None:
     """Why `users` cannot read a second gather of all-gather `node` (None when they can)."""
     found = _why_not(g, order, node, users)
@@ -193,7 +206,7 @@ def regather_many(g: Graph, order: Sequence[int], sites: Sequence[tuple[int, Seq
     added_all = tuple(n for nodes in before.values() for n in nodes)
     names = [describe_node(g, gathered.node) for gathered, _ in found]
     what = (f"gather {names[0]} again for {describe_users(g, found[0][1])}" if len(found) == 1
-            else f"gather {len(found)} parameters again for their readers after the peak")
+            else f"gather {len(found)} parameters again for their readers in the backward")
     return Rewrite(graph=edit.finish(), order=[n for n in _spliced(order, before) if n not in gone],
                    added=added_all, changed=tuple(dict.fromkeys(changed)), removed=tuple(removed),
                    description=what), reasons
