@@ -11,7 +11,8 @@ def test_workloads_lists_all(capsys):
     assert main(["workloads", "--json"]) == 0
     names = [w["name"] for w in json.loads(capsys.readouterr().out)]
     assert names == ["resnet50", "bert-base", "vit-base", "unet", "unetpp", "gpt-neo-1.3b", "btlm-3b",
-                     "llama2-7b", "gpt2-xl"]
+                     "llama2-7b", "gpt2-xl", "reddit-gcn", "reddit-sage", "reddit-gin", "reddit-gat",
+                     "reddit-gcn-sparse", "amazon-gcn"]
 
 
 def test_profile_json_and_plot(capsys, tmp_path):

@@ -25,12 +25,12 @@ def cmd_workloads(args: argparse.Namespace, out: Console) -> int:
 
     if args.json:
         print(json.dumps([{"name": w.name, "summary": w.summary, **{s: w.facts(s) for s in SIZES}}
-                          for w in list_workloads()], indent=2))
+                          for w in list_workloads(gnn=True)], indent=2))
         return 0
-    table = Table(title="peakcut workloads (MAGIS Table 2, then the full-size LLMs)")
+    table = Table(title="peakcut workloads (MAGIS Table 2, then the full-size LLMs, then the full-graph GNNs)")
     for col in ("name", "model", *(f"{s} size" for s in SIZES)):
         table.add_column(col)
-    for w in list_workloads():
+    for w in list_workloads(gnn=True):
         table.add_row(w.name, w.summary, *(", ".join(f"{k} {v}" for k, v in w.facts(s).items()) for s in SIZES))
     out.print(table)
     return 0

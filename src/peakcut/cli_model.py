@@ -75,9 +75,9 @@ def load_step(workload: str, size: str | None, optimizer: str | None, batch: int
     """The step of `workload` (a name from peakcut.workloads, or module:factory, see
     FACTORY_HELP); SystemExit with a message naming the argument on bad input. `size` and
     `batch` apply to built-in workloads only; `optimizer` is the --optimizer given (None: not given)."""
-    from peakcut.workloads import ALL_WORKLOAD_NAMES, get_workload
+    from peakcut.workloads import ALL_WORKLOAD_NAMES, GNN_WORKLOAD_NAMES, get_workload
 
-    if workload in ALL_WORKLOAD_NAMES:
+    if workload in ALL_WORKLOAD_NAMES or workload in GNN_WORKLOAD_NAMES:
         inst = get_workload(workload).build(size or "paper", batch_size=batch)
         return StepSource(inst.model, inst.batch, inst.loss_fn, optimizer or _DEFAULT_OPTIMIZER,
                           inst.description, inst.size, inst.batch_size)

@@ -57,7 +57,7 @@ DOCUMENTED_WITHOUT_RULE = {
     "aten.as_strided.default", "aten._foreach_add_.List",
     "aten._foreach_mul_.Scalar", "peakcut.store.default", "peakcut.load.default",
     "peakcut.writeback.default", "peakcut.upload.default",
-    "peakcut.skip_update_if.default",
+    "peakcut.skip_update_if.default", "peakcut.spmm.default", "peakcut.nonzero_counted.default",
     "aten.native_dropout.default", "aten.native_dropout_backward.default", "aten.bernoulli.p",
     "aten.bernoulli.default", "aten.bernoulli_.float", "aten.bernoulli_.Tensor",
     "aten.rand.default", "aten.randn.default", "aten.rand_like.default", "aten.randn_like.default",
@@ -326,7 +326,7 @@ _UNARY = (
     "abs", "acos", "asin", "atan", "ceil", "cos", "cosh", "erf", "erfinv", "exp", "exp2", "expm1",
     "floor", "log", "log1p", "log2", "neg", "reciprocal", "relu", "round", "rsqrt", "sigmoid",
     "sign", "sgn", "silu", "sin", "sinh", "sqrt", "square", "tan", "tanh", "trunc", "isinf",
-    "isnan", "gelu", "relu_", "zero_", "clone", "lift_fresh_copy", "alias", "detach",
+    "isnan", "gelu", "elu", "relu_", "zero_", "clone", "lift_fresh_copy", "alias", "detach",
     "zeros_like", "ones_like", "empty_like",
 )
 _SCALAR = {"add.Scalar": 2.0, "add_.Scalar": 2.0, "sub.Scalar": 2.0, "div.Scalar": 3.0,
@@ -526,6 +526,9 @@ def hand_samples() -> Iterator[tuple[str, tuple, dict]]:
     yield "aten.index_put.default", (_n(4, 6, 8), [None, _i(6, 3)], _n(4, 3, 8)), {}
     yield "aten.index_put_.default", (_n(4, 6, 8), [_i(4, 2)], _n(2, 1, 8), True), {}
     yield "aten.index_select.default", (_n(4, 6, 8), 1, _i(6, 4)), {}
+    yield "aten.index_add.default", (_n(4, 6, 8), 1, _i(6, 5), _n(4, 5, 8)), {}
+    yield "aten.index_add_.default", (_n(6, 8), 0, _i(6, 9), _n(9, 8)), {}
+    yield "aten.elu_backward.default", (_n(4, 6), 1.0, 1, 1, False, _n(4, 6)), {}
     yield "aten.embedding_dense_backward.default", (_n(4, 6, 8), _i(10, 4, 6), 10, -1, True), {}
     p = _n(4, 6, 8, 8)
     yield "aten.avg_pool2d.default", (p, [2, 2], [2, 2]), {}

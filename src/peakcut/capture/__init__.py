@@ -24,6 +24,10 @@ Files:
   all-reduced in buckets); fully_sharded.py: FSDP2's (parameters all-gathered from their
   shards, gradients reduce-scattered and averaged, the clip's norm over every rank);
 - real_layouts.py: kernels whose fake kernel keeps a layout the real kernel does not;
+- specialize.py: data-dependent sizes (a boolean mask's index, nonzero, masked_select)
+  specialised on the values seen at capture, guarded at run time;
+- sparse.py: sparse COO/CSR matrices built in the step, their products with dense ones
+  captured over their parts (peakcut::spmm);
 - backward.py: the traced backward (the loss's gradients);
 - update.py: the optimizer update as traced into the step (the for-loop's code, the clip,
   a GradScaler's unscale);

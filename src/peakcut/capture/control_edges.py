@@ -1,11 +1,13 @@
 """Control edges capture adds to the step it traced: random draws keep their order, every
-update of a parameter or of optimizer state runs after the loss, and a GradScaler's gate
-runs between what the step returns and the updates it may skip."""
+update of a parameter or of optimizer state runs after the loss and after every guard of a
+specialised size, and a GradScaler's gate runs between what the step returns and the updates
+it may skip."""
 
 from __future__ import annotations
 
 from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
+from peakcut.ir.guards import NONZERO_COUNTED_OP
 from peakcut.ir.node import Phase
 from peakcut.ir.ops import GATE_OP
 from peakcut.ir.registry import draws_random
@@ -71,3 +73,17 @@ def updates_after_loss(edit: GraphEditor) -> None:
         if node.phase is Phase.OPTIMIZER and node.id != loss and owned & {
                 g.tensors[t].storage for t in node.mutated_ids()}:
             edit.set_control(node.id, sorted({*g.control.get(node.id, ()), loss}))   # ids ascending, as capture's
+
+
+def updates_after_guards(edit: GraphEditor) -> None:
+    """Every write of a parameter or of optimizer state runs after every guard of a size capture
+    specialised (peakcut::nonzero_counted): a batch whose counts differ then fails before the
+    update changes anything, and Plan.step can plan it again."""
+    g = edit.graph
+    guards = [n.id for n in g.nodes.values() if n.op == NONZERO_COUNTED_OP]
+    if not guards:
+        return
+    owned = _input_storages(g, ("param:", "state:", "acc:"))
+    for node in list(g.nodes.values()):
+        if node.phase is Phase.OPTIMIZER and owned & {g.tensors[t].storage for t in node.mutated_ids()}:
+            edit.set_control(node.id, sorted({*g.control.get(node.id, ()), *guards}))

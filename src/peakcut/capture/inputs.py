@@ -25,6 +25,15 @@ from peakcut.spec.tensor_kinds import batch_problem, unsupported_kind
 _SUPPORTED = " (peakcut captures dense torch.Tensors and nn.Parameters of the usual dtypes)"
 
 
+def _sparse_hint(problem: str) -> str:
+    """What to do instead with a sparse COO or CSR matrix (capture.sparse)."""
+    if "sparse COO" not in problem and "sparse CSR" not in problem:
+        return ""
+    return ("; give its index tensors and values instead and build the matrix in the step "
+            "(torch.sparse_coo_tensor(indices, values, size) or torch.sparse_csr_tensor(crow, col, values, "
+            "size)): its products with dense matrices (torch.sparse.mm) are captured (docs/gnn.md)")
+
+
 def check_inputs(model: torch.nn.Module, batch: Any, trains: bool, sharded: bool = False) -> None:
     """Refuse, before tracing, a batch leaf that is not a tensor (TypeError) and a batch leaf,
     parameter or buffer of a kind a captured step cannot hold (CaptureError). `trains`: the
@@ -36,7 +45,7 @@ def check_inputs(model: torch.nn.Module, batch: Any, trains: bool, sharded: bool
                             "only tensors are supported")
     problem = batch_problem(batch)
     if problem is not None:
-        raise CaptureError(f"{problem}, which a captured step cannot take{_SUPPORTED}")
+        raise CaptureError(f"{problem}, which a captured step cannot take{_SUPPORTED}{_sparse_hint(problem)}")
     for kind, items in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
         for name, t in items:
             what = unsupported_kind(local_tensor(t) if sharded else t)

@@ -9,15 +9,24 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torch.utils import _pytree as pytree
 
-from peakcut.capture.control_edges import chain_random, gate_updates, updates_after_loss
+from peakcut.capture.control_edges import (
+    chain_random,
+    gate_updates,
+    updates_after_guards,
+    updates_after_loss,
+)
 from peakcut.capture.convert import fx_to_graph
 from peakcut.capture.distributed import check_distributed
+from peakcut.capture.errors import CaptureError
 from peakcut.capture.fully_sharded import fsdp_hooks_removed, waits_in_place
 from peakcut.capture.hooks import check_hooks
 from peakcut.capture.inputs import check_inputs
 from peakcut.capture.module_state import tensors_restored
+from peakcut.capture.sparse import quiet_sparse_meta_failures, traced_sparse
+from peakcut.capture.specialize import Specializer, record_counts
 from peakcut.capture.training_step import LossFn, StepOptions, Traced, trace_training_step
 from peakcut.capture.update import substitute_hypers
 from peakcut.ir.edit import GraphEditor
@@ -137,10 +146,26 @@ def _capture(model: torch.nn.Module, batch: Any, loss_fn: LossFn | None, optimiz
                    for n, p in model.named_parameters(remove_duplicate=True)]
     buffer_items = list(model.named_buffers(remove_duplicate=True))
     frozen: set[str] = set()
+    specializer: Specializer | None = None
+    lower_sparse = False
     while True:  # parameters that get no gradient are re-traced as frozen (torch.optim skips them)
-        with tensors_restored(model):      # a forward's tensors stored on a module were fake
-            traced = trace_training_step(model, param_items, buffer_items, batch_leaves, batch_spec, loss_fn,
-                                         options, dev, frozen)
+        try:
+            # a forward's tensors stored on a module were fake; a CSR matrix's failed fake kernel is not logged
+            with tensors_restored(model), quiet_sparse_meta_failures():
+                traced = trace_training_step(model, param_items, buffer_items, batch_leaves, batch_spec, loss_fn,
+                                             options, dev, frozen, specializer, lower_sparse)
+        except CaptureError as e:       # traced again: specialised on values, or over sparse matrices' parts
+            data_dependent = isinstance(e.__cause__, DynamicOutputShapeException)
+            if data_dependent and specializer is None:
+                specializer = Specializer(record_counts(model, batch, loss_fn, e))
+                continue
+            if data_dependent or lower_sparse:
+                raise
+            lower_sparse = True     # a sparse matrix built in the step fails a plain trace
+            continue
+        if not lower_sparse and traced_sparse(traced.gm):
+            lower_sparse = True
+            continue
         unused = traced.unused_params()
         if not unused:
             break
@@ -149,6 +174,8 @@ def _capture(model: torch.nn.Module, batch: Any, loss_fn: LossFn | None, optimiz
     substitute_hypers(gm, traced.hypers)
     waits_in_place(gm)
     log.notes.extend(hook_notes)
+    if specializer is not None:
+        log.notes.extend(specializer.notes())
 
     updated = set(traced.updated)
     out_names, out_roles, keep, out_spec = _outputs(traced, options, keep_grads)
@@ -164,6 +191,7 @@ def _capture(model: torch.nn.Module, batch: Any, loss_fn: LossFn | None, optimiz
     if grad_scaler and mode == "train":
         gate_updates(edit)
     updates_after_loss(edit)
+    updates_after_guards(edit)
     chain_random(edit)
     return edit.finish()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,8 +104,9 @@ def _install_module_hooks(model: torch.nn.Module, log: TraceLog, stack: ExitStac
 def _explain(e: BaseException) -> str:
     if isinstance(e, DynamicOutputShapeException):
         return (f"operation {getattr(e, 'func', '')} has an output whose shape PyTorch's FakeTensor "
-                "cannot tell without the tensor values (nonzero, unique and masked_select do; so does "
-                "ctc_loss, which has no shape rule), so it cannot be captured as a static graph")
+                "cannot tell without the tensor values (unique does; so does ctc_loss, which has no shape "
+                "rule), so it cannot be captured as a static graph (peakcut specialises nonzero, "
+                "masked_select and boolean-mask indexing on the values it sees at capture, not this op)")
     if isinstance(e, DataDependentOutputException):
         return (f"data-dependent operation {getattr(e, 'func', '')} (e.g. .item(), .tolist() or "
                 "Python control flow on tensor values) cannot be captured as a static graph")
@@ -123,6 +124,7 @@ def trace_step(
     model: torch.nn.Module,
     log: TraceLog,
     device: torch.device,
+    decompositions: Mapping[Any, Callable[..., Any]] | None = None,
 ) -> torch.fx.GraphModule:
     """make_fx(fn)(*args) over FakeTensors at eager dispatch level; errors name the module.
 
@@ -130,6 +132,7 @@ def trace_step(
     for the trace and restored after it, with a note in log.notes: with it the forward builds
     a KV cache object (DynamicCache) a training step never reads and a graph cannot return.
     Saving and setting the state of `device`'s random generator is traced (capture.rng).
+    `decompositions` adds entries to the decomposition table (capture.specialize).
     """
     with ExitStack() as stack:
         _disable_kv_cache(model, log, stack)
@@ -137,7 +140,8 @@ def trace_step(
         stack.enter_context(traced_rng_state(device))
         stack.enter_context(fx_traceback.preserve_node_meta())
         try:
-            return make_fx(fn, tracing_mode="fake", decomposition_table=real_layout_table())(*args)
+            table = {**real_layout_table(), **(decompositions or {})}
+            return make_fx(fn, tracing_mode="fake", decomposition_table=table)(*args)
         except CaptureError:
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with the module path and cause

@@ -18,6 +18,8 @@ from peakcut.capture.data_parallel import ReadyOrder, all_reduced, broadcast_buf
 from peakcut.capture.errors import CaptureError
 from peakcut.capture.fully_sharded import averaged, gathered, global_norm
 from peakcut.capture.hooks import parameter_hooks, register_parameter_hooks
+from peakcut.capture.sparse import SparseLowering
+from peakcut.capture.specialize import Specializer
 from peakcut.capture.trace import TraceLog, new_fake_mode, trace_step
 from peakcut.capture.update import HyperTable, clip_by_total_norm, slot_like, traced_update, unscale
 from peakcut.ir.node import Phase
@@ -75,8 +77,11 @@ def _fake_like(fake_mode: Any, t: torch.Tensor, device: torch.device) -> torch.T
 
 def trace_training_step(model: torch.nn.Module, param_items: list, buffer_items: list, batch_leaves: list,
                         batch_spec: Any, loss_fn: LossFn | None, options: StepOptions, dev: torch.device,
-                        frozen: set[str]) -> Traced:
-    """make_fx of one step; parameters named in `frozen` get no gradient and no update."""
+                        frozen: set[str], specializer: Specializer | None = None,
+                        lower_sparse: bool = False) -> Traced:
+    """make_fx of one step; parameters named in `frozen` get no gradient and no update; data-dependent
+    sizes take the counts `specializer` recorded (capture.specialize); `lower_sparse`: sparse
+    matrices built in the step are captured over their parts (capture.sparse)."""
     spec, mode, dp, fs = options.spec, options.mode, options.data_parallel, options.fully_sharded
     trainable = [p.requires_grad and mode != "inference" and n not in frozen for n, p in param_items]
     train_names = [n for (n, _), tr in zip(param_items, trainable, strict=True) if tr]
@@ -180,7 +185,9 @@ def trace_training_step(model: torch.nn.Module, param_items: list, buffer_items:
     )
     closed = ClosedOver(fake_mode, log, model, loss_fn, dev, param_items, buffer_items)
     # make_fx flattens the nested arguments in this same order
-    gm = trace_step(closed.around(step), (params, buffers, slots, accs, scale, fbatch), model, log, dev)
+    traced = closed.around(SparseLowering().around(step) if lower_sparse else step)
+    gm = trace_step(traced, (params, buffers, slots, accs, scale, fbatch), model, log, dev,
+                    specializer.decompositions(log) if specializer is not None else None)
     for name, note in closed.lift(gm):      # tensors read besides the inputs: 'const:' inputs after them
         input_names.append(name)
         roles.append(Role.BUFFER)

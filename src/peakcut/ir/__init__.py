@@ -2,7 +2,9 @@
 
 - tensor.py: tensor metadata (shape, dtype, storage); node.py: one op call; graph.py: the Graph;
 - edit.py: the one graph editor; infer.py: an op call's output layouts from FakeTensors;
-- registry.py: per-op facts; ops.py: peakcut's own ops (device/host copies); collectives.py:
+- registry.py: per-op facts; ops.py: peakcut's own ops (device/host copies); guards.py: the
+  guard of a data-dependent size specialised at capture (nonzero_counted); sparse_ops.py: a
+  sparse matrix's product with a dense one over its dense parts (spmm); collectives.py:
   torch.distributed's collectives as ops (a bucket's all-reduce, its wait); real_dtypes.py:
   where fake kernels disagree with real ones;
 - tags.py: what a node carries between packages; foreach.py: the tag of a node that is one

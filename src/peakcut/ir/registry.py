@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
+from peakcut.ir.sparse_ops import SPMM_OP, spmm_flops, spmm_gathered_bytes
+
 aten = torch.ops.aten
 
 
@@ -72,7 +74,7 @@ class OpInfo:
 
 _VIEW = ["alias", "as_strided", "detach", "expand", "permute", "select.int", "slice.Tensor", "squeeze.dim", "squeeze.dims", "squeeze.default", "t", "transpose.int", "unsqueeze", "view", "_unsafe_view", "unbind.int", "split.Tensor", "split_with_sizes", "diagonal", "view_as_real", "view_as_complex", "unfold", "narrow"]
 
-_ELEMENTWISE = ["abs", "acos", "acosh", "add.Tensor", "add.Scalar", "add_.Tensor", "add_.Scalar", "addcdiv", "addcmul", "addcdiv_", "addcmul_", "asin", "atan", "atan2", "bitwise_and.Tensor", "bitwise_not", "bitwise_or.Tensor", "ceil", "clamp", "clamp_min", "clamp_max", "cos", "cosh", "div.Tensor", "div.Scalar", "div.Tensor_mode", "div_.Tensor", "div_.Scalar", "eq.Scalar", "eq.Tensor", "erf", "erfinv", "exp", "exp2", "expm1", "floor", "fmod.Scalar", "fmod.Tensor", "ge.Scalar", "ge.Tensor", "gelu", "gelu_backward", "gt.Scalar", "gt.Tensor", "hardtanh", "hardtanh_backward", "isinf", "isnan", "le.Scalar", "le.Tensor", "leaky_relu", "leaky_relu_backward", "lerp.Scalar", "lerp.Tensor", "lerp_.Scalar", "lerp_.Tensor", "log", "log1p", "log2", "logical_and", "logical_not", "logical_or", "lt.Scalar", "lt.Tensor", "maximum", "minimum", "mul.Tensor", "mul.Scalar", "mul_.Tensor", "mul_.Scalar", "ne.Scalar", "ne.Tensor", "neg", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "reciprocal", "relu", "relu_", "remainder.Scalar", "remainder.Tensor", "round", "rsqrt", "rsub.Scalar", "rsub.Tensor", "sigmoid", "sigmoid_backward", "sign", "silu", "silu_backward", "sin", "sinh", "sqrt", "sub.Tensor", "sub.Scalar", "sub_.Tensor", "tan", "tanh", "tanh_backward", "threshold_backward", "trunc", "where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar", "masked_fill.Scalar", "masked_fill.Tensor", "fill.Scalar", "fill_.Scalar", "fill.Tensor", "sgn", "square", "logit_backward", "_to_copy", "clone", "copy", "copy_", "zero_", "triu", "tril"]
+_ELEMENTWISE = ["abs", "acos", "acosh", "add.Tensor", "add.Scalar", "add_.Tensor", "add_.Scalar", "addcdiv", "addcmul", "addcdiv_", "addcmul_", "asin", "atan", "atan2", "bitwise_and.Tensor", "bitwise_not", "bitwise_or.Tensor", "ceil", "clamp", "clamp_min", "clamp_max", "cos", "cosh", "div.Tensor", "div.Scalar", "div.Tensor_mode", "div_.Tensor", "div_.Scalar", "eq.Scalar", "eq.Tensor", "erf", "erfinv", "exp", "exp2", "expm1", "floor", "fmod.Scalar", "fmod.Tensor", "ge.Scalar", "ge.Tensor", "gelu", "gelu_backward", "elu", "elu_backward", "gt.Scalar", "gt.Tensor", "hardtanh", "hardtanh_backward", "isinf", "isnan", "le.Scalar", "le.Tensor", "leaky_relu", "leaky_relu_backward", "lerp.Scalar", "lerp.Tensor", "lerp_.Scalar", "lerp_.Tensor", "log", "log1p", "log2", "logical_and", "logical_not", "logical_or", "lt.Scalar", "lt.Tensor", "maximum", "minimum", "mul.Tensor", "mul.Scalar", "mul_.Tensor", "mul_.Scalar", "ne.Scalar", "ne.Tensor", "neg", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "reciprocal", "relu", "relu_", "remainder.Scalar", "remainder.Tensor", "round", "rsqrt", "rsub.Scalar", "rsub.Tensor", "sigmoid", "sigmoid_backward", "sign", "silu", "silu_backward", "sin", "sinh", "sqrt", "sub.Tensor", "sub.Scalar", "sub_.Tensor", "tan", "tanh", "tanh_backward", "threshold_backward", "trunc", "where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar", "masked_fill.Scalar", "masked_fill.Tensor", "fill.Scalar", "fill_.Scalar", "fill.Tensor", "sgn", "square", "logit_backward", "_to_copy", "clone", "copy", "copy_", "zero_", "triu", "tril"]
 
 _REDUCTION = ["sum.dim_IntList", "sum.default", "mean.dim", "mean.default", "amax", "amin", "max.dim", "min.dim", "argmax", "argmin", "var.correction", "var_mean.correction", "prod.dim_int", "prod.default", "cumsum", "any.dim", "any.dims", "all.dim", "logsumexp", "norm.ScalarOpt_dim", "_log_softmax", "_softmax", "_safe_softmax", "_log_softmax_backward_data", "_softmax_backward_data"]
 
@@ -83,7 +85,7 @@ _MATMUL = ["mm", "addmm", "bmm", "baddbmm", "dot", "mv", "_scaled_dot_product_ef
 _CONV = ["convolution", "convolution_backward"]
 _NORM = ["native_layer_norm", "native_layer_norm_backward", "native_batch_norm", "native_batch_norm_backward", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional", "native_group_norm", "native_group_norm_backward"]
 
-_DATA_MOVEMENT = ["cat", "stack", "constant_pad_nd", "gather", "scatter.src", "scatter.value", "scatter_add", "scatter_reduce.two", "index.Tensor", "index_put", "index_put_", "index_select", "embedding", "embedding_dense_backward", "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "upsample_nearest2d.vec", "upsample_bilinear2d.vec", "upsample_nearest2d_backward", "upsample_bilinear2d_backward", "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward", "slice_backward", "select_backward", "lift_fresh_copy", "select_scatter", "slice_scatter", "flip", "roll", "repeat", "sort", "topk", "col2im", "im2col", "reflection_pad2d", "replication_pad2d"]
+_DATA_MOVEMENT = ["cat", "stack", "constant_pad_nd", "gather", "scatter.src", "scatter.value", "scatter_add", "scatter_reduce.two", "index.Tensor", "index_put", "index_put_", "index_select", "index_add", "index_add_", "embedding", "embedding_dense_backward", "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "upsample_nearest2d.vec", "upsample_bilinear2d.vec", "upsample_nearest2d_backward", "upsample_bilinear2d_backward", "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward", "slice_backward", "select_backward", "lift_fresh_copy", "select_scatter", "slice_scatter", "flip", "roll", "repeat", "sort", "topk", "col2im", "im2col", "reflection_pad2d", "replication_pad2d"]
 
 _FACTORY = ["empty.memory_format", "empty_strided", "full", "full_like", "zeros", "zeros_like", "ones", "ones_like", "empty_like", "scalar_tensor", "arange.start_step", "arange.default", "arange.start", "new_zeros", "new_ones", "new_full", "new_empty", "new_empty_strided"]
 
@@ -108,7 +110,11 @@ def _build() -> Mapping[str, OpInfo]:
     ):
         for name in _with_default(names):
             table[name] = OpInfo(name, kind)
+    from peakcut.ir.guards import NONZERO_COUNTED_OP
     from peakcut.ir.ops import COPY_DIRECTION, GATE_OP, RNG_STATE_OPS
+
+    for name in (SPMM_OP, NONZERO_COUNTED_OP):      # a sparse matrix's product; a specialised nonzero
+        table[name] = OpInfo(name, OpKind.DATA_MOVEMENT)
 
     for name in COPY_DIRECTION:
         table[name] = OpInfo(name, OpKind.SWAP)
@@ -202,6 +208,7 @@ _MORE_FLOP_RULES: Mapping[str, Callable[[list[tuple[int, ...]]], int]] = Mapping
         lambda shapes: sdpa_flop_count(*shapes[:3]),  # type: ignore[no-untyped-call]
     "aten._scaled_dot_product_flash_attention_for_cpu_backward.default":
         lambda shapes: sdpa_backward_flop_count(*shapes[:4]),  # type: ignore[no-untyped-call]
+    SPMM_OP: spmm_flops,        # 2 * nnz * width (peakcut.ir.sparse_ops)
 })
 
 
@@ -249,7 +256,10 @@ _STATISTICS_PASS: dict[str, tuple[tuple[int, ...], int]] = {
 
 def reread_bytes(op: str, args: Sequence[Any]) -> int:
     """Bytes a call reads again beyond bytes_moved's one touch per tensor: a training-mode batch
-    norm's statistics pass over its full-size inputs (module constant _STATISTICS_PASS)."""
+    norm's statistics pass over its full-size inputs (module constant _STATISTICS_PASS); a
+    sparse matrix's product, a row of its dense operand per stored element (ir.sparse_ops)."""
+    if op == SPMM_OP:
+        return spmm_gathered_bytes(args)
     spec = _STATISTICS_PASS.get(op)
     if spec is None or len(args) <= spec[1] or args[spec[1]] is not True:
         return 0

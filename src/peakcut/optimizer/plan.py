@@ -22,6 +22,7 @@ from torch.utils import _pytree as pytree
 from peakcut.capture.trace import CaptureError
 from peakcut.codegen.program import Step, StepBindingError
 from peakcut.ir.graph import Graph
+from peakcut.ir.guards import SpecializationError
 from peakcut.ir.serialize import graph_from_json, graph_to_json
 from peakcut.spec.constants import held
 from peakcut.spec.tensor_kinds import batch_problem
@@ -87,6 +88,7 @@ class Plan:
         self._steps: dict[tuple[Any, ...], tuple[Step, Step | None]] = {}
         self._programs: dict[tuple[Any, ...], tuple[Program, Program | None]] = {}
         self._micro = micro
+        self._specialised: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}   # shape -> programs for other counts
         self._held = held(graph.input_names)    # the closure tensors its constants bind to, kept alive
         self._key = shape_key(batch) if batch is not None else None
         if self._key is not None:
@@ -120,6 +122,8 @@ class Plan:
         if problem is not None:
             raise StepBindingError(f"{problem}, which a captured step cannot take")
         key = shape_key(batch)
+        if self._specialised.get(key):      # the program of this shape that ran last
+            return self._built(self._specialised[key][0])
         if self._key is None or key == self._key or key in self._programs:
             return self._built(key if key in self._programs else self._key)
         if self._replan is None:
@@ -139,8 +143,44 @@ class Plan:
         return self._built(key)
 
     def step(self, batch: Any) -> Any:
-        """One optimized step on `batch`: returns the loss (or the model output for inference)."""
+        """One optimized step on `batch`: returns the loss (or the model output for inference).
+        A batch whose data-dependent sizes (a boolean mask's count) differ from those the step
+        was specialised to is planned again, as a batch of a new shape is."""
         main, micro = self._for_batch(batch)
+        try:
+            return self._run(main, micro, batch)
+        except SpecializationError as e:
+            return self._respecialised(batch, e)
+
+    def _respecialised(self, batch: Any, error: SpecializationError) -> Any:
+        """Run `batch` with a program of its shape planned for its counts: one planned before
+        (tried in turn; a guard fails before any update), else one planned now."""
+        key = shape_key(batch)
+        first = key if key in self._programs or self._key is None else self._key
+        tried = self._specialised.setdefault(key, [first])
+        for known in list(tried[1:]) if len(tried) > 1 else []:
+            try:
+                loss = self._run(*self._built(known), batch)
+            except SpecializationError:
+                continue
+            tried.remove(known)
+            tried.insert(0, known)
+            return loss
+        if self._replan is None:
+            raise StepBindingError(f"{error}; replan=False: plan this batch with peakcut.optimize, or pass "
+                                   "replan=True") from error
+        t0 = time.perf_counter()
+        new_key = (*key, ("specialised", len(tried)))
+        try:
+            self._programs[new_key] = self._replan(batch)
+        except CaptureError as e:
+            raise CaptureError(f"{error}; planning this batch again failed: {e}") from e
+        tried.insert(0, new_key)
+        warnings.warn(f"peakcut: {error}: planned again in {time.perf_counter() - t0:.1f} s; cached for "
+                      "these counts", stacklevel=3)
+        return self._run(*self._built(new_key), batch)
+
+    def _run(self, main: Step, micro: Step | None, batch: Any) -> Any:
         if self.accumulate > 1 and self.micro_steps + 1 < self.accumulate:
             if micro is None:
                 raise StepBindingError("accumulate > 1 but the plan has no micro-batch program")

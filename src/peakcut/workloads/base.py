@@ -1,6 +1,7 @@
 """Workload registry: the seven benchmark training steps of the MAGIS paper (Table 2),
 :data:`WORKLOAD_NAMES`, and two full-size LLMs beyond the paper, :data:`LLM_WORKLOAD_NAMES`
-(Llama-2-7B, GPT-2-XL; :mod:`.llm`). :data:`ALL_WORKLOAD_NAMES` is both.
+(Llama-2-7B, GPT-2-XL; :mod:`.llm`). :data:`ALL_WORKLOAD_NAMES` is both. The full-graph GNN
+steps (:mod:`.gnn`), :data:`GNN_WORKLOAD_NAMES`, are found by name but listed apart.
 
 A :class:`Workload` describes one benchmark; :meth:`Workload.build` turns it into a
 :class:`WorkloadInstance` holding a model, an example batch and a loss function such that
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from peakcut.workloads import btlm, hf, llm, resnet, unet
+from peakcut.workloads import btlm, gnn, hf, llm, resnet, unet
 
 Batch = tuple[torch.Tensor, ...]
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
@@ -230,24 +231,52 @@ _LLM_WORKLOADS: tuple[Workload, ...] = (
     ),
 )
 
+
+
+def _gnn_workload(model: str, dataset: str, title: str, summary: str) -> Workload:
+    """A full-graph GNN step (:mod:`.gnn`) on a synthetic graph of `dataset`'s shape (batch: one graph)."""
+    def facts(size: str) -> dict:
+        dims = gnn.size_of(dataset, size)
+        g = dims.graph
+        return {"batch": 1, "input": f"{g.vertices:,} vertices, {g.edges:,} edges, {g.features} features",
+                "dtype": "fp32", "classes": g.classes, "hidden": dims.hidden,
+                **({"heads": dims.heads} if model == "gat" else {})}
+    return Workload(name=f"{dataset}-{model}", summary=summary, paper=facts("paper"), medium=facts("medium"),
+                    tiny=facts("tiny"), title=f"{title} on {'an' if dataset[0] in 'aeiou' else 'a'} "
+                                              f"{dataset.capitalize()}-shaped graph",
+                    make=functools.partial(gnn.make_gnn, model, dataset), loss=gnn.masked_loss)
+
+
+_GNN_WORKLOADS: tuple[Workload, ...] = (
+    _gnn_workload("gcn", "reddit", "GCN", "GCN, 2 layers, index_add_ over an edge list, Reddit-shaped graph, masked CE"),
+    _gnn_workload("sage", "reddit", "GraphSAGE", "GraphSAGE (mean), 2 layers, Reddit-shaped graph, masked CE"),
+    _gnn_workload("gin", "reddit", "GIN", "GIN (learned eps, 2-layer MLPs), 2 layers, Reddit-shaped graph, masked CE"),
+    _gnn_workload("gat", "reddit", "GAT", "GAT (edge softmax), 8 heads then 1, Reddit-shaped graph, masked CE"),
+    _gnn_workload("gcn-sparse", "reddit", "GCN (torch.sparse.mm)",
+                  "GCN, 2 layers, torch.sparse.mm over a COO adjacency, Reddit-shaped graph, masked CE"),
+    _gnn_workload("gcn", "amazon", "GCN", "GCN, 2 layers, index_add_ over an edge list, Amazon-shaped graph, masked CE"),
+)
+
 WORKLOAD_NAMES: tuple[str, ...] = tuple(w.name for w in _WORKLOADS)
 """The seven MAGIS Table 2 workloads (what benchmarks iterate; no 7B model among them)."""
 LLM_WORKLOAD_NAMES: tuple[str, ...] = tuple(w.name for w in _LLM_WORKLOADS)
 """The full-size LLMs beyond the paper's table: Llama-2-7B and GPT-2-XL."""
 ALL_WORKLOAD_NAMES: tuple[str, ...] = WORKLOAD_NAMES + LLM_WORKLOAD_NAMES
+GNN_WORKLOAD_NAMES: tuple[str, ...] = tuple(w.name for w in _GNN_WORKLOADS)
+"""The full-graph GNN steps (:mod:`.gnn`), named ``<dataset>-<model>``; not among the benchmarks' lists."""
 
 
-def list_workloads() -> list[Workload]:
-    """All workloads: the paper's Table 2 in its order, then the LLMs."""
-    return [*_WORKLOADS, *_LLM_WORKLOADS]
+def list_workloads(gnn: bool = False) -> list[Workload]:
+    """The paper's Table 2 in its order, then the LLMs; with ``gnn``, then the GNN steps."""
+    return [*_WORKLOADS, *_LLM_WORKLOADS, *(_GNN_WORKLOADS if gnn else ())]
 
 
 def get_workload(name: str) -> Workload:
     """The workload called ``name``; raises ``ValueError`` listing valid names otherwise."""
-    for workload in (*_WORKLOADS, *_LLM_WORKLOADS):
+    for workload in (*_WORKLOADS, *_LLM_WORKLOADS, *_GNN_WORKLOADS):
         if workload.name == name:
             return workload
-    raise ValueError(f"unknown workload {name!r}; valid names: {', '.join(ALL_WORKLOAD_NAMES)}")
+    raise ValueError(f"unknown workload {name!r}; valid names: {', '.join(ALL_WORKLOAD_NAMES + GNN_WORKLOAD_NAMES)}")
 
 
 def deepened_gpt2_xl(n_layer: int = 96, size: str = "paper", batch_size: int | None = None,

@@ -194,6 +194,16 @@ def index_select(call: Call) -> Labeling:
     return Labeling({"self": src, "index": idx}, [out])
 
 
+def index_add(call: Call) -> Labeling:
+    """index_add(_): self's axes other than `dim` are labels of self, source and the output;
+    `dim` (rows added at data-dependent positions), source's index axis and the index stay whole."""
+    rank = len(call.shape("self"))
+    dim = norm_dim(call.arg("dim"), rank) if rank else 0
+    dims = cut(names(rank), dim)
+    source = dims if len(call.shape("source")) == rank else (None,) * len(call.shape("source"))
+    return Labeling({"self": dims, "source": source, "index": (None,) * len(call.shape("index"))}, [dims])
+
+
 def embedding(call: Call) -> Labeling:
     """embedding(weight [V, D], indices) -> indices.shape + [D]: index axes and D."""
     idx = names(len(call.shape("indices")), "i")
@@ -310,6 +320,8 @@ BUILDERS: dict[str, Builder] = {
     aten("index_put"): index_put,
     aten("index_put_"): index_put,
     aten("index_select"): index_select,
+    aten("index_add"): index_add,
+    aten("index_add_"): index_add,
     aten("embedding"): embedding,
     aten("embedding_dense_backward"): embedding_dense_backward,
     aten("max_pool2d_with_indices"): leading(2, "self"),

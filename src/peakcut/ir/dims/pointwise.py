@@ -52,7 +52,7 @@ _ELEMENTWISE = (
     "bitwise_not", "bitwise_or.Tensor", "ceil", "clamp", "clamp_min", "clamp_max", "cos", "cosh",
     "div.Tensor", "div.Scalar", "div.Tensor_mode", "div_.Tensor", "div_.Scalar", "eq.Scalar",
     "eq.Tensor", "erf", "erfinv", "exp", "exp2", "expm1", "floor", "fmod.Scalar", "fmod.Tensor",
-    "ge.Scalar", "ge.Tensor", "gelu", "gelu_backward", "gt.Scalar", "gt.Tensor", "hardtanh",
+    "ge.Scalar", "ge.Tensor", "gelu", "gelu_backward", "elu", "elu_backward", "gt.Scalar", "gt.Tensor", "hardtanh",
     "hardtanh_backward", "isinf", "isnan", "le.Scalar", "le.Tensor", "leaky_relu",
     "leaky_relu_backward", "lerp.Scalar", "lerp.Tensor", "lerp_.Scalar", "lerp_.Tensor", "log",
     "log1p", "log2", "logical_and", "logical_not", "logical_or", "lt.Scalar", "lt.Tensor",

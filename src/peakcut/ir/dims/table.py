@@ -18,9 +18,11 @@ from peakcut.ir.dims import linalg, movement, norms, pointwise, reductions, view
 from peakcut.ir.dims.call import Builder, Call, assemble, aten
 from peakcut.ir.dims.rule import DimRule
 from peakcut.ir.graph import Graph
+from peakcut.ir.guards import NONZERO_COUNTED_OP
 from peakcut.ir.node_cache import NodeCache
 from peakcut.ir.ops import GATE_OP, LOAD_OP, STORE_OP, UPLOAD_OP, WRITEBACK_OP
 from peakcut.ir.registry import REGISTRY
+from peakcut.ir.sparse_ops import SPMM_OP
 
 BUILDERS: Mapping[str, Builder] = MappingProxyType({
     **views.BUILDERS, **pointwise.BUILDERS, **reductions.BUILDERS, **linalg.BUILDERS,
@@ -41,6 +43,9 @@ NO_RULE: Mapping[str, str] = MappingProxyType({
     UPLOAD_OP: "copy into a device tensor from host memory: code generation emits the copy itself; "
                "never split",
     GATE_OP: "the GradScaler's skip-the-update decision: code generation emits it as an early return",
+    SPMM_OP: "a sparse matrix's product over its index tensors and values: never split",
+    NONZERO_COUNTED_OP: "a data-dependent size's guard (nonzero checked against the count capture saw): "
+                        "a part would see another count",
     **{name: _RANDOM for name, info in REGISTRY.items() if info.random},   # the registry's list
 })
 """Registry ops without a dimension rule, and why (dim_rule returns None for them)."""
