@@ -39,8 +39,8 @@ def _is_view(g: Graph, nid: int) -> bool:
     return info is not None and info.kind is OpKind.VIEW
 
 
-def _first_reader(g: Graph, gather: int, at: dict[int, int]) -> int:
-    """The position of the first node that reads gather's data (past its wait and views)."""
+def _readers(g: Graph, gather: int) -> list[int]:
+    """The nodes that read all-gather `gather`'s data (past its wait and views)."""
     seen, todo, found = set(), [g.nodes[gather].outputs[0]], []
     while todo:
         for u in g.users(todo.pop()):
@@ -50,8 +50,13 @@ def _first_reader(g: Graph, gather: int, at: dict[int, int]) -> int:
             if g.nodes[u].op == WAIT_OP or _is_view(g, u):
                 todo.extend(g.nodes[u].output_tuple)
             else:
-                found.append(at[u])
-    return min(found)
+                found.append(u)
+    return found
+
+
+def _first_reader(g: Graph, gather: int, at: dict[int, int]) -> int:
+    """The position of the first node that reads gather's data."""
+    return min(at[u] for u in _readers(g, gather))
 
 
 def test_reduce_scatters_start_when_their_gradient_is_made(step: Graph) -> None:
@@ -91,21 +96,9 @@ def test_gathers_run_ahead_of_their_readers_within_the_window(step: Graph) -> No
 
 def _forward_gathers_read_in_backward(g: Graph) -> list[str]:
     """The forward's gathers (not a regather's) whose data a backward node reads."""
-    out = []
-    for node in g.nodes.values():
-        if node.op != ALL_GATHER_OP or node.tags.get(RegatherTag) is not None:
-            continue
-        todo, seen = [node.outputs[0]], set()
-        while todo:
-            for u in g.users(todo.pop()):
-                if u in seen:
-                    continue
-                seen.add(u)
-                if g.nodes[u].op == WAIT_OP or _is_view(g, u):
-                    todo.extend(g.nodes[u].output_tuple)
-                elif g.nodes[u].phase is Phase.BACKWARD:
-                    out.append(node.name)
-    return out
+    return [node.name for nid, node in g.nodes.items()
+            if node.op == ALL_GATHER_OP and node.tags.get(RegatherTag) is None
+            and any(g.nodes[u].phase is Phase.BACKWARD for u in _readers(g, nid))]
 
 
 def test_regather_before_the_search_and_under_checkpointed_blocks(step: Graph) -> None:
