@@ -18,6 +18,12 @@ Codegen reads the graph only (its ops and node tags); it imports no rule.
 - swap.py: HostPool, the host memory of swaps and host-kept inputs at run time;
 - host_worker.py: HostWorker, the host stream that runs updates on the host;
 - update_inputs.py: binding the user's optimizer, its state and hyper-parameters at each call;
+- arena.py: Placement, where placed results lie in the step's arena, and their views' source;
+- arena_plan.py: plan_arena, which results a step places in its arena (offsets from
+  peakcut.memory.layout), its source, and the unplanned remainder with its bytes and why;
+- out_variants.py: an op's out overload (or in-place form) that writes into a given tensor;
+- arena_probe.py: the probe on the device that refuses an out overload which computes
+  elsewhere and copies, or re-allocates the given tensor;
 - program.py: Step, the generated program written, loaded and called on a model.
 """
 

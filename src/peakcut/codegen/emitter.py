@@ -3,13 +3,17 @@
 
 Node code of hooks (codegen.hooks) is written for the top level of the body and indented here
 to where the node runs (a node outside every region inside a loop, under `if part == k:`).
+With a placement (codegen.arena), a node it places gets its results as views into the arena
+and is called through its out overload; inside a loop body, each iteration's view where they
+differ.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from peakcut.codegen.calls import call_source, literal
+from peakcut.codegen.arena import Placement, view_source
+from peakcut.codegen.calls import argument_sources, call_source, literal
 from peakcut.codegen.fission import Item, Loop, LoopPlan, Unrolled
 from peakcut.codegen.hooks import Names, NodeCode
 from peakcut.ir.graph import Graph
@@ -22,10 +26,12 @@ class Emitter:
     """Lines of the step's body for one program.
 
     inputs: program input tensor -> the source that reads it from the step's mappings (bound
-    to its local right before its first use; the ones the step returns, at the top)."""
+    to its local right before its first use; the ones the step returns, at the top).
+    placement: the arena's placements (None: every result allocated by its op); `placed`
+    collects the nodes whose results went into the arena."""
 
     def __init__(self, g: Graph, names: Names, frees: Mapping[int, list[int]], codes: Sequence[NodeCode],
-                 plan: LoopPlan | None, inputs: Mapping[int, str]) -> None:
+                 plan: LoopPlan | None, inputs: Mapping[int, str], placement: Placement | None = None) -> None:
         self.g = g
         self.names = names
         self.frees = frees
@@ -33,6 +39,9 @@ class Emitter:
         self.plan = plan
         self.section: tuple[str, str] | None = None
         self.unbound = dict(inputs)
+        self.placement = placement
+        self.placed: set[int] = set()
+        self._kept: set[int] | None = None      # storages of tensors some code keeps past their last use
 
     def bind(self, tensors: Sequence[int], pad: str) -> list[str]:
         """Lines binding those of `tensors` that are inputs not bound yet."""
@@ -153,6 +162,22 @@ class Emitter:
         if self.plan is not None and nid in self.plan.slices:
             start, end = self.plan.slices[nid]
             override = {2: start, 3: end}
+        views = self._views(nid)
+        if views is not None:
+            variant = self.placement.outs[nid]  # type: ignore[union-attr]
+            for name, view in zip(outs, views, strict=True):
+                lines.append(f"{pad}{name} = {view}  # placed in the arena")
+            args = argument_sources(node, names.by_tensor, g.device, override)
+            if variant.method:
+                value = args[variant.arg] if isinstance(variant.arg, int) else variant.arg or ""
+                lines.append(f"{pad}{outs[0]}.{variant.method}({value})")
+            else:
+                given = [f"{key}={name}" for key, name in zip(variant.names, outs, strict=True)]
+                lines.append(f"{pad}{variant.target}({', '.join([*args, *given])})")
+            self.placed.add(nid)
+            if self.plan is not None:       # and the nodes it stands for in the other iterations
+                self.placed.update(y for _, y in self.plan.counterparts.get(nid, []))
+            return lines + self._del_lines(nid, pad)
         call = call_source(node, names.by_tensor, g.device, override)
         if node.multi_output:
             target = ", ".join(outs) + ("," if len(outs) == 1 else "")
@@ -162,6 +187,45 @@ class Emitter:
         else:
             lines.append(f"{pad}{outs[0]} = {call}")
         return lines + self._del_lines(nid, pad)
+
+    def _views(self, nid: int) -> list[str] | None:
+        """The source of each result of node nid as a view into the arena, or None when the
+        placement does not place it; in a loop body, a conditional expression over the
+        iterations whose views differ (every node the body's node stands for is placed, or none)."""
+        placement = self.placement
+        if placement is None or nid not in placement.outs:
+            return None
+        others = self.plan.counterparts.get(nid, []) if self.plan is not None else []
+        conds = [cond for cond, _ in others] if len(others) > 1 else [""]
+        views = [self._own_views(y) for _, y in others] if len(others) > 1 else [self._own_views(nid)]
+        each = [v for v in views if v is not None]
+        if len(each) < len(views):
+            return None
+        found: list[str] = []
+        for sources in zip(*each, strict=True):
+            if all(src == sources[0] for src in sources):
+                found.append(sources[0])
+            else:
+                chain = " else ".join(f"{src} if {cond}" for cond, src in zip(conds[:-1], sources[:-1], strict=True))
+                found.append(f"({chain} else {sources[-1]})")
+        return found
+
+    def _own_views(self, nid: int) -> list[str] | None:
+        """Node nid's results as arena views (None: some result is not placed, or code keeps it)."""
+        placement = self.placement
+        node = self.g.nodes[nid]
+        if placement is None or nid not in placement.outs or None in node.outputs:
+            return None
+        if self._kept is None:
+            self._kept = {m.storage for t, m in self.g.tensors.items() if any(c.keeps(t) for c in self.codes)}
+        views = []
+        for t in node.outputs:
+            meta = self.g.tensors[t]  # type: ignore[index]
+            offset = placement.offsets.get(meta.storage)
+            if offset is None or meta.storage in self._kept:
+                return None
+            views.append(view_source(meta, offset, self.g.storages[meta.storage]))
+        return views
 
 
 def _statements(lines: Sequence[str]) -> bool:

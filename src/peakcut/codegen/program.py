@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from peakcut.codegen.arena_plan import ArenaPlan, plan_arena, with_source
 from peakcut.codegen.hooks import CodeHook
 from peakcut.codegen.host_worker import HostWorker
 from peakcut.codegen.source import generate_source, hyper_names, hyper_values
@@ -62,18 +63,28 @@ class Step:
     parameters on the host owns a HostWorker (`step.host_ops`) that runs those ops.
 
     `code`: code hooks for nodes beyond the built-in ones (codegen.hooks).
+
+    arena=True: the step places the results it can in one arena (codegen.arena_plan:
+    `step.arena_plan` says what is placed and what is not), allocated on the first call and
+    kept across calls (`step.arena`, like the HostPool's buffers); an ArenaPlan of the same
+    program (the one a search priced): its placement, not one planned again.
     """
 
     def __init__(self, graph: Graph, order: list[int] | None = None, path: str | Path | None = None,
                  title: str = "", optimizer: torch.optim.Optimizer | None = None, scaler: Any = None,
-                 code: Sequence[CodeHook] = ()) -> None:
+                 code: Sequence[CodeHook] = (), arena: bool | ArenaPlan = False) -> None:
         self.graph = graph
         self.order = overlapped_order(graph, graph.order if order is None else order)
         model = workspace_model("auto", graph.device)      # the GPU's own for a graph on a GPU
         peak = simulate(graph, self.order, model).peak_bytes
-        self.source = generate_source(graph, self.order, title=title,
-                                      peak=f"{peak:,} bytes (simulated, {model_name(model)} workspace model)",
-                                      extra=code)
+        peak_text = f"{peak:,} bytes (simulated, {model_name(model)} workspace model)"
+        self.arena_plan = (with_source(arena, graph, self.order, title, peak_text, code) if isinstance(arena, ArenaPlan)
+                           else plan_arena(graph, self.order, title=title, peak=peak_text, extra=code) if arena
+                           else None)
+        self.arena: torch.Tensor | None = None       # the arena, made on the first call
+        self._arena_on = ""                          # the device it was made for
+        self.source = (self.arena_plan.source if self.arena_plan is not None
+                       else generate_source(graph, self.order, title=title, peak=peak_text, extra=code))
         digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
         target = Path(path) if path is not None else default_program_dir() / f"step_{digest}.py"
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -273,6 +284,8 @@ class Step:
             kwargs["host"] = self.host
         if self.host_ops is not None:
             kwargs["host_ops"] = self.host_ops
+        if self.arena_plan is not None:
+            kwargs["arena"] = self._arena(device)
         with torch.no_grad():
             try:
                 return self._fn(*input_mappings(self._slots, inputs), **kwargs)
@@ -286,6 +299,15 @@ class Step:
                         "they are partly updated; restore the model and the optimizer (e.g. from a "
                         "checkpoint) before the next step") from e
                 raise
+
+    def _arena(self, device: str) -> torch.Tensor:
+        """The arena on `device`: made once (uint8, the layout's bytes), kept across calls."""
+        plan = self.arena_plan
+        size = plan.arena_bytes if plan is not None else 0
+        if self.arena is None or self._arena_on != device:
+            self.arena = torch.empty(size, dtype=torch.uint8, device=device)
+            self._arena_on = device
+        return self.arena
 
     # ------------------------------------------------------------ calling
     def __call__(self, model: torch.nn.Module, batch: Any) -> Any:

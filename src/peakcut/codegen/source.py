@@ -14,6 +14,10 @@ is an ordinary ATen call under a `# recompute of <name>` comment; a graph with s
 (peakcut.store / peakcut.load) gets a keyword `host` (a codegen.swap.HostPool) for its host
 copies, which codegen.swap_code writes (side-stream copies with explicit events on CUDA).
 
+With an arena placement (codegen.arena, planned by codegen.arena_plan: placed_source), the
+step takes a keyword `arena` and writes each placed result into a view of it through the op's
+out overload; generate_source is the program without one.
+
 A fissioned graph (from peakcut.fission.expand) gets its regions back as loops
 (`for part in range(n):`, see codegen.fission); a region that cannot be a loop, or that a hook
 refuses (swap code), is emitted unrolled under a comment saying why.
@@ -28,6 +32,7 @@ from typing import Any
 
 import torch
 
+from peakcut.codegen.arena import ARENA, Placement
 from peakcut.codegen.builtin_code import BUILTIN_HOOKS
 from peakcut.codegen.contents import contents
 from peakcut.codegen.emitter import Emitter
@@ -68,7 +73,7 @@ class _Names:
 
     def __init__(self, g: Graph, reserved: frozenset[str], display: dict[int, str] | None = None) -> None:
         self.by_tensor: dict[int, str] = {}
-        self._used: set[str] = {"aten", "torch", "device", "step", "_", "hp", "part", *COPY_STREAMS, *GROUPS,
+        self._used: set[str] = {"aten", "torch", "device", "step", "_", "hp", "part", ARENA, *COPY_STREAMS, *GROUPS,
                                 *(f"part{d}" for d in range(2, 10)), *reserved}
         for tid, name in zip(g.inputs, g.input_names, strict=True):
             kind, _, rest = name.partition(":")
@@ -114,6 +119,13 @@ def generate_source(g: Graph, order: list[int] | None = None, title: str = "", p
                     extra: Sequence[CodeHook] = ()) -> str:
     """The program's Python source for `order` (default: capture order); the nodes
     transformations added are written by the built-in code hooks, then by `extra`'s."""
+    return placed_source(g, order, title, peak, extra)[0]
+
+
+def placed_source(g: Graph, order: list[int] | None = None, title: str = "", peak: str = "n/a",
+                  extra: Sequence[CodeHook] = (), placement: Placement | None = None) -> tuple[str, set[int]]:
+    """generate_source with the arena's `placement` (codegen.arena; the step then takes a
+    keyword `arena`): the source, and the nodes whose results it places in the arena."""
     order = list(g.order if order is None else order)
     hooks = (*BUILTIN_HOOKS, *extra)
     frees = last_uses(g, order)
@@ -130,6 +142,8 @@ def generate_source(g: Graph, order: list[int] | None = None, title: str = "", p
     if early is not None:
         codes.append(UpdateProgressCode(early))
     keywords = ["hp"] if hyper_names(g) else []
+    if placement is not None:
+        keywords.append(ARENA)
     for code in codes:
         keywords.extend(k.strip() for k in code.signature_extra().split(",") if k.strip())
     more = "".join(f", {k}" for k in dict.fromkeys(keywords))
@@ -139,9 +153,12 @@ def generate_source(g: Graph, order: list[int] | None = None, title: str = "", p
     lines.append("    params, buffers, state, batch: the inputs by name (peakcut.codegen.step_inputs).")
     lines.append('    """')
     inputs = {t: f"{group}[{key!r}]" for t, (group, key) in zip(g.inputs, check_slots(g.input_names), strict=True)}
-    emitter = Emitter(g, names, frees, codes, plan, inputs)
+    emitter = Emitter(g, names, frees, codes, plan, inputs, placement)
     lines.extend(emitter.bind([t for t in g.outputs if t in inputs], "    "))
     lines.extend(copy_streams(g))
+    if placement is not None:
+        lines.append(f"    # {ARENA}: {placement.arena_bytes:,} bytes, made once per plan and kept across steps; "
+                     "a result placed in it is a view into it, written by its op's out overload")
     for code in codes:
         lines.extend(code.prologue())
     lines.extend(emitter.items(plan.items if plan else order, 1))
@@ -149,7 +166,7 @@ def generate_source(g: Graph, order: list[int] | None = None, title: str = "", p
         lines.extend(code.epilogue())
     outs = ", ".join(names.by_tensor[t] for t in g.outputs)
     lines.append(f"    return ({outs}{',' if len(g.outputs) == 1 else ''})")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", emitter.placed
 
 
 COPY_STREAMS = ("compute", "d2h", "h2d")

@@ -35,7 +35,7 @@ from peakcut.fission.loss import detach_loss
 from peakcut.ir.graph import Graph
 from peakcut.memory.workspace import WorkspaceSpec, workspace_model
 from peakcut.optimizer import shares
-from peakcut.optimizer.arena import layout_seconds
+from peakcut.optimizer.arena import arena_choice, arena_margin, layout_seconds
 from peakcut.optimizer.budget import BudgetedCost, MeasurePacer
 from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.context import calibrate
@@ -137,7 +137,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    fission_dims: str = "batch", reorder: bool = True, workspace: WorkspaceSpec = "auto",
                    levels: int = DEFAULT_LEVELS, naive_fission_seed: int | None = None,
                    progress: Callable[[Progress], None] | None = None, jobs: int = 1,
-                   eager_ratio: float = 1.0, plan_margin: float = 0.0) -> Optimized:
+                   eager_ratio: float = 1.0, plan_margin: float = 0.0, arena: bool = False) -> Optimized:
     """Search the rules on captured graph `g` under one limit (see peakcut.optimize).
 
     levels: L of Algorithm 1. naive_fission_seed: replace the F-Tree by random valid
@@ -146,6 +146,8 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     (peakcut.optimizer.context); a latency limit is a ratio to the user's eager step.
     plan_margin: under a latency limit, the share of it the search keeps free (it plans to
     limit x (1 - plan_margin)); the limit judged, reported and verified is the user's.
+    arena: the plan runs with its arena; a memory limit bounds held + arena + unplanned bytes
+    (peakcut.optimizer.arena: arena_margin, arena_choice; report["arena"]).
     """
     t0 = time.perf_counter()
     _check_arguments(memory_limit, latency_limit, fission_dims, time_budget, jobs, seed, max_states)
@@ -166,6 +168,9 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     deriver = Deriver(cost, workspace, levels=levels, batch_only=fission_dims == "batch")
     root, tree = _root(g, deriver, planned, reorder and time_budget > 0, time_budget, naive_fission_seed)
     untransformed = root
+    probes: dict[Any, str | None] = {}       # the out overloads' probe verdicts, shared by the arena's checks
+    if arena:
+        planned = arena_margin(planned, root, workspace, layout_seconds(time_budget), probes)
     if time_budget > 0:
         root = with_root_rewrites(root, deriver, settings, None if pareto else planned)   # the front's fast end stays
     budgeted = isinstance(cost, BudgetedCost) and time_budget > 0
@@ -189,7 +194,13 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         extra = () if root is untransformed else (untransformed,)
         eager, repriced = reprice(cost, g, result, workspace, t0 + time_budget, extra)
         objective, planned = _objectives(eager, memory_limit, latency_limit, pareto, eager_ratio, plan_margin)
+        if arena:
+            planned = arena_margin(planned, untransformed, workspace, layout_seconds(time_budget), probes)
         result = rebest(result, planned)
+    chosen = None
+    if arena:
+        result, chosen = arena_choice(result, objective, deriver, (root, untransformed), layout_seconds(time_budget),
+                                      probes)
     report = search_report(g, cost, workspace, objective, planned, eager, eager_ratio, floors, peer, tree.summary(),
                            result, plan_margin=plan_margin, polish_s=polish_s, time_budget=time_budget, seed=seed,
                            t0=t0)
@@ -199,10 +210,13 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
         seconds["reprice"] = repriced["seconds"]
     report["phases"] = phases_entry(seconds, {"search": result.states}, time_budget, time.perf_counter() - t0,
                                     pacer.spent if pacer is not None else 0.0)
+    if chosen is not None:
+        report["arena"] = chosen.as_dict()
+        report["feasible"] = objective.feasible(chosen.needed_bytes, result.best.latency_s)
     note_shortfall(report, g, objective, result.best, unreachable, cost, deriver.workspace, named.name, workspace,
                    None if root is untransformed else root)
     return Optimized(result, objective, report, cost, eager, deriver, eager_ratio,
-                     None if root is untransformed else untransformed)
+                     None if root is untransformed else untransformed, chosen)
 
 
 def _objectives(eager: Timeline, memory_limit: float | int | str | None, latency_limit: float | str | None,
@@ -259,7 +273,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
              pareto: bool = False, settings: MoveSettings | None = None, fission_dims: str = "batch",
              keep_grads: bool = False, progress: Callable[[Progress], None] | None = None,
              jobs: int = 1, max_grad_norm: float | None = None, scaler: Any = None, accumulate: int = 1,
-             replan: bool = True, verify: bool = True, keep_host_memory: bool = True) -> Plan:
+             replan: bool = True, verify: bool = True, keep_host_memory: bool = True, arena: bool = False) -> Plan:
     """Optimize one training step of `model` on `batch` and return a runnable Plan.
 
     - loss_fn(model, batch) -> scalar loss; None optimizes inference of model(*batch).
@@ -299,8 +313,15 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
       rank's batch (same shapes everywhere); the step broadcasts rank 0's buffers and
       all-reduces the gradients in DDP's buckets as graph nodes the search schedules, rank 0
       searches (analytic cost models only) and every rank runs its plan (docs/distributed.md).
+    - arena=True: the plan places each result it can in one arena, made once and kept across
+      steps (peakcut.codegen.arena_plan; report["arena"]: its bytes and the unplanned
+      remainder, each storage with its bytes and why); a memory limit then bounds the
+      caller's storages + the arena + the unplanned remainder's peak. Verification does not
+      run (it measures plans without their arena).
     Raises LimitNotMet (with `.plan`, the best plan found) when the limit is not met.
     """
+    if not isinstance(arena, bool):
+        raise ValueError(f"arena={arena!r}: expected True or False")
     _check_arguments(memory_limit, latency_limit, fission_dims, time_budget, jobs, seed, max_states)
     if optimizer is not None and loss_fn is None:
         raise ValueError("an optimizer needs loss_fn(model, batch) -> scalar loss")
@@ -315,16 +336,16 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         raise ValueError("accumulate=k needs an optimizer; without one plan.step already adds into p.grad")
     search = dict(memory_limit=memory_limit, latency_limit=latency_limit, device=device, seed=seed,
                   max_states=max_states, pareto=pareto, settings=settings, fission_dims=fission_dims,
-                  progress=progress, jobs=jobs)
-    checked = (verify and not pareto and not use_scaler and accumulate == 1 and data_parallel is None
+                  progress=progress, jobs=jobs, **({"arena": True} if arena else {}))
+    checked = (verify and not arena and not pareto and not use_scaler and accumulate == 1 and data_parallel is None
                and (not isinstance(device, str) or device.startswith("measured"))
                and verify_runs_here(get_cost_model(device) if isinstance(device, str) else device, model))
     plan_for = _Planner(model, loss_fn, opt, device, memory_limit, search, checked, keep_grads, max_grad_norm,
                         use_scaler, accumulate, keep_host_memory, data_parallel)
     main, micro = plan_for(batch, time_budget)
-    plan = Plan(model, main.graph, main.order, main.report, optimizer=opt, scaler=scaler, micro=micro,
+    plan = Plan(model, main.graph, main.order, main.report, optimizer=opt, scaler=scaler, micro=micro, placed=main.arena,
                 accumulate=accumulate, replan=(lambda b: plan_for(b, time_budget)) if replan else None,
-                batch=batch)
+                batch=batch, arena=arena)
     for program in (main, micro):
         if program is not None and not program.feasible and not pareto:
             raise LimitNotMet(program.why_not, plan, program.report.get("verification"))
@@ -447,4 +468,5 @@ def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, A
     if check is not None and not found.report.get("unreachable"):
         best, feasible, measured_why = check(found, budget - (time.perf_counter() - t0))
         why = "" if feasible else (measured_why + whole_op(found.report) if measured_why else why)
-    return Program(best.program, list(best.order), found.report, feasible, why)
+    return Program(best.program, list(best.order), found.report, feasible, why,
+                   found.arena if best is found.best else None)

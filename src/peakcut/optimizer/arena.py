@@ -10,23 +10,36 @@ live bytes). `predicted_reserved_bytes` is what the device's allocator would res
 plan's allocation sequence without the arena (peakcut.memory.allocations: PyTorch's CUDA
 caching allocator modelled for a GPU profile, the CPU allocator for a CPU one), caller's
 storages and workspace included: the figure to compare with max_memory_reserved.
+
+With the arena enforced (optimize(..., arena=True)), the program places what it can in the
+arena (codegen.arena_plan) and a memory limit bounds the caller's storages + the arena + the
+unplanned remainder's peak: the search plans to the limit less the root's overhead of that
+figure over its live peak (arena_margin), and arena_choice keeps the best plan whose figure
+meets the limit.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+from peakcut.codegen.arena_plan import ArenaPlan, plan_arena
 from peakcut.cost.protocol import CostModel
-from peakcut.ir.collectives import STARTS
+from peakcut.ir.collectives import STARTS, overlapped_order
 from peakcut.ir.graph import Graph
 from peakcut.ir.ops import COPY_DIRECTION
 from peakcut.memory.allocations import predict_reserved
 from peakcut.memory.layout import plan_layout
 from peakcut.memory.lifetimes import NodeEvents
 from peakcut.memory.workspace import WorkspaceSpec, order_workspace
+from peakcut.optimizer.derive import DeriveError, Deriver
+from peakcut.optimizer.objective import Objective
+from peakcut.optimizer.search import SearchResult
 from peakcut.optimizer.shares import LAYOUT_SHARE
+from peakcut.optimizer.state import State
 from peakcut.simulate import simulate_timeline
 
 METHOD = "simulated (layout of the plan's order)"
@@ -77,3 +90,58 @@ def arena_entries(g: Graph, order: Sequence[int], cost: CostModel, workspace: Wo
                    allocator=device, seconds=round(time.perf_counter() - t0, 4))
     return {"arena_bytes": lay.arena_bytes, "fragmentation": lay.fragmentation,
             "predicted_reserved_bytes": reserved.peak_reserved, "layout": details}
+
+
+def state_arena(state: State, workspace: WorkspaceSpec, time_limit: float,
+                probes: dict[tuple[Any, ...], str | None] | None = None) -> ArenaPlan:
+    """The arena plan of a state's program as its Step builds it (codegen.arena_plan: the
+    order with collectives overlapped, the out overloads probed on the graph's device; probes:
+    the verdicts of earlier probes, used and added to), laid out by the greedy orders only (the
+    exact model's seconds would go to every plan arena_choice looks at)."""
+    g = state.program
+    return plan_arena(g, overlapped_order(g, list(state.order)), workspace=workspace, time_limit=time_limit,
+                      probes=probes, exact=False)
+
+
+def arena_margin(planned: Objective, root: State, workspace: WorkspaceSpec, time_limit: float,
+                 probes: dict[tuple[Any, ...], str | None] | None = None) -> Objective:
+    """Under a memory limit with the arena, the limit the search plans to: the user's less what
+    the root's arena and unplanned remainder need beyond its live peak (an estimate of every
+    plan's; arena_choice checks the plans themselves)."""
+    if planned.mode != "memory" or not math.isfinite(planned.limit):
+        return planned
+    over = max(0, state_arena(root, workspace, time_limit, probes).needed_bytes - root.peak_bytes)
+    return replace(planned, limit=max(0.0, planned.limit - over))
+
+
+def arena_choice(result: SearchResult, objective: Objective, deriver: Deriver, candidates: Sequence[State],
+                 time_limit: float, probes: dict[tuple[Any, ...], str | None] | None = None
+                 ) -> tuple[SearchResult, ArenaPlan]:
+    """The plan kept with the arena, and its arena plan. Under a memory limit: the first of the
+    search's best, its earlier bests (newest first) and `candidates` (the roots) whose live
+    peak meets the limit and whose held + arena + unplanned bytes do too; where none does, the
+    one that needs the fewest bytes. Under a latency limit: the search's best."""
+    deadline = time.perf_counter() + time_limit
+    best = deriver.exact(result.best)
+    if objective.mode != "memory":
+        return replace(result, best=best), state_arena(best, deriver.workspace, time_limit, probes)
+    seen: set[int] = set()
+    least: tuple[State, ArenaPlan] | None = None
+    for state in (result.best, *reversed(result.bests), *candidates):
+        if id(state) in seen or not objective.feasible(state.peak_bytes, state.latency_s):
+            continue
+        seen.add(id(state))
+        try:
+            exact = deriver.exact(state)
+        except DeriveError:
+            continue
+        ap = state_arena(exact, deriver.workspace, max(0.0, deadline - time.perf_counter()), probes)
+        if ap.needed_bytes <= objective.limit:
+            return replace(result, best=exact), ap
+        if least is None or ap.needed_bytes < least[1].needed_bytes:
+            least = (exact, ap)
+        if time.perf_counter() > deadline:
+            break
+    if least is None:
+        return replace(result, best=best), state_arena(best, deriver.workspace, 0.0, probes)
+    return replace(result, best=least[0]), least[1]

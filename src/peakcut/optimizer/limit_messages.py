@@ -25,6 +25,8 @@ def search_shortfall(found: Optimized, budget: float) -> str:
     what = "peak" if mode == "memory" else "latency"
     have = format_bytes(found.best.peak_bytes) if mode == "memory" else format_seconds(found.best.latency_s)
     want = format_bytes(found.objective.limit) if mode == "memory" else format_seconds(found.objective.limit)
+    if found.arena is not None and mode == "memory":
+        what, have = "arena", f"{format_bytes(found.arena.needed_bytes)} held + arena + unplanned"
     r = found.result
     why = (f"{what} limit not met: best {have}, limit {want} ({r.states} states searched in "
            f"{r.seconds:.3g} s of a {budget:.3g} s budget; stopped: {r.stopped}); the best plan is on "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from peakcut.codegen.arena_plan import ArenaPlan
 from peakcut.cost.protocol import CostModel
 from peakcut.optimizer.derive import DeriveError, Deriver
 from peakcut.optimizer.objective import Objective
@@ -26,6 +27,7 @@ class Optimized:
     deriver: Deriver | None = None
     eager_ratio: float = 1.0  # the user's eager step's time / the captured step's (measured)
     untransformed: State | None = None   # the captured step, where the search's root was rewritten
+    arena: ArenaPlan | None = None       # the best plan's arena, where it runs with one (optimizer.arena)
 
     @property
     def captured(self) -> State:
@@ -76,4 +78,6 @@ class Optimized:
 
     @property
     def feasible(self) -> bool:
-        return self.objective.feasible(self.best.peak_bytes, self.best.latency_s)
+        """The best meets the limit (with an arena, a memory limit by held + arena + unplanned bytes)."""
+        peak = self.best.peak_bytes if self.arena is None else self.arena.needed_bytes
+        return self.objective.feasible(peak, self.best.latency_s)

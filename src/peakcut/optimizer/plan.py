@@ -20,6 +20,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from peakcut.capture.trace import CaptureError
+from peakcut.codegen.arena_plan import ArenaPlan
 from peakcut.codegen.program import Step, StepBindingError
 from peakcut.ir.graph import Graph
 from peakcut.ir.guards import SpecializationError
@@ -51,6 +52,7 @@ class Program:
     report: dict[str, Any]
     feasible: bool = True
     why_not: str = ""
+    arena: ArenaPlan | None = None      # where it runs with its arena: the arena plan the search priced
 
 
 def shape_key(batch: Any) -> tuple[Any, ...]:
@@ -74,8 +76,10 @@ class Plan:
                  optimizer: torch.optim.Optimizer | None = None, scaler: Any = None,
                  micro: Program | None = None, accumulate: int = 1,
                  replan: Callable[[Any], tuple[Program, Program | None]] | None = None,
-                 batch: Any = None) -> None:
+                 batch: Any = None, arena: bool = False, placed: ArenaPlan | None = None) -> None:
         self.model = model
+        self.arena = arena                      # its steps place their results in an arena (Step)
+        # (placed: the planned batch shape's arena plan, as the search priced it; else each Step plans its own)
         self.graph = graph
         self.order = list(order)
         self.report = report
@@ -92,7 +96,7 @@ class Plan:
         self._held = held(graph.input_names)    # the closure tensors its constants bind to, kept alive
         self._key = shape_key(batch) if batch is not None else None
         if self._key is not None:
-            self._programs[self._key] = (Program(graph, self.order, report), micro)
+            self._programs[self._key] = (Program(graph, self.order, report, arena=placed), micro)
 
     @property
     def program(self) -> Step:
@@ -110,9 +114,11 @@ class Plan:
             if main is None:
                 main, micro = Program(self.graph, self.order, self.report), self._micro
             title = main.report.get("title", "peakcut plan")
-            step = Step(main.graph, main.order, title=title, optimizer=self.optimizer, scaler=self.scaler)
+            step = Step(main.graph, main.order, title=title, optimizer=self.optimizer, scaler=self.scaler,
+                        arena=main.arena or self.arena)
             self.optimizer = step.update.optimizer_for(self.model)     # made from the plan if none given
-            micro_step = (Step(micro.graph, micro.order, title=title + " (micro-batch)", scaler=self.scaler)
+            micro_step = (Step(micro.graph, micro.order, title=title + " (micro-batch)", scaler=self.scaler,
+                               arena=micro.arena or self.arena)
                           if micro is not None else None)
             found = self._steps[key] = (step, micro_step)  # type: ignore[index]
         return found
