@@ -12,7 +12,7 @@ import peakcut
 from peakcut.cost.measured import MeasuredCostModel
 from peakcut.optimizer.context import HIGHEST, LOWEST, RUNS, ContextCalibration, calibrate, refit
 from peakcut.optimizer.verify import EagerStep, Measured, Verdict
-from peakcut.runtime import keep_freed_host_memory
+from peakcut.runtime import keep_freed_host_memory, release_freed_host_memory
 
 
 def _loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -59,6 +59,23 @@ def test_optimize_reports_the_calibration(tmp_path, monkeypatch) -> None:
 def test_keep_freed_host_memory_where_glibc() -> None:
     glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert keep_freed_host_memory() is glibc
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/status") as f:
+        status = dict(line.split(":", 1) for line in f)
+    return int(status["VmRSS"].split()[0]) * 1024
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
+def test_freed_host_memory_kept_then_released() -> None:
+    """With the setting, a freed 64 MiB tensor stays resident; released, it leaves the process."""
+    assert keep_freed_host_memory()
+    x = torch.ones(16 * 2**20)          # 64 MiB from the heap (no mmap above the threshold now)
+    del x
+    held = _resident_bytes()
+    assert release_freed_host_memory()
+    assert held - _resident_bytes() >= 32 * 2**20
 
 
 def test_a_skipped_calibration_still_times_a_warm_eager_step(tmp_path) -> None:

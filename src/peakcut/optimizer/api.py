@@ -14,6 +14,7 @@ time budget is shared: optimizer.shares, and where it went: report["phases"]
 
 from __future__ import annotations
 
+import gc
 import math
 import operator
 import time
@@ -61,9 +62,10 @@ from peakcut.optimizer.root_rewrites import with_root_rewrites
 from peakcut.optimizer.search import Progress
 from peakcut.optimizer.state import State, computation_hash
 from peakcut.optimizer.verification import host_memory, verified
-from peakcut.optimizer.verify import MIN_ROUNDS, EagerStep, needed_seconds
+from peakcut.optimizer.verify import MIN_ROUNDS, EagerStep, model_device, needed_seconds
 from peakcut.optimizer.verify import runs_here as verify_runs_here
 from peakcut.rules import REWRITE_MOVES, RULES
+from peakcut.runtime.host_allocator import release_freed_host_memory
 from peakcut.schedule import schedule
 from peakcut.simulate import Timeline, simulate_timeline
 from peakcut.spec.data_parallel import DataParallelSpec, describe_data_parallel, is_data_parallel
@@ -346,6 +348,9 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
     plan = Plan(model, main.graph, main.order, main.report, optimizer=opt, scaler=scaler, micro=micro, placed=main.arena,
                 accumulate=accumulate, replan=(lambda b: plan_for(b, time_budget)) if replan else None,
                 batch=batch, arena=arena)
+    if model_device(model).type == "cpu":
+        gc.collect()
+        release_freed_host_memory()     # what the search freed leaves the process (runtime.host_allocator)
     for program in (main, micro):
         if program is not None and not program.feasible and not pareto:
             raise LimitNotMet(program.why_not, plan, program.report.get("verification"))

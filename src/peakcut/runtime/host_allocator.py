@@ -1,6 +1,7 @@
 """Host memory kept by the allocator: no page faults for tensors freed and made again.
 
     keep_freed_host_memory()    # True where applied (glibc), False where nothing changed
+    release_freed_host_memory() # what malloc holds free goes back to the operating system
 
 PyTorch's CPU tensors come from malloc. glibc's malloc gives large blocks back to the
 operating system (blocks above the mmap threshold when they are freed, the heap's top when
@@ -19,6 +20,11 @@ does on a GPU. The process's resident size then stays at its high-water mark; th
 allocator's figures, which every peak peakcut reports is made of, do not change. It applies
 to the whole process from the call on (the user's eager loop gets faster too) and is not
 undone. Elsewhere (macOS, musl) it does nothing and says so.
+
+`peakcut.optimize` calls release_freed_host_memory (malloc_trim) once before it returns, so
+what the search and its verification allocated and freed is not held by the process while
+the plan trains: the steps then hold what they use (their own freed blocks kept, where the
+setting above applies).
 """
 
 from __future__ import annotations
@@ -32,13 +38,25 @@ M_MMAP_THRESHOLD = -3
 _LARGEST = 2**31 - 1   # mallopt takes an int
 
 
+def _glibc() -> ctypes.CDLL | None:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def release_freed_host_memory() -> bool:
+    """Give the memory glibc's malloc holds free back to the operating system (malloc_trim);
+    True when it ran (glibc only)."""
+    libc = _glibc()
+    return libc is not None and libc.malloc_trim(0) >= 0
+
+
 def keep_freed_host_memory() -> bool:
     """Make glibc's malloc keep freed memory (module doc); True when it did."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    name = ctypes.util.find_library("c") or "libc.so.6"
-    try:
-        libc = ctypes.CDLL(name)
-    except OSError:
+    libc = _glibc()
+    if libc is None:
         return False
     return bool(libc.mallopt(M_MMAP_THRESHOLD, _LARGEST)) and bool(libc.mallopt(M_TRIM_THRESHOLD, _LARGEST))
