@@ -43,12 +43,13 @@ def test_rules_lists_every_rule_once_in_the_search_order() -> None:
     assert [r.kind for r in RULES.regions][:1] == ["fission"]
     assert RULES.program_kinds[:2] == ("swap", "remat")
     # split_conv_cat first (a copy never made, at almost no latency; also tried on the root);
-    # then checkpoint_blocks, recompute_activations, recompute_attention, checkpoint_segments (once a block is
+    # the generated substitutions that shrink the graph (one of their sites per state); then
+    # checkpoint_blocks, recompute_activations, recompute_attention, checkpoint_segments (once a block is
     # checkpointed) and the inverse of checkpoint_blocks: one to three sites per base, each
     # a large step, tried at every expanded state (the search tries the first taso_per_state sites
     # of the interleaved list); split_rows and split_batch_norms last (they save transients and
     # scratch only, and cost latency)
-    assert RULES.rewrite_kinds[:13] == ("split_conv_cat", "checkpoint_blocks", "recompute_activations",
+    assert RULES.rewrite_kinds[:14] == ("split_conv_cat", "generated", "checkpoint_blocks", "recompute_activations",
                                         "recompute_attention", "checkpoint_segments",
                                         "uncheckpoint_blocks",
                                         "merge_matmuls",

@@ -64,7 +64,7 @@ from peakcut.optimizer.state import State, computation_hash
 from peakcut.optimizer.verification import host_memory, verified
 from peakcut.optimizer.verify import MIN_ROUNDS, EagerStep, model_device, needed_seconds
 from peakcut.optimizer.verify import runs_here as verify_runs_here
-from peakcut.rules import REWRITE_MOVES, RULES
+from peakcut.rules import REWRITE_MOVES, RULES, Registry
 from peakcut.runtime.host_allocator import release_freed_host_memory
 from peakcut.schedule import schedule
 from peakcut.simulate import Timeline, simulate_timeline
@@ -93,14 +93,14 @@ def _paced(progress: Callable[[Progress], None] | None, pacer: MeasurePacer | No
     return tick
 
 
-def _on_host(settings: MoveSettings | None, cost: CostModel) -> MoveSettings | None:
+def _on_host(settings: MoveSettings | None, cost: CostModel, rules: Registry = RULES) -> MoveSettings | None:
     """Without the rules that free memory by host copies when the device is the host (a CPU
     cost model): there a copy to host memory frees nothing."""
     if cost.name not in HOST_DEVICES:
         return settings
-    kinds = [k for k in RULES.move_kinds if settings is None or settings.uses(k)]
-    kept = frozenset(k for k in kinds if k not in RULES.program_kinds
-                     or not RULES.program_rule(k).frees_by_host_copy)
+    kinds = [k for k in rules.move_kinds if settings is None or settings.uses(k)]
+    kept = frozenset(k for k in kinds if k not in rules.program_kinds
+                     or not rules.program_rule(k).frees_by_host_copy)
     return replace(settings or MoveSettings(), kinds=kept)
 
 
@@ -139,7 +139,8 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    fission_dims: str = "batch", reorder: bool = True, workspace: WorkspaceSpec = "auto",
                    levels: int = DEFAULT_LEVELS, naive_fission_seed: int | None = None,
                    progress: Callable[[Progress], None] | None = None, jobs: int = 1,
-                   eager_ratio: float = 1.0, plan_margin: float = 0.0, arena: bool = False) -> Optimized:
+                   eager_ratio: float = 1.0, plan_margin: float = 0.0, arena: bool = False,
+                   rules: Registry = RULES) -> Optimized:
     """Search the rules on captured graph `g` under one limit (see peakcut.optimize).
 
     levels: L of Algorithm 1. naive_fission_seed: replace the F-Tree by random valid
@@ -150,9 +151,12 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     limit x (1 - plan_margin)); the limit judged, reported and verified is the user's.
     arena: the plan runs with its arena; a memory limit bounds held + arena + unplanned bytes
     (peakcut.optimizer.arena: arena_margin, arena_choice; report["arena"]).
+    rules: the registry the search applies (peakcut.rules: RULES, or WITH_FUSED).
     """
     t0 = time.perf_counter()
     _check_arguments(memory_limit, latency_limit, fission_dims, time_budget, jobs, seed, max_states)
+    if not isinstance(rules, Registry):
+        raise ValueError(f"rules={rules!r}: expected a peakcut.rules.Registry (RULES, WITH_FUSED)")
     named = get_cost_model(device) if isinstance(device, str) else device
     workspace = workspace_model(workspace, g.device)     # "auto": the GPU's own for a graph on a GPU
     unreachable = None if pareto else held_floor_refusal(g, memory_limit, named.name, workspace)
@@ -162,12 +166,12 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     if jobs > 1 and isinstance(cost, BudgetedCost):
         raise ValueError(f"jobs={jobs} with device {cost.name!r}: a measured cost model measures op "
                          "latencies during the search, which parallel searches would disturb; use jobs=1")
-    settings = _on_host(settings, cost)
+    settings = _on_host(settings, cost, rules)
     eager = simulate_timeline(g, g.order, cost, workspace)
     floors = step_floors_for(g, cost, workspace)
     peer = zero_offload_peer(g, cost, workspace, floors)    # (before the search: inside its budget)
     objective, planned = _objectives(eager, memory_limit, latency_limit, pareto, eager_ratio, plan_margin)
-    deriver = Deriver(cost, workspace, levels=levels, batch_only=fission_dims == "batch")
+    deriver = Deriver(cost, workspace, levels=levels, batch_only=fission_dims == "batch", rules=rules)
     root, tree = _root(g, deriver, planned, reorder and time_budget > 0, time_budget, naive_fission_seed)
     untransformed = root
     probes: dict[Any, str | None] = {}       # the out overloads' probe verdicts, shared by the arena's checks
@@ -275,7 +279,8 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
              pareto: bool = False, settings: MoveSettings | None = None, fission_dims: str = "batch",
              keep_grads: bool = False, progress: Callable[[Progress], None] | None = None,
              jobs: int = 1, max_grad_norm: float | None = None, scaler: Any = None, accumulate: int = 1,
-             replan: bool = True, verify: bool = True, keep_host_memory: bool = True, arena: bool = False) -> Plan:
+             replan: bool = True, verify: bool = True, keep_host_memory: bool = True, arena: bool = False,
+             rules: Registry = RULES) -> Plan:
     """Optimize one training step of `model` on `batch` and return a runnable Plan.
 
     - loss_fn(model, batch) -> scalar loss; None optimizes inference of model(*batch).
@@ -320,6 +325,8 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
       remainder, each storage with its bytes and why); a memory limit then bounds the
       caller's storages + the arena + the unplanned remainder's peak. Verification does not
       run (it measures plans without their arena).
+    - rules: the registry of rules the search applies: peakcut.rules.RULES (the default), or
+      peakcut.rules.WITH_FUSED (RULES and fused attention, docs/taso.md).
     Raises LimitNotMet (with `.plan`, the best plan found) when the limit is not met.
     """
     if not isinstance(arena, bool):
@@ -338,7 +345,8 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         raise ValueError("accumulate=k needs an optimizer; without one plan.step already adds into p.grad")
     search = dict(memory_limit=memory_limit, latency_limit=latency_limit, device=device, seed=seed,
                   max_states=max_states, pareto=pareto, settings=settings, fission_dims=fission_dims,
-                  progress=progress, jobs=jobs, **({"arena": True} if arena else {}))
+                  progress=progress, jobs=jobs, **({"arena": True} if arena else {}),
+                  **({"rules": rules} if rules is not RULES else {}))
     checked = (verify and not arena and not pareto and not use_scaler and accumulate == 1 and data_parallel is None
                and (not isinstance(device, str) or device.startswith("measured"))
                and verify_runs_here(get_cost_model(device) if isinstance(device, str) else device, model))

@@ -15,13 +15,16 @@ Each rule file is an adapter of a body in peakcut.transform.
   conv_cat_rule.py, conv_grads_rule.py, checkpoint_rule.py (checkpoint_blocks,
   uncheckpoint_blocks), checkpoint_segments_rule.py, activations_rule.py, attention_rule.py
   (recompute_attention), spatial_rule.py
-  (split_rows), batch_norm_rule.py (split_batch_norms): the rewrite rules.
+  (split_rows), batch_norm_rule.py (split_batch_norms): the rewrite rules;
+- generated_rule.py (generated): the generated substitutions of peakcut.taso as one rewrite
+  rule; fused_attention_rule.py (fused_attention): written-out attention as the fused kernel,
+  opt-in (registry.py's WITH_FUSED).
 
 docs/rules.md says how to add a rule.
 """
 
 from peakcut.rules.base import REWRITE_MOVES, ProgramRule, RegionRule, RewriteRule, Site
-from peakcut.rules.registry import RULES, UNDO_MOVES, Candidate, Registry
+from peakcut.rules.registry import RULES, UNDO_MOVES, WITH_FUSED, Candidate, Registry
 
 __all__ = ["REWRITE_MOVES", "RULES", "UNDO_MOVES", "Candidate", "ProgramRule", "RegionRule", "Registry",
-           "RewriteRule", "Site"]
+           "RewriteRule", "Site", "WITH_FUSED"]

@@ -27,6 +27,8 @@ from peakcut.rules.checkpoint_segments_rule import CheckpointSegmentsRule
 from peakcut.rules.conv_cat_rule import SplitConvCatRule
 from peakcut.rules.conv_grads_rule import SplitConvGradsRule
 from peakcut.rules.fission_rule import FissionRule
+from peakcut.rules.fused_attention_rule import FusedAttentionRule
+from peakcut.rules.generated_rule import GeneratedRule
 from peakcut.rules.host_update_rule import HostUpdateRule
 from peakcut.rules.offload_param_rule import OffloadParamRule
 from peakcut.rules.offload_state_rule import OffloadStateRule
@@ -211,6 +213,7 @@ RULES = Registry(
     ),
     rewrites=(
         SplitConvCatRule(),      # first: it drops copies at a small cost (transform/taso/conv_cat.py)
+        GeneratedRule(),         # the generated substitutions that shrink a graph (docs/taso.md)
         CheckpointBlocksRule(),
         RecomputeActivationsRule(),
         RecomputeAttentionRule(),
@@ -227,3 +230,8 @@ RULES = Registry(
     ),
 )
 """Every rule the search uses, in the order it tries them (see Registry)."""
+
+WITH_FUSED = Registry(regions=RULES.regions, programs=RULES.programs,
+                      rewrites=(*RULES.rewrites[:2], FusedAttentionRule(), *RULES.rewrites[2:]))
+"""RULES and fused attention (rules/fused_attention_rule.py), tried right after the generated
+substitutions: opt-in, as peakcut.optimize(..., rules=WITH_FUSED) or Deriver(rules=WITH_FUSED)."""

@@ -10,6 +10,7 @@ Files:
 - remat.py: re-materialization and its dual; remat_chain.py: remat with the inputs only
   its recompute keeps alive; activations.py: cheap saved activations recomputed;
   attention.py: attention's scores, from their matmul to the softmax, as units to recompute;
+- fused_attention.py: written-out attention run as the fused attention kernel PyTorch picks;
 - swap.py: swapping to host memory and back, and its dual;
 - regather.py: an FSDP2 parameter gathered again from its shard for its later readers;
 - offload_state.py, offload_param.py: optimizer state and parameters kept in host memory
