@@ -15,7 +15,8 @@ Each rule file is an adapter of a body in peakcut.transform.
   conv_cat_rule.py, conv_grads_rule.py, checkpoint_rule.py (checkpoint_blocks,
   uncheckpoint_blocks), checkpoint_segments_rule.py, activations_rule.py, attention_rule.py
   (recompute_attention), spatial_rule.py
-  (split_rows), batch_norm_rule.py (split_batch_norms): the rewrite rules;
+  (split_rows), batch_norm_rule.py (split_batch_norms), vertex_ranges_rule.py
+  (split_vertex_ranges): the rewrite rules;
 - generated_rule.py (generated): the generated substitutions of peakcut.taso as one rewrite
   rule; fused_attention_rule.py (fused_attention): written-out attention as the fused kernel,
   opt-in (registry.py's WITH_FUSED).

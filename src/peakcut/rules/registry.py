@@ -45,6 +45,7 @@ from peakcut.rules.taso_rules import (
     MergeMatmulsRule,
     SplitMatmulRule,
 )
+from peakcut.rules.vertex_ranges_rule import SplitVertexRangesRule
 from peakcut.schedule.placement import Placement
 from peakcut.transform.rewrite import Rewrite, check_candidate_query
 from peakcut.transform.site import RewriteSite
@@ -226,6 +227,7 @@ RULES = Registry(
         FoldViewsRule(),
         SplitRowsRule(),
         SplitBatchNormsRule(),   # it saves transients only and costs latency (docs/fission.md)
+        SplitVertexRangesRule(), # sums over a graph's edges in edge ranges (docs/gnn.md)
         SplitConvGradsRule(),    # last: mostly at the plan's peak after the search (optimizer/polish.py)
     ),
 )

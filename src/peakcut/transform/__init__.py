@@ -16,6 +16,7 @@ Files:
 - offload_state.py, offload_param.py: optimizer state and parameters kept in host memory
   between steps; host_input.py: what both need of the input; host_update.py: a parameter's update run on the host;
 - batch_norm.py: training-mode batch norm as ops a batch split can cross;
+- vertex_ranges.py: a GNN's sums over edges (gather, per-edge ops, index_add) run in edge ranges;
 - checkpoint/: activation checkpointing of repeated blocks, and its inverse;
   checkpoint_segments.py: the forward ops outside the blocks, as units to checkpoint;
 - spatial/: spatial fission, a region split along its images' rows;
