@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rows", nargs="+", default=list(DEFAULT_ROWS), help="MODEL:PROFILExRANKS, e.g. 7b:h100x8")
     ap.add_argument("--limits", nargs="*", default=list(LIMITS), help="per-GPU memory limits")
-    ap.add_argument("--budget", type=float, default=20.0, help="search seconds per cell")
+    ap.add_argument("--budget", type=float, default=60.0, help="search seconds per cell")
     ap.add_argument("--batch", type=int, default=None, help="sequences per rank (default 1; tiny 2)")
     ap.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 2048; tiny 32)")
     ap.add_argument("--out", default="bench/distributed.md", help="markdown output")
