@@ -13,7 +13,6 @@ bench/measured/cold_cache_run.md, the raw figures to bench/measured/cold_warm.js
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import platform
@@ -26,8 +25,7 @@ from typing import Any
 
 import torch
 
-import peakcut
-from bench.measured.configs import Built, adamw, build_eager
+from bench.measured.configs import build_eager, build_peakcut
 from bench.measured.run import peak_of
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
@@ -51,17 +49,8 @@ def one_run(name: str, cache: Path, budget: float = BUDGET) -> dict[str, Any]:
     eager_peak, _, held = peak_of(eager, inst.batch)
     eager_s = min(_timed(eager.step) for _ in range(2))
     del eager
-    model = copy.deepcopy(inst.model).train()
-    opt = adamw(model)
-    t0 = time.perf_counter()
-    note = ""
-    try:
-        plan = peakcut.optimize(model, inst.batch, inst.loss_fn, opt, device="measured",
-                                latency_limit=LATENCY_LIMIT, time_budget=budget)
-    except peakcut.LimitNotMet as e:
-        plan, note = e.plan, f"LimitNotMet: {str(e).splitlines()[0][:160]}"
-    wall = time.perf_counter() - t0
-    built = Built("plan", lambda: plan.step(inst.batch), model, opt, plan=plan)
+    built = build_peakcut(inst, "latency_limit", LATENCY_LIMIT, budget)
+    wall, note, plan = built.setup_seconds, built.note, built.plan
     built.step()
     peak, _, _ = peak_of(built, inst.batch)
     r = plan.report
