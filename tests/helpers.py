@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -81,3 +83,22 @@ def tiny_densenet() -> tuple[TinyDenseNet, tuple[torch.Tensor, torch.Tensor], ob
     torch.manual_seed(0)
     return (TinyDenseNet().double(), (torch.randn(4, 3, 12, 12, dtype=torch.float64),
                                       torch.randint(0, 5, (4,))), cross_entropy_loss)
+
+
+def step_against_eager(plan: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, ref: torch.nn.Module,
+                       ref_opt: torch.optim.Optimizer, loss_fn: Callable[..., torch.Tensor], batches: Sequence[Any],
+                       tol: float) -> None:
+    """Step `plan` and the reference eager loop (ref, ref_opt) on each batch; the losses, then
+    the parameters and the optimizer state, equal within `tol`."""
+    for k, batch in enumerate(batches):
+        loss = plan.step(batch)
+        ref_loss = loss_fn(ref, batch)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        torch.testing.assert_close(loss, ref_loss.detach(), rtol=tol, atol=tol, msg=lambda m, k=k: f"step {k}: {m}")
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=tol, atol=tol)
+    for i, slots in ref_opt.state_dict()["state"].items():
+        for key, value in slots.items():
+            torch.testing.assert_close(opt.state_dict()["state"][i][key], value, rtol=tol, atol=tol)

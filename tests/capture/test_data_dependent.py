@@ -23,6 +23,7 @@ from peakcut.cost.model import get_cost_model
 from peakcut.ir.guards import NONZERO_COUNTED_OP, SpecializationError
 from peakcut.ir.registry import flops
 from peakcut.ir.sparse_ops import SPMM_OP
+from tests.helpers import step_against_eager
 from tests.tolerance import tolerance
 
 V, E, FEATURES, CLASSES = 40, 240, 6, 3
@@ -75,18 +76,7 @@ def run_both(model: nn.Module, loss_fn, batches, replan: bool = True) -> tuple[p
                             replan=replan)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for k, batch in enumerate(batches):
-            loss = plan.step(batch)
-            ref_loss = loss_fn(ref, batch)
-            ref_loss.backward()
-            ref_opt.step()
-            ref_opt.zero_grad()
-            torch.testing.assert_close(loss, ref_loss.detach(), rtol=TOL, atol=TOL, msg=lambda m, k=k: f"step {k}: {m}")
-    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(p, q, rtol=TOL, atol=TOL)
-    for i, slots in ref_opt.state_dict()["state"].items():
-        for key, value in slots.items():
-            torch.testing.assert_close(opt.state_dict()["state"][i][key], value, rtol=TOL, atol=TOL)
+        step_against_eager(plan, model, opt, ref, ref_opt, loss_fn, batches, TOL)
     return plan, [str(w.message) for w in caught if "peakcut" in str(w.message)]
 
 

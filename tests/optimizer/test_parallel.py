@@ -88,3 +88,21 @@ def test_workers_model_the_parents_machine() -> None:
         assert Deriver(get_cost_model("rtx3090"), workspace=None).workspace is None
     finally:
         torch.set_num_threads(before)
+
+
+@needs_fork
+def test_an_isolated_search_finds_what_the_search_here_finds(bert) -> None:
+    """optimize runs an analytic search in a forked process (the caller keeps none of its
+    memory); with a fixed number of states it finds the plan the search in this process does."""
+    _, g = bert
+    here, isolated = (optimize_graph(g, memory_limit=0.5, device="h100", time_budget=60, max_states=3, isolate=i)
+                      for i in (False, True))
+    assert (here.report["peak_bytes"], here.report["latency_s"], here.report["applied"]) == (
+        isolated.report["peak_bytes"], isolated.report["latency_s"], isolated.report["applied"])
+    assert isolated.result.bests and not isolated.best.compact
+
+
+def test_a_measuring_search_is_not_isolated() -> None:
+    from peakcut.optimizer.parallel import isolated
+
+    assert not isolated(measures=True)

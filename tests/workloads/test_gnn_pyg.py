@@ -14,6 +14,7 @@ from torch import nn
 
 import peakcut
 from peakcut.ir.guards import NONZERO_COUNTED_OP
+from tests.helpers import step_against_eager
 from tests.tolerance import tolerance
 
 pyg_nn = pytest.importorskip("torch_geometric.nn")
@@ -47,12 +48,4 @@ def test_pyg_conv_with_defaults_plans_and_gives_eager_numbers(conv: str) -> None
     opt, ref_opt = torch.optim.Adam(model.parameters(), lr=1e-2), torch.optim.Adam(ref.parameters(), lr=1e-2)
     plan = peakcut.optimize(model, batch, loss_fn, opt, device="cpu", time_budget=0.5, max_states=2)
     assert any(n.op == NONZERO_COUNTED_OP for n in plan.graph.nodes.values())
-    for k in range(3):
-        loss = plan.step(batch)
-        ref_loss = loss_fn(ref, batch)
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        torch.testing.assert_close(loss, ref_loss.detach(), rtol=TOL, atol=TOL, msg=lambda m, k=k: f"step {k}: {m}")
-    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(p, q, rtol=TOL, atol=TOL)
+    step_against_eager(plan, model, opt, ref, ref_opt, loss_fn, [batch] * 3, TOL)

@@ -46,7 +46,7 @@ from peakcut.optimizer.held_floor import HOST_DEVICES, held_floor_refusal
 from peakcut.optimizer.limit_messages import search_shortfall, whole_op
 from peakcut.optimizer.objective import Objective, parse_latency_limit, parse_memory_limit
 from peakcut.optimizer.optimized import Optimized
-from peakcut.optimizer.parallel import parallel_search
+from peakcut.optimizer.parallel import isolated, parallel_search
 from peakcut.optimizer.phases import merged, phases_entry
 from peakcut.optimizer.plan import LimitNotMet, Plan, Program
 from peakcut.optimizer.polish import polished
@@ -140,7 +140,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    levels: int = DEFAULT_LEVELS, naive_fission_seed: int | None = None,
                    progress: Callable[[Progress], None] | None = None, jobs: int = 1,
                    eager_ratio: float = 1.0, plan_margin: float = 0.0, arena: bool = False,
-                   rules: Registry = RULES) -> Optimized:
+                   rules: Registry = RULES, isolate: bool = False) -> Optimized:
     """Search the rules on captured graph `g` under one limit (see peakcut.optimize).
 
     levels: L of Algorithm 1. naive_fission_seed: replace the F-Tree by random valid
@@ -152,6 +152,8 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     arena: the plan runs with its arena; a memory limit bounds held + arena + unplanned bytes
     (peakcut.optimizer.arena: arena_margin, arena_choice; report["arena"]).
     rules: the registry the search applies (peakcut.rules: RULES, or WITH_FUSED).
+    isolate: with jobs = 1, run the search in a forked process where that is possible
+    (peakcut.optimizer.parallel: isolated), so this process does not keep the memory it used.
     """
     t0 = time.perf_counter()
     _check_arguments(memory_limit, latency_limit, fission_dims, time_budget, jobs, seed, max_states)
@@ -189,7 +191,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
              if budgeted and isinstance(cost, BudgetedCost) else None)
     result = parallel_search(root, deriver, planned, jobs=jobs, seed=seed, max_states=max_states,
                              time_budget=searching, settings=settings, progress=_paced(progress, pacer),
-                             exact_front=pareto)
+                             exact_front=pareto, isolate=isolate and isolated(isinstance(cost, BudgetedCost)))
     polish_s = time.perf_counter()
     if polishing:
         result = polished(result, deriver, planned, deadline=t0 + time_budget - kept)
@@ -345,7 +347,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         raise ValueError("accumulate=k needs an optimizer; without one plan.step already adds into p.grad")
     search = dict(memory_limit=memory_limit, latency_limit=latency_limit, device=device, seed=seed,
                   max_states=max_states, pareto=pareto, settings=settings, fission_dims=fission_dims,
-                  progress=progress, jobs=jobs, **({"arena": True} if arena else {}),
+                  progress=progress, jobs=jobs, isolate=True, **({"arena": True} if arena else {}),
                   **({"rules": rules} if rules is not RULES else {}))
     checked = (verify and not arena and not pareto and not use_scaler and accumulate == 1 and data_parallel is None
                and (not isinstance(device, str) or device.startswith("measured"))

@@ -15,6 +15,12 @@ measuring op latencies in two processes at once would disturb each other's timin
 The same seed and jobs give the same result when every worker ends by its queue, by
 stalling (search module doc; each worker counts its own states) or by `max_states` (split
 evenly between the workers).
+
+With `isolate=True` and jobs = 1 the one search runs in a forked worker too (`isolated`
+says where that is possible), so that the objects it makes and frees are the worker's: the
+caller's process does not keep the heap the search grew and fragmented (peakcut.optimize
+does this; the caller trains in that process). The result is the worker's, with its latest
+KEPT_BESTS bests (the candidates the arena's choice reads).
 """
 
 from __future__ import annotations
@@ -35,6 +41,17 @@ from peakcut.optimizer.search import FrontPoint, Progress, SearchResult, search
 from peakcut.optimizer.state import State
 
 HANDBACK_SECONDS = 1.0     # of the budget kept for workers to send their result back
+KEPT_BESTS = 8             # an isolated search's latest bests sent back with its result
+
+
+def isolated(measures: bool) -> bool:
+    """Whether a search can run in a forked worker here: fork exists, the cost model does not
+    measure (`measures`), and neither CUDA nor torch.distributed has started in this process
+    (a fork carries neither)."""
+    import torch
+
+    return (can_fork() and not measures and not torch.cuda.is_initialized()
+            and not (torch.distributed.is_available() and torch.distributed.is_initialized()))
 
 
 def can_fork() -> bool:
@@ -45,11 +62,12 @@ def parallel_search(root: State, deriver: Deriver, objective: Objective, *, jobs
                     time_budget: float = 60.0, seed: int = 0, max_states: int | None = None,
                     settings: MoveSettings | None = None,
                     progress: Callable[[Progress], None] | None = None,
-                    exact_front: bool = False) -> SearchResult:
-    """`search` on `jobs` processes (see module doc); jobs = 1 is `search` itself."""
+                    exact_front: bool = False, isolate: bool = False) -> SearchResult:
+    """`search` on `jobs` processes (see module doc); jobs = 1 is `search` itself, in this
+    process unless `isolate`."""
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: expected at least 1 process")
-    if jobs == 1:
+    if jobs == 1 and not isolate:
         return search(root, deriver, objective, time_budget=time_budget, seed=seed, max_states=max_states,
                       settings=settings, progress=progress, exact_front=exact_front)
     if not can_fork():
@@ -65,7 +83,7 @@ def parallel_search(root: State, deriver: Deriver, objective: Objective, *, jobs
 
         def work(i: int = i, send: Connection = send) -> None:
             _worker(send, root, deriver, objective, budget, seed, each, settings, exact_front, (i, jobs),
-                    progress is not None)
+                    progress is not None, KEPT_BESTS if jobs == 1 else 0)
 
         p = ctx.Process(target=work, name=f"peakcut-search-{i}", daemon=True)
         p.start()
@@ -101,12 +119,15 @@ def parallel_search(root: State, deriver: Deriver, objective: Objective, *, jobs
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
+    if jobs == 1:
+        results[0].seconds = time.perf_counter() - t0
+        return results[0]
     return _merged(root, [results[i] for i in range(jobs)], objective, time.perf_counter() - t0)
 
 
 def _worker(send: Connection, root: State, deriver: Deriver, objective: Objective, budget: float,
             seed: int, max_states: int | None, settings: MoveSettings | None, exact_front: bool,
-            share: tuple[int, int], report_progress: bool) -> None:
+            share: tuple[int, int], report_progress: bool, kept_bests: int) -> None:
     try:
         import torch
 
@@ -115,7 +136,7 @@ def _worker(send: Connection, root: State, deriver: Deriver, objective: Objectiv
         result = search(root, deriver, objective, time_budget=budget, seed=seed, max_states=max_states,
                         settings=settings, progress=tell, exact_front=exact_front, share=share)
         result.root = None    # type: ignore[assignment]  # the parent has it: not sent back
-        result.bests = []           # the history stays here: its programs are not sent back
+        result.bests = result.bests[-kept_bests:] if kept_bests else []   # the rest of the history stays here
         send.send(("result", result))
     except BaseException:   # noqa: BLE001 - everything goes back to the parent, which raises
         send.send(("error", traceback.format_exc()))
