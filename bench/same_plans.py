@@ -2,6 +2,8 @@
 
     python -m bench.same_plans --write bench/same_plans.json   # record (on the old code)
     python -m bench.same_plans --check bench/same_plans.json   # compare (on the new code)
+    python -m bench.same_plans --check bench/same_plans.json --without cancel_transposes
+                                                              # the same searches without a rule
 
 For every paper-size workload (AdamW step over FakeTensors; nothing runs) and both modes
 (least memory within 10% latency; least latency within 40% of eager memory), one search
@@ -26,14 +28,15 @@ import torch
 
 import peakcut
 from peakcut.optimizer import optimize_graph
+from peakcut.rules import RULES, Registry
 from peakcut.workloads import WORKLOAD_NAMES, get_workload
 
 SETTINGS = (("latency", 1.10), ("memory", 0.4))
 LATENCY_RTOL = 1e-9
 
 
-def run(workloads: list[str], max_states: int, device: str) -> dict[str, dict]:
-    """One fixed-effort search per workload and setting; a record per search."""
+def run(workloads: list[str], max_states: int, device: str, rules: Registry = RULES) -> dict[str, dict]:
+    """One fixed-effort search per workload and setting (with `rules`); a record per search."""
     torch.set_num_threads(1)
     records: dict[str, dict] = {}
     for name in workloads:
@@ -42,7 +45,8 @@ def run(workloads: list[str], max_states: int, device: str) -> dict[str, dict]:
         for mode, value in SETTINGS:
             kw = {"latency_limit": value} if mode == "latency" else {"memory_limit": value}
             t0 = time.perf_counter()
-            r = optimize_graph(g, time_budget=1e6, max_states=max_states, device=device, **kw).report
+            r = optimize_graph(g, time_budget=1e6, max_states=max_states, device=device, rules=rules,
+                               **kw).report
             key = f"{name}/{mode}<={value}"
             records[key] = {
                 "nodes": len(g.nodes), "eager_peak_bytes": r["eager_peak_bytes"],
@@ -82,10 +86,17 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOAD_NAMES))
     ap.add_argument("--max-states", type=int, default=40, help="states per search (default 40)")
     ap.add_argument("--device", default="rtx3090")
+    ap.add_argument("--without", nargs="*", default=[], metavar="KIND",
+                    help="search with RULES less these rewrite rules (does a rule change the plans?)")
     args = ap.parse_args()
+    unknown = sorted(set(args.without) - set(RULES.rewrite_kinds))
+    if unknown:
+        ap.error(f"--without: {unknown} are not rewrite rules of RULES {RULES.rewrite_kinds}")
+    rules = Registry(regions=RULES.regions, programs=RULES.programs,
+                     rewrites=tuple(r for r in RULES.rewrites if r.kind not in args.without))
     if (args.write is None) == (args.check is None):
         ap.error("give --write FILE or --check FILE")
-    records = run(args.workloads, args.max_states, args.device)
+    records = run(args.workloads, args.max_states, args.device, rules)
     if args.write is not None:
         args.write.write_text(json.dumps({"max_states": args.max_states, "device": args.device,
                                           "records": records}, indent=1) + "\n")

@@ -81,6 +81,10 @@ def shrink(console: Console, examples: int, moves: int, seed: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--generated" in argv:       # the generated substitutions: bench.fuzz.generated_main
+        from bench.fuzz.generated_main import main as generated
+        return generated([a for a in argv if a != "--generated"])
     p = argparse.ArgumentParser(prog="python -m bench.fuzz", description=__doc__)
     p.add_argument("--cases", type=int, default=100)
     p.add_argument("--seed", type=int, default=0, help="first case's seed (cases are seed, seed+1, ...)")

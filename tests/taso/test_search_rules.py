@@ -68,7 +68,9 @@ def _registry(rule: GeneratedRule) -> Registry:
     lambda: (Toy(), (torch.randn(6, 8),), toy_loss),
 ], ids=["branchy", "toy"])
 def test_search_applies_only_verified_rules_and_keeps_eager_numbers(
-        make: Callable[[], tuple[nn.Module, tuple[torch.Tensor], Callable[..., Any]]]) -> None:
+        make: Callable[[], tuple[nn.Module, tuple[torch.Tensor], Callable[..., Any]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("peakcut.optimizer.api.isolated", lambda measures: False)  # the probe records here
     torch.manual_seed(0)
     model, batch, loss_fn = make()
     eager = copy.deepcopy(model)

@@ -19,7 +19,8 @@ Each rule file is an adapter of a body in peakcut.transform.
   (split_vertex_ranges): the rewrite rules;
 - generated_rule.py (generated): the generated substitutions of peakcut.taso as one rewrite
   rule; fused_attention_rule.py (fused_attention): written-out attention as the fused kernel,
-  opt-in (registry.py's WITH_FUSED).
+  and chunked_loss_rule.py (chunked_loss): a language model's head and loss in chunks of the
+  sequence, both opt-in (registry.py's WITH_FUSED).
 
 docs/rules.md says how to add a rule.
 """

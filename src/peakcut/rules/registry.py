@@ -24,6 +24,7 @@ from peakcut.rules.base import REWRITE_MOVES, ProgramRule, RegionRule, RewriteRu
 from peakcut.rules.batch_norm_rule import SplitBatchNormsRule
 from peakcut.rules.checkpoint_rule import CheckpointBlocksRule, UncheckpointBlocksRule
 from peakcut.rules.checkpoint_segments_rule import CheckpointSegmentsRule
+from peakcut.rules.chunked_loss_rule import ChunkedLossRule
 from peakcut.rules.conv_cat_rule import SplitConvCatRule
 from peakcut.rules.conv_grads_rule import SplitConvGradsRule
 from peakcut.rules.fission_rule import FissionRule
@@ -234,6 +235,8 @@ RULES = Registry(
 """Every rule the search uses, in the order it tries them (see Registry)."""
 
 WITH_FUSED = Registry(regions=RULES.regions, programs=RULES.programs,
-                      rewrites=(*RULES.rewrites[:2], FusedAttentionRule(), *RULES.rewrites[2:]))
-"""RULES and fused attention (rules/fused_attention_rule.py), tried right after the generated
-substitutions: opt-in, as peakcut.optimize(..., rules=WITH_FUSED) or Deriver(rules=WITH_FUSED)."""
+                      rewrites=(*RULES.rewrites[:2], FusedAttentionRule(), ChunkedLossRule(), *RULES.rewrites[2:]))
+"""RULES and the fused substitutions, fused attention (rules/fused_attention_rule.py) and the
+head and loss in chunks of the sequence (rules/chunked_loss_rule.py), tried right after the
+generated substitutions: opt-in, as peakcut.optimize(..., rules=WITH_FUSED) or
+Deriver(rules=WITH_FUSED)."""

@@ -11,6 +11,8 @@ Files:
   its recompute keeps alive; activations.py: cheap saved activations recomputed;
   attention.py: attention's scores, from their matmul to the softmax, as units to recompute;
 - fused_attention.py: written-out attention run as the fused attention kernel PyTorch picks;
+- head_loss.py: a language model's vocabulary projection, log-softmax and cross-entropy with
+  their backward, as one unit; chunked_loss.py: that unit run in chunks of the sequence;
 - swap.py: swapping to host memory and back, and its dual;
 - regather.py: an FSDP2 parameter gathered again from its shard for its later readers;
 - offload_state.py, offload_param.py: optimizer state and parameters kept in host memory

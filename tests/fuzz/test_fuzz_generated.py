@@ -1,0 +1,41 @@
+"""A slice of bench.fuzz --generated: a few generated substitutions in random training steps,
+applied by the search's own GeneratedRule, the program against eager for 3 steps; and a
+wrong substitution is caught by the same path."""
+
+from __future__ import annotations
+
+import random
+
+from bench.fuzz.generated import LOSS, run_generated_case, search_rule
+from bench.fuzz.generated_main import fuzz_generated
+from bench.fuzz.generated_model import draw_unit
+from peakcut.rules.generated_rule import GeneratedRule
+from peakcut.taso import Rule
+from peakcut.taso.term import parse
+
+# a transpose pair, a weight gradient's transposes, a matmul merge, a slice of a concatenation,
+# a softmax and a reduction under a transpose
+SLICE = ("t(t(a)) => a", "t(mm(t(b), a)) => mm(t(a), b)", "add(mm(a, c), mm(a, d)) => mm(a, add(c, d))",
+         "slice1a(cat1(a, b)) => a", "t(softmax0(t(a))) => softmax1(a)", "t(sum0(t(a))) => sum1(a)")
+
+
+def test_a_slice_of_generated_rules_keeps_eager_numbers() -> None:
+    rules = search_rule().rules()
+    picked = [i for i, r in enumerate(rules) if r.describe().split(": ", 1)[1] in SLICE]
+    assert len(picked) == len(SLICE)
+    result = fuzz_generated(picked, cases_per_rule=1, seed=2, units=len(picked))
+    for t in result.tallies.values():
+        assert t.cases >= 1 and t.bad == 0, (t.text, t.cases, t.bad, t.missed)
+        assert t.worst <= 1.0
+    assert not result.not_ok(), [o.detail for o in result.not_ok()]
+
+
+def test_a_wrong_substitution_is_caught() -> None:
+    a = (("m",), ("n",))
+    wrong = Rule("wrong", parse("neg(neg(a))"), parse("neg(a)"), {"a": a}, float_exact=True)
+    rule = GeneratedRule([wrong])
+    spec = draw_unit(random.Random(0), 0, wrong)
+    out = run_generated_case([spec], seed=1, rule=rule)
+    assert out.own == {0}
+    assert out.status == "mismatch" and not out.rule_ok(0)
+    assert LOSS in out.bad_units or 0 in out.bad_units
