@@ -48,8 +48,10 @@ def test_rules_lists_every_rule_once_in_the_search_order() -> None:
     # checkpointed) and the inverse of checkpoint_blocks: one to three sites per base, each
     # a large step, tried at every expanded state (the search tries the first taso_per_state sites
     # of the interleaved list); split_rows and split_batch_norms last (they save transients and
-    # scratch only, and cost latency)
-    assert RULES.rewrite_kinds[:14] == ("split_conv_cat", "generated", "checkpoint_blocks", "recompute_activations",
+    # scratch only, and cost latency); split_vertex_ranges right after generated: only GNN
+    # steps have its sites, and there each expanded state tries it
+    assert RULES.rewrite_kinds[:15] == ("split_conv_cat", "generated", "split_vertex_ranges", "checkpoint_blocks",
+                                        "recompute_activations",
                                         "recompute_attention", "checkpoint_segments",
                                         "uncheckpoint_blocks",
                                         "merge_matmuls",

@@ -8,11 +8,13 @@ import dataclasses
 
 import pytest
 import torch
+from torch import nn
 
 import peakcut
 from peakcut.codegen.program import Step
 from peakcut.ir.check import check_graph
 from peakcut.ir.edit import GraphEditor
+from peakcut.ir.graph import Graph
 from peakcut.ir.ops import LOAD_OP, STORE_OP
 from peakcut.ir.serialize import graph_to_json
 from peakcut.ir.tags import NO_TAGS, NodeTags, SwapTag
@@ -117,15 +119,65 @@ def test_refuses_non_dense_tensor():
     assert "not non-overlapping and dense" in why_not_swap(g, g.order, expand, g.users(expand))
 
 
-def test_refuses_tensor_overwritten_later(inplace_graph):
-    g = inplace_graph
-    hidden = out(g, "addmm")  # then relu_ writes it in place
-    users = g.users(hidden)
-    assert "relu_ (aten.relu_.default) in act writes the storage" in why_not_swap(
-        g, g.order, hidden, users)
+class WrittenLater(nn.Module):
+    """fc1's output is summed, then scaled in place, then read again (a running sum's shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.fc1(x)
+        s = a.sum()
+        return self.fc2(torch.tanh(a.mul_(2.0))) + s
+
+
+@pytest.fixture(scope="module")
+def written_later() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor], Graph]:
+    torch.manual_seed(0)
+    model, batch = WrittenLater(), mlp_batch()
+    return model, batch, peakcut.capture(model, batch, mlp_loss, "adamw", keep_grads=True)
+
+
+def test_refuses_tensor_overwritten_later_unless_every_use_follows(written_later):
+    _, _, g = written_later
+    a = out(g, "addmm")     # then mul_ writes it in place
+    writer = node_with_op(g, "mul_.Tensor")
+    # the sum would keep reading the original: the write must land on one copy that all read
+    assert "mul_ (aten.mul_.Tensor) in WrittenLater writes the storage" in why_not_swap(g, g.order, a, [writer])
+    assert why_not_swap(g, g.order, a, g.users(a)) is None
     # the in-place op's own result is fine: nothing writes it afterwards
-    relu = out(g, "relu_")
-    assert why_not_swap(g, g.order, relu, g.users(relu)[1:]) is None
+    scaled = g.nodes[writer].outputs[0]
+    assert why_not_swap(g, g.order, scaled, g.users(scaled)) is None
+
+
+def test_swapped_out_before_an_in_place_write_matches_eager(written_later):
+    model, batch, g = written_later
+    a = out(g, "addmm")
+    r = swap(g, g.order, a, g.users(a))
+    check_graph(r.graph)
+    writer = node_with_op(g, "mul_.Tensor")
+    (loaded,) = r.graph.nodes[r.added[1]].output_ids()
+    # the write and what reads its result follow the loaded copy
+    assert r.graph.tensors[r.graph.nodes[writer].outputs[0]].storage == r.graph.tensors[loaded].storage
+    report = peakcut.check_equivalence(copy.deepcopy(model), batch, mlp_loss, peakcut.AdamW(),
+                                       lambda _m: Step(r.graph, r.order), steps=2)
+    assert report.ok, str(report)
+
+
+def test_a_second_swap_loads_the_same_host_copy(written_later):
+    model, batch, g = written_later
+    t = out(g, "tanh")      # read forward by fc2, backward by fc2's weight gradient
+    r1 = swap(g, g.order, t, [max(g.users(t), key=g.order.index)])
+    r2 = swap(r1.graph, r1.order, t, [node_with_op(g, "addmm", 1)])
+    check_graph(r2.graph)
+    assert len(r2.added) == 1 and r2.graph.nodes[r2.added[0]].op == LOAD_OP
+    assert [n for n in r2.graph.nodes.values() if n.op == STORE_OP] == [r2.graph.nodes[r1.added[0]]]
+    report = peakcut.check_equivalence(copy.deepcopy(model), batch, mlp_loss, peakcut.AdamW(),
+                                       lambda _m: Step(r2.graph, r2.order), steps=2)
+    assert report.ok, str(report)
+    back = deswap(r2.graph, r2.order, r2.added[0])     # the other load still reads the host copy
+    assert back.removed == r2.added and r1.added[0] in back.graph.nodes
 
 
 def test_refuses_bad_users(cnn_graph):

@@ -257,9 +257,13 @@ _STATISTICS_PASS: dict[str, tuple[tuple[int, ...], int]] = {
 def reread_bytes(op: str, args: Sequence[Any]) -> int:
     """Bytes a call reads again beyond bytes_moved's one touch per tensor: a training-mode batch
     norm's statistics pass over its full-size inputs (module constant _STATISTICS_PASS); a
-    sparse matrix's product, a row of its dense operand per stored element (ir.sparse_ops)."""
+    sparse matrix's product, a row of its dense operand per stored element (ir.sparse_ops);
+    an index_select with more indices than its source has slices, each slice read once per
+    index."""
     if op == SPMM_OP:
         return spmm_gathered_bytes(args)
+    if op == INDEX_SELECT:
+        return _gathered(args)[0]
     spec = _STATISTICS_PASS.get(op)
     if spec is None or len(args) <= spec[1] or args[spec[1]] is not True:
         return 0
@@ -273,6 +277,21 @@ _OVERWRITES_FIRST = frozenset({"aten.copy_.default", "aten.zero_.default", "aten
 
 
 CONV = "aten.convolution.default"                       # the op names the convolution rules share
+INDEX_ADD_ = "aten.index_add_.default"
+INDEX_SELECT = "aten.index_select.default"
+
+
+def _gathered(args: Sequence[Any]) -> tuple[int, int]:
+    """(bytes read again, bytes not read) of index_select(source, dim, index) against
+    bytes_moved's one read of the source: the kernel reads one slice per index."""
+    if len(args) < 3:
+        return 0, 0
+    source, dim, index = args[0], args[1], args[2]
+    if not isinstance(source, torch.Tensor) or not isinstance(index, torch.Tensor) or source.dim() == 0:
+        return 0, 0
+    length = int(source.shape[dim])
+    row = source.numel() // max(length, 1) * source.element_size()
+    return max(0, index.numel() - length) * row, max(0, length - index.numel()) * row
 CONV_BACKWARD = "aten.convolution_backward.default"
 
 
@@ -289,7 +308,19 @@ def unread_bytes(op: str, args: Sequence[Any]) -> int:
     """Bytes bytes_moved counts as read that the call does not read: the destination of an
     overwriting in-place op (module constant _OVERWRITES_FIRST), which it only writes; a
     convolution backward's input when it makes no weight or bias gradient, and its weight
-    when it makes no input gradient (only their shapes are used)."""
+    when it makes no input gradient (only their shapes are used); the slices of an in-place
+    index_add_'s destination its index does not name (it reads and writes at most one slice
+    per index: a part of a sum over edges touches its part's rows, not the whole sum), and the
+    slices of an index_select's source it does not gather."""
+    if op == INDEX_SELECT:
+        return _gathered(args)[1]
+    if op == INDEX_ADD_:
+        dest, dim, index = args[0], args[1], args[2]
+        if not isinstance(dest, torch.Tensor) or not isinstance(index, torch.Tensor) or dest.dim() == 0:
+            return 0
+        length = int(dest.shape[dim])
+        untouched = max(0, length - index.numel())
+        return 2 * untouched * (dest.numel() // max(length, 1)) * dest.element_size()
     if op == CONV_BACKWARD:
         mask = conv_backward_mask(args)
         if mask is None:

@@ -5,8 +5,9 @@ The rules come from a registry (peakcut.rules: Deriver.rules, RULES by default).
   apply outside the enabled regions;
 - a new recipe (a program rule at a site: remat, swap, ...) is applied to the parent's
   program directly (its nodes are outside every enabled region, where the program keeps the
-  base's ids), then the affected interval is rescheduled (Algorithm 2) and the nodes the
-  rules added are placed (schedule.place, RULES.placements);
+  base's ids), then the affected interval is rescheduled (Algorithm 2; where that does not
+  lower the peak, a wider one between true cuts) and the nodes the rules added are placed
+  (schedule.place, RULES.placements);
 - removing a recipe (de-remat, de-swap) replays the others from the expanded base;
 - a TASO-style rewrite changes the base. Where it adds nothing (drops an identity,
   cancels transposes, folds views), touches no recipe, and touches a region's nodes only
@@ -63,7 +64,8 @@ from peakcut.rules import RULES, Registry
 from peakcut.rules.phase import inside_regions
 from peakcut.rules.query import Query
 from peakcut.schedule import Problem, Reachability, incremental_schedule, place
-from peakcut.schedule.incremental import reschedule_interval
+from peakcut.schedule.incremental import CUTS, IntervalRule, reschedule_interval
+from peakcut.schedule.placement import Placement
 from peakcut.simulate import simulate_timeline
 from peakcut.transform import Rewrite, RuleError
 from peakcut.transform.site import RewriteSite
@@ -390,19 +392,31 @@ class Deriver(DeriveTimes):
         return self.taso_sites[digest]
 
     def rescheduled(self, parent: State, rw: Rewrite) -> list[int]:
-        """Algorithm 2 on the interval around the change, when it lowers the peak."""
+        """Algorithm 2 on the interval around the change, when it lowers the peak; where it does
+        not, on the wider interval between true cuts (schedule.incremental.CUTS). The nodes the
+        rules place EARLY (a swap's store) stay right after what they read."""
         if not self.reschedule:
             return rw.order
         nw = parent.narrow_waist
         if nw is None:
             nw = parent.narrow_waist = narrow_waist(parent.program, parent.order)
         touched = set(rw.changed) | set(rw.removed)
-        if reschedule_interval(parent.order, nw, touched) is None:
+        rules: dict[tuple[int, int], IntervalRule] = {}
+        for rule in (IntervalRule(), CUTS):
+            span = reschedule_interval(parent.order, nw, touched, rule)
+            if span is not None:
+                rules.setdefault(span, rule)
+        if not rules:
             return rw.order    # no narrow interval: Algorithm 2 would fall back to a full schedule
         h = rw.graph.with_order(rw.order)
-        result = incremental_schedule(parent.order, nw, h, touched, rw.added, time_limit=RESCHEDULE_SECONDS)
-        if result.peak_bytes < simulate(rw.graph, rw.order, self.workspace).peak_bytes:
-            return list(result.order)
+        placements = self.rules.placements(rw.graph)
+        early = [a for a in rw.added if placements.get(a) is Placement.EARLY]
+        current = simulate(rw.graph, rw.order, self.workspace).peak_bytes
+        for rule in rules.values():
+            result = incremental_schedule(parent.order, nw, h, touched, rw.added, rule=rule,
+                                          time_limit=RESCHEDULE_SECONDS, early=early)
+            if result.peak_bytes < current:
+                return list(result.order)
         return rw.order
 
 

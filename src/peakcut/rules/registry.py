@@ -216,6 +216,8 @@ RULES = Registry(
     rewrites=(
         SplitConvCatRule(),      # first: it drops copies at a small cost (transform/taso/conv_cat.py)
         GeneratedRule(),         # the generated substitutions that shrink a graph (docs/taso.md)
+        SplitVertexRangesRule(), # sums over a graph's edges in edge ranges (docs/gnn.md): early, so that
+                                 # each expanded state of a GNN step tries it (taso_per_state)
         CheckpointBlocksRule(),
         RecomputeActivationsRule(),
         RecomputeAttentionRule(),
@@ -228,7 +230,6 @@ RULES = Registry(
         FoldViewsRule(),
         SplitRowsRule(),
         SplitBatchNormsRule(),   # it saves transients only and costs latency (docs/fission.md)
-        SplitVertexRangesRule(), # sums over a graph's edges in edge ranges (docs/gnn.md)
         SplitConvGradsRule(),    # last: mostly at the plan's peak after the search (optimizer/polish.py)
     ),
 )

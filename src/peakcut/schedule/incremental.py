@@ -10,7 +10,14 @@ The interval's nodes, in the new graph, are partitioned at narrow waists and
 re-ordered by the DP (schedule_interval); the result is spliced between the
 untouched prefix and suffix. If the splice is not a valid order of the new
 graph (a changed node's dependencies leave the interval), the whole graph is
-scheduled instead.
+scheduled instead. Added nodes go into the interval, except those the caller
+names `early` (a swap's store): right after their last predecessor, before
+the interval where that lies before it, as placement would put them.
+
+CUTS, a second rule, bounds the interval by true cuts (nw == 0: every other
+node runs before or after the boundary) within the same reach: a wider
+interval that lets the DP run a reader independent of the changed nodes
+before them (the reader of a narrow tensor ahead of a swapped-in wide one).
 """
 
 from __future__ import annotations
@@ -32,6 +39,10 @@ class IntervalRule:
     reach: int = 20
     acceptable: int = 10
     good: int = 4
+
+
+CUTS = IntervalRule(acceptable=0, good=0)
+"""Boundaries at true cuts only (module doc)."""
 
 
 @dataclass(frozen=True)
@@ -81,11 +92,12 @@ def _boundary(order: Sequence[int], nw: dict[int, int], scan: range, rule: Inter
 def incremental_schedule(old_order: Sequence[int], narrow_waist: dict[int, int], new_graph: Graph,
                          changed: Iterable[int], added: Iterable[int] = (),
                          settings: IntervalSettings | None = None, rule: IntervalRule = IntervalRule(),
-                         time_limit: float = 20.0) -> IncrementalResult:
+                         time_limit: float = 20.0, early: Iterable[int] = ()) -> IncrementalResult:
     """Order for `new_graph` from the previous order, rescheduling one interval (Algorithm 2).
 
     changed: ids of nodes of the previous graph that the rule rewired or
-    removed; added: ids of new nodes (they are placed inside the interval).
+    removed; added: ids of new nodes (placed inside the interval, those in
+    `early` right after their last predecessor: module doc).
     """
     t0 = time.perf_counter()
     settings = settings or IntervalSettings()
@@ -101,14 +113,15 @@ def incremental_schedule(old_order: Sequence[int], narrow_waist: dict[int, int],
     after = [nid for nid in old_order[stop:] if nid in new_graph.nodes]
     if len(kept) + len(added) != len(new_graph.nodes):
         return _full(new_graph, t0, settings, time_limit, "the change touched nodes the old order does not know")
-    middle = _with_added(new_graph, middle, added)
-    spliced = before + middle + after
+    first = set(early)
+    middle = _with_added(new_graph, middle, [a for a in added if a not in first])
+    spliced, lo, hi = _with_early(new_graph, before + middle + after, len(before), len(before) + len(middle),
+                                  [a for a in added if a in first])
     try:
         problem = Problem(new_graph.with_order(spliced))
     except GraphError:  # the splice is not topological
         return _full(new_graph, t0, settings, time_limit, "the change reaches outside the interval")
     order = problem.eager_order()  # == spliced, as node indices
-    lo, hi = len(before), len(before) + len(middle)
     result = schedule_interval(problem, order, lo, hi, settings, IntervalStats())
     return IncrementalResult(problem.node_ids(result), problem.peak(result), time.perf_counter() - t0,
                              (lo, hi), "")
@@ -129,6 +142,21 @@ def _with_added(g: Graph, middle: list[int], added: list[int]) -> list[int]:
             at = max((i + 1 for i, nid in enumerate(out) if nid in preds), default=0)
         out.insert(at, a)
     return out
+
+
+def _with_early(g: Graph, order: list[int], lo: int, hi: int, early: list[int]) -> tuple[list[int], int, int]:
+    """`order` with each `early` node right after its last predecessor in it (first where it has
+    none), producers first, and the interval [lo, hi) shifted to keep its nodes."""
+    out = list(order)
+    for a in early:
+        preds = g.predecessors(a)
+        at = max((i + 1 for i, nid in enumerate(out) if nid in preds), default=0)
+        out.insert(at, a)
+        if at <= lo:        # its predecessors lie before the interval: so does it
+            lo, hi = lo + 1, hi + 1
+        elif at <= hi:
+            hi += 1
+    return out, lo, hi
 
 
 def _full(g: Graph, t0: float, settings: IntervalSettings, time_limit: float, why: str) -> IncrementalResult:

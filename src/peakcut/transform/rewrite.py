@@ -240,8 +240,8 @@ class StorageMove:
 
 def alias_closure(g: Graph, storage: int, seeds: Iterable[int]) -> list[int]:
     """Tensors in `storage` produced by the nodes `seeds` or, transitively, by nodes reading
-    such tensors (views of views), in a stable order. In-place writers are excluded by the rules
-    before this is called, so these are the views a rewired node creates."""
+    such tensors (views of views, and the outputs of in-place writes of them), in a stable
+    order: what follows a rewired node into a new storage."""
     found: dict[int, None] = {}
     frontier = list(seeds)
     seen_nodes: set[int] = set()

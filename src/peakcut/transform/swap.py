@@ -8,7 +8,11 @@ Safety (docs/design.md: same numbers, in-place updates are real, memory counted 
   lost 6 of 20 parameter updates on UNet this way);
 - never a program output, a tensor that swap ops produced, or one that is not
   non-overlapping and dense (the copies keep strides, so the copy must be a plain memcpy);
-- nothing may write the tensor's storage after its producer: the host copy would be stale;
+- nothing may write the tensor's storage after its producer and before the store reads it:
+  the host copy would be stale. A node may write it in place later only when every later
+  use of the storage (readers and in-place writers alike) reads the loaded copy or a view
+  that follows it there: the original is then never touched again, and the write lands on
+  the loaded copy (a running sum that the next part adds to, swapped out between parts);
 - views that the users make of the tensor move into the loaded copy's storage;
 - users may read an identity view of the tensor (the forward's detach of a tensor saved for
   the backward: peakcut.transform.rewrite.IDENTITY_VIEWS): they read the loaded copy instead.
@@ -82,7 +86,7 @@ def _why_not_tensor(g: Graph, tensor: int) -> str | None:
     if not is_dense(meta.shape, meta.stride):
         return (f"{what} is not non-overlapping and dense (stride {meta.stride}): its copy would "
                 "not be a plain memcpy; swap a dense tensor instead")
-    return _why_not_stale(g, tensor)
+    return None
 
 
 def _producer(g: Graph, tensor: int) -> int:
@@ -93,8 +97,9 @@ def _producer(g: Graph, tensor: int) -> int:
     return node
 
 
-def _why_not_stale(g: Graph, tensor: int) -> str | None:
-    """A node writing the tensor's storage after its producer would make the host copy stale."""
+def _why_not_stale(g: Graph, tensor: int, users: Sequence[int] | None = None) -> str | None:
+    """A node writing the tensor's storage after its producer would make the host copy stale,
+    unless every later use of the storage follows `users` to the loaded copy (_all_follow)."""
     meta = g.tensors[tensor]
     prod = g.producer(tensor)
     written = writers_of(g, {meta.storage}).get(meta.storage, [])
@@ -102,10 +107,39 @@ def _why_not_stale(g: Graph, tensor: int) -> str | None:
         return None
     before = ancestors(g, prod) if prod is not None else set()
     late = [m for m in written if m != prod and m not in before]
-    if late:
+    if late and (users is None or not _all_follow(g, tensor, users, before)):
         return (f"{describe_node(g, late[0])} writes the storage of {describe_tensor(g, tensor)} "
-                "in place after it is produced: the host copy would be stale")
+                "in place after it is produced: the host copy would be stale (unless every later "
+                "use, the writer included, reads the loaded copy)")
     return None
+
+
+def _all_follow(g: Graph, tensor: int, users: Sequence[int], before: set[int]) -> bool:
+    """True when every node after the producer that reads a tensor of `tensor`'s storage reads
+    it through the loaded copy: a user reading `tensor` or its identity views (rewired), or
+    any node reading a view the users make (moved into the copy's storage). Nodes that only
+    make identity views of `tensor` touch no data and are left out, and so are its swaps'
+    stores (they read it right after the producer, before any late write)."""
+    storage = g.tensors[tensor].storage
+    rewired = {tensor, *identity_views(g, tensor)}
+    moved = set(alias_closure(g, storage, users))
+    mine = set(users)
+    skip = before | {g.producer(tensor)}
+    same = {t for t, meta in g.tensors.items() if meta.storage == storage}
+    for nid in sorted({u for t in same for u in g.users(t)} - skip):
+        node = g.nodes[nid]
+        on_storage = [t for t in node.input_ids() if t in same]
+        if (node.output_ids() and all(v in rewired for v in node.output_ids())) or _stores(node, tensor):
+            continue
+        if any(t not in moved and not (nid in mine and t in rewired) for t in on_storage):
+            return False
+    return True
+
+
+def _stores(node: Node, tensor: int) -> bool:
+    """True when `node` is a swap's store of `tensor`."""
+    tag = node.tags.get(SwapTag)
+    return node.op == STORE_OP and tag is not None and tag.of == tensor and node.input_ids() == [tensor]
 
 
 def _why_not_users(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> str | None:
@@ -134,7 +168,8 @@ def _why_not_swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[i
     stale = check_order_matches(g, order)
     if stale:
         return stale
-    reason = _why_not_tensor(g, tensor) or _why_not_users(g, order, tensor, users)
+    reason = (_why_not_tensor(g, tensor) or _why_not_users(g, order, tensor, users)
+              or _why_not_stale(g, tensor, users))
     if reason:
         return reason
     meta = g.tensors[tensor]
@@ -156,7 +191,8 @@ def _spliced(order: Sequence[int], producer: int, first_user: int, store: int,
 
 def swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> Rewrite:
     """Store `tensor` to host right after its producer; Load it back right before the first of
-    `users`, which read the loaded copy.
+    `users`, which read the loaded copy. Where a swap's store of `tensor` already runs before
+    those users, the new load reads its host copy instead (one store, several loads).
 
     Store: peakcut.store(x) -> host tensor, new storage of the tensor's dense span
     (numel * itemsize, offset 0), same shape/stride/dtype. Load: peakcut.load(host,
@@ -173,39 +209,61 @@ def swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> R
     first = g.nodes[users[0]]
     capture_first = min(users, key=g.order.index)
 
+    shared = _store_before(g, order, tensor, first.id, capture_first)
     edit = GraphEditor(g)
     label = meta.name or str(tensor)
-    host_storage, device_storage = edit.add_storage(meta.nbytes), edit.add_storage(meta.nbytes)
-    host = TensorMeta(edit.new_id(), meta.shape, meta.stride, meta.dtype, host_storage, 0,
-                      Role.ACTIVATION, f"{label}_host")
+    device_storage = edit.add_storage(meta.nbytes)
     loaded = TensorMeta(edit.new_id(), meta.shape, meta.stride, meta.dtype, device_storage, 0,
                         Role.ACTIVATION, f"{label}_loaded")
     tags = NodeTags(SwapTag(tensor))
-    store = Node(id=edit.new_id(), op=STORE_OP, args=(TensorRef(tensor),), kwargs={},
-                 outputs=(host.id,), module=prod.module, phase=prod.phase,
-                 name=f"store_{label}", tags=tags)
-    load = Node(id=edit.new_id(), op=LOAD_OP, args=(TensorRef(host.id),),
+    if shared is None:
+        host = TensorMeta(edit.new_id(), meta.shape, meta.stride, meta.dtype, edit.add_storage(meta.nbytes), 0,
+                          Role.ACTIVATION, f"{label}_host")
+        store = Node(id=edit.new_id(), op=STORE_OP, args=(TensorRef(tensor),), kwargs={},
+                     outputs=(host.id,), module=prod.module, phase=prod.phase,
+                     name=f"store_{label}", tags=tags)
+        edit.add_node(store, [host])
+        host_id = host.id
+    else:
+        (host_id,) = g.nodes[shared].output_ids()
+    load = Node(id=edit.new_id(), op=LOAD_OP, args=(TensorRef(host_id),),
                 kwargs={"device": torch.device(g.device)}, outputs=(loaded.id,),
                 module=first.module, phase=first.phase, name=f"load_{label}",
                 tags=tags)
     views = tuple(v for v in alias_closure(g, meta.storage, users) if v != tensor)
-    edit.add_node(store, [host])
     edit.add_node(load, [loaded])
     rewired = {t: loaded.id for t in (tensor, *identity_views(g, tensor))}
     for u in users:
         edit.rewire(u, rewired)
-    # nothing written in place (_why_not_stale) moves
+    # the users' views and in-place writes of the tensor follow it (_all_follow)
     apply_moves(edit, [StorageMove(meta.storage, device_storage,
                                    meta.storage_offset * meta.itemsize, views)])
+    out = (f"swap {describe_tensor(g, tensor)} out after {describe_node(g, prod.id)}"
+           if shared is None else f"load {describe_tensor(g, tensor)} again from its host copy")
+    description = f"{out}, in before {describe_users(g, users)}"
+    if shared is not None:
+        edit.insert_in_order(edit.graph.order.index(capture_first), [load.id])
+        return Rewrite(graph=edit.finish(), order=splice(order, list(order).index(first.id), [load.id]),
+                       added=(load.id,), changed=tuple(users), removed=(), description=description)
     at = g.order.index(prod.id) + 1
     edit.insert_in_order(at, [store.id])
     edit.insert_in_order(edit.graph.order.index(capture_first), [load.id])
     return Rewrite(
         graph=edit.finish(), order=_spliced(order, prod.id, first.id, store.id, load.id),
-        added=(store.id, load.id), changed=tuple(users), removed=(),
-        description=(f"swap {describe_tensor(g, tensor)} out after {describe_node(g, prod.id)}, "
-                     f"in before {describe_users(g, users)}"),
+        added=(store.id, load.id), changed=tuple(users), removed=(), description=description,
     )
+
+
+def _store_before(g: Graph, order: Sequence[int], tensor: int, first: int, capture_first: int) -> int | None:
+    """A swap's store of `tensor` that runs before `first` in `order` and `capture_first` in
+    the graph's order: another load may read its host copy (nothing writes a host copy, and
+    the store ran before any late in-place write, _why_not_stale), so the tensor is written
+    to the host once however many times it comes back."""
+    for u in g.users(tensor):
+        if (_stores(g.nodes[u], tensor) and order.index(u) < order.index(first)
+                and g.order.index(u) < g.order.index(capture_first)):
+            return u
+    return None
 
 
 # ------------------------------------------------------------------ de-swap

@@ -12,14 +12,19 @@ Split into n parts, part k runs the chain on the edges ``[k E / n, (k + 1) E / n
 per-edge tensors from outside the chain (the index, an edge weight, the gathered rows'
 index) are sliced (views, no copy), the rows gathered are read whole, and the part adds its
 messages into the sum the part before left (part 0 runs the sink's own op, the others
-``index_add_`` in place). The sum is over the same edges in the same order, so the result
-is eager's: ``index_add_`` adds one edge after another on the CPU, and the parts add the
-same edges in the same order (on a GPU the atomics' order is not fixed, as in eager). The
-boundaries are a function of E, a shape, so a plan holds for every edge list of that
-length; where the edges are grouped by destination (ROC, the GNN workloads), a part is a
-range of destination vertices in the forward, the vertices at the n - 1 boundaries shared by
-two parts. The new nodes carry a VertexRangeTag (part, parts); their chains are not split
-again.
+``index_add_`` in place). The zeros the sum starts from (a ``new_zeros`` only the sum reads)
+run right before part 0's sum, so they are not allocated across part 0's messages. The sum
+is over the same edges in the same order, so the result is eager's: ``index_add_`` adds
+one edge after another on the CPU, and the parts add the same edges in the same order (on a
+GPU the atomics' order is not fixed, as in eager). The boundaries are a function of E, a
+shape, so a plan holds for every edge list of that length; where the edges are grouped by
+destination (ROC, the GNN workloads), a part is a range of destination vertices in the
+forward, the vertices at the n - 1 boundaries shared by two parts. The new nodes carry a
+VertexRangeTag (part, parts); their chains are not split again. A caller may give the parts'
+edge offsets instead (``boundaries``: 0, the n - 1 split points, E; a balanced vertex
+partition's, peakcut.roc): the parts still add the same edges in the same order, so the
+result is eager's whatever the offsets, but the plan then holds the balance of the edge list
+it was made for.
 
 Refused (naming the node): a sink along another dim, an index or messages whose length is
 not the same E, fewer edges than parts, a chain node with control edges, a sum read as a
@@ -205,6 +210,13 @@ def _template_source(g: Graph, chain: EdgeChain, tensor: int) -> int | None:
     return None
 
 
+def _only_for(g: Graph, node: int, sink: int) -> bool:
+    """True when the sink alone reads `node`'s outputs and no control edge involves `node`:
+    then it may run right before the first part's sum (its zeros allocated when first needed)."""
+    return (all(g.users(t) == [sink] for t in g.nodes[node].output_ids()) and node not in g.control
+            and not any(node in preds for preds in g.control.values()))
+
+
 def _part_arg(node: Node, j: int, arg: Any, edge_args: Sequence[int], mapped: Mapping[int, TensorRef],
               sliced: Mapping[int, TensorRef], edges: int, rows: int) -> Any:
     """Argument j of `node` in a part of `rows` edges."""
@@ -227,14 +239,31 @@ def _outside_edge_inputs(g: Graph, chain: EdgeChain) -> list[int]:
     return list(found)
 
 
-def _split_one(edit: GraphEditor, g: Graph, chain: EdgeChain, parts: int) -> tuple[list[int], int]:
-    """The part nodes of `chain` (in run order) and the tensor that holds the sum at the end."""
+def edge_ranges(edges: int, parts: int, boundaries: Sequence[int] | None = None) -> tuple[int, ...]:
+    """The parts' edge offsets (parts + 1 of them, 0 first, `edges` last): equal ranges, or
+    `boundaries` checked (strictly increasing, so every part has an edge)."""
+    if boundaries is None:
+        return tuple(k * edges // parts for k in range(parts + 1))
+    offsets = tuple(int(b) for b in boundaries)
+    if len(offsets) != parts + 1 or offsets[0] != 0 or offsets[-1] != edges:
+        raise ValueError(f"boundaries: {parts + 1} edge offsets from 0 to {edges} expected for {parts} parts, "
+                         f"got {len(offsets)} from {offsets[0] if offsets else None} to "
+                         f"{offsets[-1] if offsets else None}")
+    if any(b >= c for b, c in zip(offsets, offsets[1:], strict=False)):
+        raise ValueError(f"boundaries: edge offsets must increase strictly (every part an edge), got {offsets}")
+    return offsets
+
+
+def _split_one(edit: GraphEditor, g: Graph, chain: EdgeChain, parts: int,
+               offsets: Sequence[int]) -> tuple[list[int], int]:
+    """The part nodes of `chain` (in run order, part k on edges offsets[k] .. offsets[k + 1])
+    and the tensor that holds the sum at the end."""
     sink = g.nodes[chain.sink]
     outside = _outside_edge_inputs(g, chain)
     added: list[int] = []
     acc: TensorRef = sink.args[0]
     for k in range(parts):
-        lo, hi = k * chain.edges // parts, (k + 1) * chain.edges // parts
+        lo, hi = offsets[k], offsets[k + 1]
         tags = NodeTags(VertexRangeTag(k, parts))
 
         def add(op: str, args: tuple[Any, ...], kwargs: dict[str, Any], base: Node, name: str,
@@ -261,24 +290,32 @@ def _split_one(edit: GraphEditor, g: Graph, chain: EdgeChain, parts: int) -> tup
     return added, acc.id
 
 
-def split_edge_chains(g: Graph, order: Sequence[int], chains: Sequence[EdgeChain], parts: int
-                      ) -> tuple[Rewrite | None, list[str | None]]:
+def split_edge_chains(g: Graph, order: Sequence[int], chains: Sequence[EdgeChain], parts: int,
+                      boundaries: Sequence[int] | None = None) -> tuple[Rewrite | None, list[str | None]]:
     """Every chain that can be split, split into `parts` parts in one edit; the reason per chain
-    (None: done). The Rewrite is None when none could."""
+    (None: done). The Rewrite is None when none could. `boundaries`: the parts' edge offsets
+    (edge_ranges), the same for every chain; a chain of another length is not split."""
     stale = check_order_matches(g, order)
     if stale:
         return None, [stale] * len(chains)
+    if boundaries is not None:
+        edge_ranges(int(boundaries[-1]) if len(boundaries) else 0, parts, boundaries)
     reasons: list[str | None] = [why_not_split(g, c, parts) for c in chains]
+    if boundaries is not None:
+        reasons = [r if r is not None or c.edges == boundaries[-1] else
+                   f"{describe_node(g, c.sink)} sums {c.edges} edges; the boundaries end at {boundaries[-1]}"
+                   for c, r in zip(chains, reasons, strict=True)]
     todo = [c for c, r in zip(chains, reasons, strict=True) if r is None]
     if not todo:
         return None, reasons
     edit = GraphEditor(g)
     replaced: dict[int, list[int]] = {}
+    late: dict[int, int] = {}     # a sum's zeros -> part 0's sum, which they now run right before
     gone: set[int] = set()
     changed: list[int] = []
     for c in todo:
         try:
-            added, total = _split_one(edit, g, c, parts)
+            added, total = _split_one(edit, g, c, parts, edge_ranges(c.edges, parts, boundaries))
         except (InferenceError, GraphError) as e:
             raise RuleError(f"{describe_node(g, c.sink)}: {e}") from e
         for u, t in _template_readers(g, c):
@@ -297,15 +334,25 @@ def split_edge_chains(g: Graph, order: Sequence[int], chains: Sequence[EdgeChain
                 edit.set_control(k, tuple(added[-1] if p == c.sink else p for p in preds))
                 changed.append(k)
         replaced[c.sink] = added
+        first_sum = next(x for x in added if edit.graph.nodes[x].op in SINKS)
+        late.update({u: first_sum for u, _ in _template_readers(g, c) if _only_for(g, u, c.sink)})
         gone.update(c.nodes)
     edit.remove_nodes(sorted(gone))
 
     def respliced(seq: Sequence[int]) -> list[int]:
-        return [x for v in seq if v not in gone or v in replaced for x in replaced.get(v, (v,))]
+        out: list[int] = []
+        for v in seq:
+            if v in late or (v in gone and v not in replaced):
+                continue
+            for x in replaced.get(v, (v,)):
+                out.extend(u for u, at in late.items() if at == x)
+                out.append(x)
+        return out
 
     edit.set_order(respliced(g.order))
     return Rewrite(
         graph=edit.finish(), order=respliced(order), added=tuple(x for v in replaced.values() for x in v),
         changed=tuple(dict.fromkeys(changed)), removed=tuple(sorted(gone)),
-        description=f"{len(todo)} sum(s) over edges run in {parts} edge ranges",
+        description=f"{len(todo)} sum(s) over edges run in {parts} "
+                    f"{'edge ranges' if boundaries is None else 'given edge ranges'}",
     ), reasons
