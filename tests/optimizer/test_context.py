@@ -53,6 +53,7 @@ def test_optimize_reports_the_calibration(tmp_path, monkeypatch) -> None:
     assert LOWEST <= ctx["factor"] <= HIGHEST and ctx["rounds"] == RUNS
     assert abs(plan.report["eager_ratio"] - ctx["eager_ratio"]) < 1e-3
     assert "glibc" in ctx["host_allocator"]
+    assert "keeping freed memory" in plan.report["layout"]["reserved_method"]    # the allocator it runs under
     assert "for running inside the whole step" in plan.report["latency_method"] or ctx["factor"] == 1.0
 
 

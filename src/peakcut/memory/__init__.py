@@ -12,8 +12,8 @@ Where the bytes lie: lifetimes.py renumbers the lifetimes in the memory curve's 
 (one stream or timed); layout.py gives every storage an offset in one arena (best of
 layout_greedy.py's greedy orders, layout_exact.py's HiGHS model on small steps);
 caching_allocator.py models PyTorch's CUDA caching allocator and host_heap.py the host heap
-CPU tensors come from; allocations.py replays a step's allocation sequence on them to predict
-reserved bytes.
+CPU tensors come from (glibc's malloc keeping freed memory, or under its defaults);
+allocations.py replays a step's allocation sequence on them to predict reserved bytes.
 """
 
 from peakcut.memory.hotspots import PeakStorage

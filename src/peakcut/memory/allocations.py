@@ -11,8 +11,10 @@ workspace; where it ends, its workspace freed and then the storages it frees. Th
 of program outputs are freed at the end of each step (the caller drops the loss). A
 request of 0 bytes makes no block and is left out. Replayed on the CUDA caching allocator
 model (caching_allocator.CachingAllocatorModel) for a GPU, on the host heap model
-(host_heap.HostHeapModel) for a CPU; the peaks over all steps are max_memory_reserved and
-max_memory_allocated. Two steps by default: what the first leaves cached shapes the second.
+(host_heap.HostHeapModel) for a CPU: glibc keeping freed memory (host_keeps_freed, as
+peakcut.optimize sets it up to measure) or its default policy; the peaks over all steps are
+max_memory_reserved (on a CPU, the most resident bytes) and max_memory_allocated. Two steps
+by default: what the first leaves cached (or raises glibc's thresholds to) shapes the second.
 """
 
 from __future__ import annotations
@@ -70,8 +72,10 @@ def step_requests(life: Lifetimes, workspace: Int64Array | None = None, steps: i
 
 
 def predict_reserved(life: Lifetimes, workspace: Int64Array | None = None, *, device: str = "cuda",
-                     config: AllocatorConfig | None = None, steps: int = 2) -> Reserved:
-    """Replay step_requests on the allocator model of `device` ("cuda" or "cpu"); module doc."""
+                     config: AllocatorConfig | None = None, steps: int = 2,
+                     host_keeps_freed: bool = False) -> Reserved:
+    """Replay step_requests on the allocator model of `device` ("cuda" or "cpu"; on a CPU,
+    glibc keeping freed memory where `host_keeps_freed`, else its defaults); module doc."""
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device={device!r}: expected 'cuda' or 'cpu'")
     model: CachingAllocatorModel | HostHeapModel
@@ -83,8 +87,11 @@ def predict_reserved(life: Lifetimes, workspace: Int64Array | None = None, *, de
             how += f" ({'expandable segments' if cfg.expandable_segments else 'fixed segments'}, " \
                    f"max_split_size {cfg.max_split_size})"
     else:
-        model = HostHeapModel()
-        how = "host heap model (glibc keeping freed memory: best fit, merging, the heap's high-water mark)"
+        model = HostHeapModel(keeps_freed=host_keeps_freed)
+        how = ("host heap model (glibc keeping freed memory: best fit, merging, the heap's high-water mark)"
+               if host_keeps_freed else
+               "host heap model (glibc's defaults: mmap above the dynamic mmap threshold, best fit, merging, "
+               "the top trimmed)")
     for key, nbytes in step_requests(life, workspace, steps):
         if nbytes == FREE:
             model.free(key)

@@ -140,7 +140,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    levels: int = DEFAULT_LEVELS, naive_fission_seed: int | None = None,
                    progress: Callable[[Progress], None] | None = None, jobs: int = 1,
                    eager_ratio: float = 1.0, plan_margin: float = 0.0, arena: bool = False,
-                   rules: Registry = RULES, isolate: bool = False) -> Optimized:
+                   rules: Registry = RULES, isolate: bool = False, host_keeps_freed: bool = False) -> Optimized:
     """Search the rules on captured graph `g` under one limit (see peakcut.optimize).
 
     levels: L of Algorithm 1. naive_fission_seed: replace the F-Tree by random valid
@@ -154,6 +154,9 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     rules: the registry the search applies (peakcut.rules: RULES, or WITH_FUSED).
     isolate: with jobs = 1, run the search in a forked process where that is possible
     (peakcut.optimizer.parallel: isolated), so this process does not keep the memory it used.
+    host_keeps_freed: on a CPU, the plan runs where glibc keeps freed memory
+    (peakcut.runtime.keep_freed_host_memory, as optimize sets up to measure); the report's
+    predicted_reserved_bytes models that allocator, else glibc's defaults (optimizer.arena).
     """
     t0 = time.perf_counter()
     _check_arguments(memory_limit, latency_limit, fission_dims, time_budget, jobs, seed, max_states)
@@ -211,7 +214,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                                       probes)
     report = search_report(g, cost, workspace, objective, planned, eager, eager_ratio, floors, peer, tree.summary(),
                            result, plan_margin=plan_margin, polish_s=polish_s, time_budget=time_budget, seed=seed,
-                           t0=t0)
+                           t0=t0, host_keeps_freed=host_keeps_freed)
     seconds = {"search": searched_s}
     if repriced is not None:
         report["repriced"] = dict(repriced, **cost.as_dict()) if isinstance(cost, BudgetedCost) else repriced
@@ -406,22 +409,23 @@ class _Planner:
         check = None
         searched = self.search
         calibration = None
+        kept = False                    # whether glibc keeps freed memory for this plan (host_memory)
         cost = get_cost_model(self.device) if isinstance(self.device, str) else self.device
         captured_s = time.perf_counter() - t0
         if self.checked and loss_fn is not None and held_floor_refusal(g, self.memory_limit, cost.name) is None:
             eager = EagerStep(model, b, loss_fn, opt, self.max_grad_norm)
             if isinstance(cost, MeasuredCostModel):
-                allocator = host_memory(model, self.keep_host_memory)
+                allocator, kept = host_memory(model, self.keep_host_memory)
                 calibration = calibrate(g, cost, model, b, eager, opt, shares.CALIBRATE_SHARE * budget,
                                         measure_seconds=shares.MEASURE_BEFORE_SHARE * budget)
                 if calibration.skipped and not calibration.deferred:
                     warnings.warn(f"peakcut: per-op times not calibrated to a whole step: {calibration.skipped}",
                                   stacklevel=3)
                 searched = dict(self.search, device=cost, eager_ratio=calibration.eager_ratio,
-                                plan_margin=shares.PLAN_MARGIN)
+                                plan_margin=shares.PLAN_MARGIN, host_keeps_freed=kept)
 
             def check(found: Optimized, seconds: float) -> tuple[State, bool, str]:
-                return verified(found, seconds, model, b, eager, opt, calibration)
+                return verified(found, seconds, model, b, eager, opt, calibration, kept)
         keep = shares.VERIFY_SHARE * final_share
         if calibration is not None and calibration.eager_step_s > 0:    # sized on a warm eager step
             # eager and one plan; under a latency limit the untransformed step too (3 programs)

@@ -8,8 +8,10 @@ one arena (peakcut.memory.layout): `arena_bytes` (the caller's storages and the 
 transient workspace are not in it), `fragmentation` (arena / the peak of the arena storages'
 live bytes). `predicted_reserved_bytes` is what the device's allocator would reserve for the
 plan's allocation sequence without the arena (peakcut.memory.allocations: PyTorch's CUDA
-caching allocator modelled for a GPU profile, the CPU allocator for a CPU one), caller's
-storages and workspace included: the figure to compare with max_memory_reserved.
+caching allocator modelled for a GPU profile, glibc's malloc as the process configures it
+for a CPU one: keeping freed memory where optimize set it up to measure, else its defaults),
+caller's storages and workspace included: the figure to compare with max_memory_reserved (on
+a CPU, the resident bytes); `layout["reserved_method"]` names the model.
 
 With the arena enforced (optimize(..., arena=True)), the program places what it can in the
 arena (codegen.arena_plan) and a memory limit bounds the caller's storages + the arena + the
@@ -70,10 +72,12 @@ def allocator_device(cost: CostModel) -> str:
 
 
 def arena_entries(g: Graph, order: Sequence[int], cost: CostModel, workspace: WorkspaceSpec,
-                  time_limit: float) -> dict[str, Any]:
+                  time_limit: float, host_keeps_freed: bool = False) -> dict[str, Any]:
     """The report's entries for the plan (g, order) (module doc): arena_bytes, fragmentation,
     predicted_reserved_bytes, and `layout` with the details and their methods; the layout's
-    greedy orders after the first and its exact model stop at `time_limit` seconds."""
+    greedy orders after the first and its exact model stop at `time_limit` seconds.
+    host_keeps_freed: on a CPU, the plan runs where glibc keeps freed memory
+    (runtime.host_allocator.keep_freed_host_memory), else under glibc's defaults."""
     t0 = time.perf_counter()
     events = None
     if not one_stream(g, order, cost):
@@ -83,7 +87,8 @@ def arena_entries(g: Graph, order: Sequence[int], cost: CostModel, workspace: Wo
     left = max(0.0, time_limit - (time.perf_counter() - t0))
     lay = plan_layout(g, order, events=events, time_limit=left)
     device = allocator_device(cost)
-    reserved = predict_reserved(lay.lifetimes, order_workspace(g, order, workspace), device=device)
+    reserved = predict_reserved(lay.lifetimes, order_workspace(g, order, workspace), device=device,
+                                host_keeps_freed=host_keeps_freed)
     details = dict(lay.as_dict(), method=f"{METHOD}: {lay.method}",
                    reserved_method=f"simulated (the plan's order): {reserved.method}",
                    predicted_allocated_bytes=reserved.peak_allocated,

@@ -88,9 +88,10 @@ def plan_entries(state: State, eager: Timeline, eager_ratio: float = 1.0) -> dic
 def search_report(g: Graph, cost: CostModel, workspace: WorkspaceSpec, objective: Objective, planned: Objective,
                   eager: Timeline, eager_ratio: float, floors: Floors | None, peer: dict[str, Any] | None,
                   tree_summary: Any, result: SearchResult, *, plan_margin: float, polish_s: float,
-                  time_budget: float, seed: int, t0: float) -> dict[str, Any]:
+                  time_budget: float, seed: int, t0: float, host_keeps_freed: bool = False) -> dict[str, Any]:
     """The report of a search on `g` whose best is result.best (module doc); `planned` is the
-    objective the search planned to (the limit less `plan_margin`), `t0` when the call began."""
+    objective the search planned to (the limit less `plan_margin`), `t0` when the call began;
+    host_keeps_freed: the CPU allocator the reserved bytes are predicted for (optimizer.arena)."""
     memory_method, latency_method = methods(cost, workspace)
     best = result.best
     return {
@@ -102,7 +103,7 @@ def search_report(g: Graph, cost: CostModel, workspace: WorkspaceSpec, objective
         "eager_latency_s": eager.latency_seconds,
         "eager_ratio": eager_ratio,
         **plan_entries(best, eager, eager_ratio),
-        **arena_entries(best.program, best.order, cost, workspace, layout_seconds(time_budget)),
+        **arena_entries(best.program, best.order, cost, workspace, layout_seconds(time_budget), host_keeps_freed),
         "memory_method": memory_method,
         "latency_method": latency_method,
         "capture_notes": list(g.signature.notes),

@@ -28,22 +28,24 @@ from peakcut.optimizer.verify import (
 from peakcut.runtime.host_allocator import keep_freed_host_memory
 
 
-def host_memory(model: torch.nn.Module, keep: bool) -> str:
-    """Apply keep_freed_host_memory for a CPU model when asked; what was done, for the report."""
+def host_memory(model: torch.nn.Module, keep: bool) -> tuple[str, bool]:
+    """Apply keep_freed_host_memory for a CPU model when asked; what was done, for the report,
+    and whether glibc now keeps freed memory."""
     if model_device(model).type != "cpu":
-        return "not a CPU model: left alone"
+        return "not a CPU model: left alone", False
     if not keep:
-        return "left alone (keep_host_memory=False)"
+        return "left alone (keep_host_memory=False)", False
     if keep_freed_host_memory():
-        return "glibc malloc keeps freed memory (mallopt M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)"
-    return "left alone: not glibc"
+        return "glibc malloc keeps freed memory (mallopt M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)", True
+    return "left alone: not glibc", False
 
 
 def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: Any, eager: EagerStep,
              opt: torch.optim.Optimizer | None,
-             calibration: ContextCalibration | None) -> tuple[State, bool, str]:
+             calibration: ContextCalibration | None, host_keeps_freed: bool = False) -> tuple[State, bool, str]:
     """The candidate that meets the limit when run (peakcut.optimizer.verify), whether one
-    did, and why not; the verdict goes into found.report["verification"]."""
+    did, and why not; the verdict goes into found.report["verification"] (host_keeps_freed:
+    the CPU allocator the reserved bytes of another candidate kept are predicted for)."""
     mode = found.objective.mode
     t0 = time.perf_counter()
     report = found.report
@@ -65,7 +67,8 @@ def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: An
         report.update(plan_entries(state, found.eager, found.eager_ratio),
                       search=dict(report["search"], compact_estimate=estimate(state)))
         report.update(arena_entries(state.program, state.order, found.cost,
-                                    found.deriver.workspace if found.deriver is not None else "auto", 0.0))
+                                    found.deriver.workspace if found.deriver is not None else "auto", 0.0,
+                                    host_keeps_freed))
     root = found.captured
     refitted = refit(state.latency_s / root.latency_s if root.latency_s > 0 else 0.0, calibration, verdict,
                      candidate_name(root, root))
