@@ -20,7 +20,7 @@ With `isolate=True` and jobs = 1 the one search runs in a forked worker too (`is
 says where that is possible), so that the objects it makes and frees are the worker's: the
 caller's process does not keep the heap the search grew and fragmented (peakcut.optimize
 does this; the caller trains in that process). The result is the worker's, with its latest
-KEPT_BESTS bests (the candidates the arena's choice reads).
+KEPT_BESTS bests (Optimized.candidates reads the latest ones).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -45,12 +47,15 @@ KEPT_BESTS = 8             # an isolated search's latest bests sent back with it
 
 
 def isolated(measures: bool) -> bool:
-    """Whether a search can run in a forked worker here: fork exists, the cost model does not
-    measure (`measures`), and neither CUDA nor torch.distributed has started in this process
-    (a fork carries neither)."""
+    """Whether a search can run in a forked worker here: on Linux, the cost model does not
+    measure (`measures`), neither CUDA nor torch.distributed has started in this process (a
+    fork carries neither), this process is not a daemon (which may not have children) and
+    runs no other Python thread (whose locks a fork would copy held)."""
     import torch
 
-    return (can_fork() and not measures and not torch.cuda.is_initialized()
+    return (sys.platform.startswith("linux") and can_fork() and not measures
+            and not multiprocessing.current_process().daemon and threading.active_count() == 1
+            and not torch.cuda.is_initialized()
             and not (torch.distributed.is_available() and torch.distributed.is_initialized()))
 
 
@@ -73,7 +78,7 @@ def parallel_search(root: State, deriver: Deriver, objective: Objective, *, jobs
     if not can_fork():
         raise ValueError(f"jobs={jobs} needs the 'fork' start method, which this platform lacks; use jobs=1")
     t0 = time.perf_counter()
-    budget = max(0.0, time_budget - HANDBACK_SECONDS)
+    budget = max(0.0, time_budget - min(HANDBACK_SECONDS, 0.1 * time_budget if jobs == 1 else HANDBACK_SECONDS))
     each = None if max_states is None else max(1, math.ceil(max_states / jobs))
     ctx = multiprocessing.get_context("fork")
     conns: list[Connection] = []

@@ -157,7 +157,9 @@ def chunk_head_loss(g: Graph, order: Sequence[int], loss: int, chunks: int, labe
     count: int | None = None
     if h.reduction == MEAN:
         counted = b.one("aten.ne.Scalar", (TensorRef(h.target), h.ignore_index), b.loss)
-        count = b.one("aten.sum.dim_IntList", (TensorRef(counted), []), b.loss, {"dtype": dtype_from_name(lsm_dtype)})
+        # counted exactly (float32 holds every count of a step's targets), rounded to the
+        # log-probabilities' dtype only where nll_loss_backward takes it, as eager's total weight
+        count = b.one("aten.sum.dim_IntList", (TensorRef(counted), []), b.loss, {"dtype": torch.float32})
     weight = b.one("aten.t.default", (TensorRef(h.wt),), b.bwd)
     total: int | None = None
     acc: int | None = None
@@ -170,12 +172,15 @@ def chunk_head_loss(g: Graph, order: Sequence[int], loss: int, chunks: int, labe
         part_loss, part_count = b.add(NLL, (TensorRef(lsm), TensorRef(target), None, SUM, h.ignore_index), b.loss, multi=True)
         part_loss = b.cast(part_loss, "float32", b.loss)
         total = part_loss if total is None else b.one("aten.add.Tensor", (TensorRef(total), TensorRef(part_loss)), b.loss)
-        divide_by = count if count is not None else part_count
+        divide_by = b.cast(count, lsm_dtype, b.bwd) if count is not None else part_count
         grad = b.one(NLL_BACKWARD, (TensorRef(seed), TensorRef(lsm), TensorRef(target), None, h.reduction,
                                     h.ignore_index, TensorRef(divide_by)), b.bwd)
         grad = b.one(LOG_SOFTMAX_BACKWARD, (TensorRef(grad), TensorRef(lsm), 1, dtype_from_name(b.dtype(lsm))), b.bwd)
         grad = b.steps(grad, h.backward_steps, b.bwd)
         pair = (x, grad) if h.weight_grad_transposed else (grad, x)
+        # the weight's gradient adds up in float32 and is rounded once, as eager's one mm
+        # accumulates in float32 (products of bf16 or fp16 operands are exact in float32)
+        pair = (b.cast(pair[0], "float32", b.bwd), b.cast(pair[1], "float32", b.bwd))
         left = b.one("aten.t.default", (TensorRef(pair[0]),), b.bwd)
         operands = (TensorRef(left), TensorRef(pair[1]))
         acc = (b.one(MM, operands, b.bwd) if acc is None
