@@ -274,6 +274,9 @@ def reread_bytes(op: str, args: Sequence[Any]) -> int:
 # (an input) and written (the output); the kernel only writes it.
 _OVERWRITES_FIRST = frozenset({"aten.copy_.default", "aten.zero_.default", "aten.fill_.Scalar",
                                "aten.fill_.Tensor"})
+# Ops that take only their first argument's dtype and device, never its values.
+_READS_ONLY_METADATA = frozenset({"aten.new_zeros.default", "aten.new_ones.default", "aten.new_empty.default",
+                                  "aten.new_full.default", "aten.new_empty_strided.default"})
 
 
 CONV = "aten.convolution.default"                       # the op names the convolution rules share
@@ -306,7 +309,8 @@ def conv_backward_mask(args: Sequence[Any]) -> tuple[bool, bool, bool] | None:
 
 def unread_bytes(op: str, args: Sequence[Any]) -> int:
     """Bytes bytes_moved counts as read that the call does not read: the destination of an
-    overwriting in-place op (module constant _OVERWRITES_FIRST), which it only writes; a
+    overwriting in-place op (module constant _OVERWRITES_FIRST), which it only writes; the
+    tensor a new_zeros-like op takes its dtype from (_READS_ONLY_METADATA); a
     convolution backward's input when it makes no weight or bias gradient, and its weight
     when it makes no input gradient (only their shapes are used); the slices of an in-place
     index_add_'s destination its index does not name (it reads and writes at most one slice
@@ -328,7 +332,7 @@ def unread_bytes(op: str, args: Sequence[Any]) -> int:
         unread = [] if mask[1] or mask[2] else [args[1]]
         unread += [] if mask[0] else [args[2]]
         return sum(t.numel() * t.element_size() for t in unread if isinstance(t, torch.Tensor))
-    if op not in _OVERWRITES_FIRST or not args or not isinstance(args[0], torch.Tensor):
+    if op not in _OVERWRITES_FIRST | _READS_ONLY_METADATA or not args or not isinstance(args[0], torch.Tensor):
         return 0
     return args[0].numel() * args[0].element_size()
 

@@ -152,9 +152,8 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     arena: the plan runs with its arena; a memory limit bounds held + arena + unplanned bytes
     (peakcut.optimizer.arena: arena_margin, arena_choice; report["arena"]).
     rules: the registry the search applies (peakcut.rules: RULES, or WITH_FUSED).
-    isolate: with jobs = 1 and no arena (whose choice reads every best of the search), run the
-    search in a forked process where that is possible (peakcut.optimizer.parallel: isolated),
-    so this process does not keep the memory it used.
+    isolate: with jobs = 1, run the search in a forked process where that is possible
+    (peakcut.optimizer.parallel: isolated), so this process does not keep the memory it used.
     host_keeps_freed: on a CPU, the plan runs where glibc keeps freed memory
     (peakcut.runtime.keep_freed_host_memory, as optimize sets up to measure); the report's
     predicted_reserved_bytes models that allocator, else glibc's defaults (optimizer.arena).
@@ -196,7 +195,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     result = parallel_search(root, deriver, planned, jobs=jobs, seed=seed, max_states=max_states,
                              time_budget=searching, settings=settings, progress=_paced(progress, pacer),
                              exact_front=pareto,
-                             isolate=isolate and not arena and isolated(isinstance(cost, BudgetedCost)))
+                             isolate=isolate and isolated(isinstance(cost, BudgetedCost)))
     polish_s = time.perf_counter()
     if polishing:
         result = polished(result, deriver, planned, deadline=t0 + time_budget - kept)

@@ -40,7 +40,7 @@ from peakcut.memory.workspace import WorkspaceSpec, order_workspace
 from peakcut.optimizer.derive import DeriveError, Deriver
 from peakcut.optimizer.objective import Objective
 from peakcut.optimizer.search import SearchResult
-from peakcut.optimizer.shares import LAYOUT_SHARE
+from peakcut.optimizer.shares import KEPT_BESTS, LAYOUT_SHARE
 from peakcut.optimizer.state import State
 from peakcut.simulate import simulate_timeline
 
@@ -123,7 +123,7 @@ def arena_choice(result: SearchResult, objective: Objective, deriver: Deriver, c
                  time_limit: float, probes: dict[tuple[Any, ...], str | None] | None = None
                  ) -> tuple[SearchResult, ArenaPlan]:
     """The plan kept with the arena, and its arena plan. Under a memory limit: the first of the
-    search's best, its earlier bests (newest first) and `candidates` (the roots) whose live
+    search's best, its KEPT_BESTS earlier bests (newest first) and `candidates` (the roots) whose live
     peak meets the limit and whose held + arena + unplanned bytes do too; where none does, the
     one that needs the fewest bytes. Under a latency limit: the search's best."""
     deadline = time.perf_counter() + time_limit
@@ -132,7 +132,7 @@ def arena_choice(result: SearchResult, objective: Objective, deriver: Deriver, c
         return replace(result, best=best), state_arena(best, deriver.workspace, time_limit, probes)
     seen: set[int] = set()
     least: tuple[State, ArenaPlan] | None = None
-    for state in (result.best, *reversed(result.bests), *candidates):
+    for state in (result.best, *reversed(result.bests[-KEPT_BESTS:]), *candidates):
         if id(state) in seen or not objective.feasible(state.peak_bytes, state.latency_s):
             continue
         seen.add(id(state))

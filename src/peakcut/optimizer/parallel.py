@@ -20,7 +20,7 @@ With `isolate=True` and jobs = 1 the one search runs in a forked worker too (`is
 says where that is possible), so that the objects it makes and frees are the worker's: the
 caller's process does not keep the heap the search grew and fragmented (peakcut.optimize
 does this; the caller trains in that process). The result is the worker's, with its latest
-KEPT_BESTS bests (Optimized.candidates reads the latest ones).
+KEPT_BESTS bests (shares.KEPT_BESTS: what the arena's choice reads).
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.derive import Deriver
 from peakcut.optimizer.objective import Objective
 from peakcut.optimizer.search import FrontPoint, Progress, SearchResult, search
+from peakcut.optimizer.shares import KEPT_BESTS
 from peakcut.optimizer.state import State
 
 HANDBACK_SECONDS = 1.0     # of the budget kept for workers to send their result back
-KEPT_BESTS = 8             # an isolated search's latest bests sent back with its result
 
 
 def isolated(measures: bool) -> bool:

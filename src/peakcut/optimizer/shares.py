@@ -30,3 +30,5 @@ PLAN_MARGIN = 0.02                # of a latency limit the search keeps free whe
 # x1.098, U-Net x1.103), and one over it loses to the untransformed step
 VERIFY_CANDIDATES = 3             # transformed candidates run for real (the untransformed step besides)
 VERIFY_MARGIN = 1.15              # verification asks for this x what eager and one plan take (verify.needed_seconds)
+# the search's latest bests the arena's choice tries (optimizer.arena); an isolated search sends them back
+KEPT_BESTS = 8
