@@ -574,7 +574,8 @@ def why_not_swap(g: Graph, order: Sequence[int], tensor: int, users: Sequence[in
     stale = check_order_matches(g, order)
     if stale:
         return stale
-    reason = _why_not_tensor(g, tensor) or _why_not_users(g, order, tensor, users)
+    reason = (_why_not_tensor(g, tensor) or _why_not_users(g, order, tensor, users)
+              or _why_not_stale(g, tensor, users))
     if reason:
         return reason
     meta = g.tensors[tensor]
@@ -603,7 +604,7 @@ def _why_not_tensor(g: Graph, tensor: int) -> str | None:
     if not is_dense(meta.shape, meta.stride):
         return (f"{what} is not non-overlapping and dense (stride {meta.stride}): its copy would "
                 "not be a plain memcpy; swap a dense tensor instead")
-    return _why_not_stale(g, tensor)
+    return None
 
 
 def _why_not_users(g: Graph, order: Sequence[int], tensor: int, users: Sequence[int]) -> str | None:

@@ -21,7 +21,7 @@ from peakcut.codegen.swap import simulated_host_peak
 from peakcut.ir.check import check_graph
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Phase
-from peakcut.ir.ops import STORE_OP
+from peakcut.ir.ops import LOAD_OP, STORE_OP
 from peakcut.ir.tags import RematTag
 from peakcut.memory import simulate
 from peakcut.rules import RULES
@@ -66,7 +66,9 @@ def test_remat_and_swap_keep_numbers_and_memory_agreement(name: str) -> None:
     g, order, rewrites = apply_plan(captured, name)
     kinds = [k for k, _ in rewrites]
     assert sum(1 for n in g.nodes.values() if n.tags.get(RematTag) is not None) == kinds.count("remat") >= 1
-    assert sum(1 for n in g.nodes.values() if n.op == STORE_OP) == kinds.count("swap") >= 1
+    # each swap loads once; a tensor swapped again reads its first swap's host copy
+    assert sum(1 for n in g.nodes.values() if n.op == LOAD_OP) == kinds.count("swap") >= 1
+    assert 1 <= sum(1 for n in g.nodes.values() if n.op == STORE_OP) <= kinds.count("swap")
 
     report = peakcut.check_equivalence(inst.model, inst.batch, inst.loss_fn, SPEC,
                                        lambda _model: Step(g, order), steps=3, rtol=1e-5, atol=1e-6)
