@@ -105,14 +105,17 @@ class Deriver(DeriveTimes):
     def finish(self, base: Graph, base_order: list[int], tree: FTree, dgraph: DGraph,
                recipes: tuple[Recipe, ...], program: Graph, order: list[int], applied: tuple[str, ...],
                depth: int, compact: bool | None = None, *, base_digest: str,
-               rewrites: tuple[str, ...]) -> State:
+               rewrites: tuple[str, ...], placements: dict[int, Placement] | None = None) -> State:
         """Place the nodes the recipes added, simulate, hash (a compact program priced per part).
         base_digest: computation hash of `base` ("" when not known); rewrites: the rewrites
-        that made `base` from the capture, oldest first."""
+        that made `base` from the capture, oldest first; placements: the rules' placements of
+        `program`'s nodes, where the caller has them (RULES.placements)."""
         compact = self.compact if compact is None else compact
         cost = RepeatedCost(self.cost, tree) if compact and tree.enabled() else self.cost
         if recipes:
-            order = place(program, order, cost, placements=self.rules.placements(program))
+            if placements is None:
+                placements = self.rules.placements(program)
+            order = place(program, order, cost, placements=placements)
         t0 = time.perf_counter()
         tl = simulate_timeline(program, order, cost, self.workspace)
         state = State(base, base_order, tree, dgraph, recipes, program, order, tl.peak_bytes,
@@ -236,11 +239,12 @@ class Deriver(DeriveTimes):
         if reason is not None:
             raise DeriveError(f"{recipe.description}: {reason}")
         rw = self.apply_recipe(parent.program, parent.order, recipe)
-        order = self.rescheduled(parent, rw)
+        placements = self.rules.placements(rw.graph)      # once: the reschedule and the placing read it
+        order = self.rescheduled(parent, rw, placements)
         state = self.finish(parent.base, parent.base_order, parent.tree, parent.dgraph,
                             (*parent.recipes, recipe),
                             rw.graph, order, (*parent.applied, recipe.description), parent.depth + 1,
-                            base_digest=parent.base_digest, rewrites=parent.rewrites)
+                            base_digest=parent.base_digest, rewrites=parent.rewrites, placements=placements)
         self.record(recipe.kind, t0)
         return state
 
@@ -391,10 +395,12 @@ class Deriver(DeriveTimes):
             self.taso_sites[digest] = self.rules.rewrite_candidates(state.base, state.base_order, limit=limit)
         return self.taso_sites[digest]
 
-    def rescheduled(self, parent: State, rw: Rewrite) -> list[int]:
+    def rescheduled(self, parent: State, rw: Rewrite, placements: dict[int, Placement] | None = None
+                    ) -> list[int]:
         """Algorithm 2 on the interval around the change, when it lowers the peak; where it does
         not, on the wider interval between true cuts (schedule.incremental.CUTS). The nodes the
-        rules place EARLY (a swap's store) stay right after what they read."""
+        rules place EARLY (a swap's store) stay right after what they read. placements: the
+        rules' placements of rw.graph, where the caller has them."""
         if not self.reschedule:
             return rw.order
         nw = parent.narrow_waist
@@ -409,7 +415,8 @@ class Deriver(DeriveTimes):
         if not rules:
             return rw.order    # no narrow interval: Algorithm 2 would fall back to a full schedule
         h = rw.graph.with_order(rw.order)
-        placements = self.rules.placements(rw.graph)
+        if placements is None:
+            placements = self.rules.placements(rw.graph)
         early = [a for a in rw.added if placements.get(a) is Placement.EARLY]
         current = simulate(rw.graph, rw.order, self.workspace).peak_bytes
         for rule in rules.values():
