@@ -88,9 +88,21 @@ def classify(g: Graph, nid: int) -> tuple[str, tuple[int, ...]] | None:
     return None
 
 
+Kinds = dict[int, "tuple[str, tuple[int, ...]] | None"]
+
+
+def _kind(g: Graph, nid: int, kinds: Kinds | None) -> tuple[str, tuple[int, ...]] | None:
+    """classify(g, nid), remembered in `kinds` (one scan's memo) when given."""
+    if kinds is None:
+        return classify(g, nid)
+    if nid not in kinds:
+        kinds[nid] = classify(g, nid)
+    return kinds[nid]
+
+
 class _Matcher:
-    def __init__(self, g: Graph, rule: Rule) -> None:
-        self.g, self.rule = g, rule
+    def __init__(self, g: Graph, rule: Rule, kinds: Kinds | None = None) -> None:
+        self.g, self.rule, self.kinds = g, rule, kinds
         self.env: dict[str, int] = {}
         self.seen: dict[Term, int] = {}          # term -> tensor it matched
         self.nodes: list[int] = []
@@ -104,7 +116,7 @@ class _Matcher:
             self.seen[t] = tensor
             return True
         p = self.g.producer(tensor)
-        got = classify(self.g, p) if p is not None else None
+        got = _kind(self.g, p, self.kinds) if p is not None else None
         if got is None or got[0] != t[0] or len(got[1]) != len(t) - 1:
             return False
         self.seen[t] = tensor
@@ -145,9 +157,10 @@ class _Matcher:
         return True
 
 
-def match(g: Graph, rule: Rule, tensor: int) -> Match | None:
-    """The site of `rule` whose source computes `tensor`, or None."""
-    m = _Matcher(g, rule)
+def match(g: Graph, rule: Rule, tensor: int, kinds: Kinds | None = None) -> Match | None:
+    """The site of `rule` whose source computes `tensor`, or None. `kinds`: a memo of
+    classify's answers by node, shared by the matches of one scan of an unchanged graph."""
+    m = _Matcher(g, rule, kinds)
     if is_input(rule.src) or not m.term(rule.src, tensor):
         return None
     sizes = m.sizes()
@@ -160,20 +173,52 @@ def match(g: Graph, rule: Rule, tensor: int) -> Match | None:
     return Match(rule.name, tensor, tuple(m.nodes), dict(m.env), sizes, shared)
 
 
-def find_matches(g: Graph, rules: Sequence[Rule], order: Iterable[int] | None = None) -> list[Match]:
-    """Every site of every rule in g, by node in `order` (g.order by default), then rule."""
-    by_root: dict[str, list[Rule]] = {}
+def _child_keys(t: Term) -> tuple[str | None, ...]:
+    """The vocabulary op of each argument of term t (None: an input, which matches anything)."""
+    return tuple(None if is_input(a) else a[0] for a in t[1:])
+
+
+def _rule_index(rules: Sequence[Rule]) -> dict[tuple[str, tuple[str | None, ...]], list[Rule]]:
+    """The rules by their source's op and its arguments' ops, in the order given."""
+    index: dict[tuple[str, tuple[str | None, ...]], list[Rule]] = {}
     for r in rules:
         if not is_input(r.src):
-            by_root.setdefault(r.src[0], []).append(r)
+            index.setdefault((r.src[0], _child_keys(r.src)), []).append(r)
+    return index
+
+
+def _candidates(index: Mapping[tuple[str, tuple[str | None, ...]], list[Rule]], key: str,
+                children: tuple[str | None, ...]) -> list[Rule]:
+    """The rules whose source could match at a node read as `key` over arguments whose
+    producers read as `children`: each argument term an input or the producer's op."""
+    found: list[Rule] = []
+    for mask in range(1 << len(children)):
+        keys = tuple(None if mask >> i & 1 else c for i, c in enumerate(children))
+        if mask and any(c is None for i, c in enumerate(children) if mask >> i & 1):
+            continue       # the same key as a smaller mask's
+        found.extend(index.get((key, keys), ()))
+    return found
+
+
+def find_matches(g: Graph, rules: Sequence[Rule], order: Iterable[int] | None = None) -> list[Match]:
+    """Every site of every rule in g, by node in `order` (g.order by default), then rule (in
+    the order of `rules` among those whose source's top two levels fit the node's)."""
+    index = _rule_index(rules)
+    rank = {r.name: i for i, r in enumerate(rules)}
+    kinds: Kinds = {}
     found = []
     for nid in g.order if order is None else order:
-        got = classify(g, nid)
+        got = _kind(g, nid, kinds)
         if got is None:
             continue
         (out,) = g.nodes[nid].output_ids()
-        for r in by_root.get(got[0], ()):
-            m = match(g, r, out)
+        children = []
+        for t in got[1]:
+            p = g.producer(t)
+            sub = _kind(g, p, kinds) if p is not None else None
+            children.append(None if sub is None else sub[0])
+        for r in sorted(_candidates(index, got[0], tuple(children)), key=lambda r: rank[r.name]):
+            m = match(g, r, out, kinds)
             if m is not None:
                 found.append(m)
     return found
