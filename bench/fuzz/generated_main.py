@@ -8,18 +8,28 @@ drawn when it has its cases, or when none of its first `tries` units got its own
 is then reported with the reasons). The table: per rule the cases it was applied in, how
 many kept eager's numbers, how many did not, and its largest difference as a fraction of
 what is allowed.
+
+A run is long (every rule in 100 cases is hours of CPU), so `--record FILE` keeps the
+tallies in a JSON file after every case and `--resume` goes on from it: a resumed run deals its
+rounds from the record's tallies, and its cases' seeds follow the record's last, so no case
+is run twice. `--until SECONDS` stops after the case that
+passes that wall time (the record then says how far it got).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
+import os
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -47,6 +57,51 @@ class Tally:
     dtypes: Counter = field(default_factory=Counter)   # cases by dtype
 
 
+RECORD_VERSION = 1
+
+
+@dataclass
+class Record:
+    """What a recorded run has counted so far: the tallies by rule index, the cases run (the
+    next case's number), the seconds spent, and the cases that were not ok (seed, status,
+    dtype, the rules applied, the detail's start)."""
+
+    seed: int
+    units: int
+    runs: int
+    cases_per_rule: int
+    tallies: dict[int, Tally]
+    cases: int = 0
+    seconds: float = 0.0
+    not_ok: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": RECORD_VERSION, "seed": self.seed, "units": self.units, "runs": self.runs,
+                "cases_per_rule": self.cases_per_rule, "cases": self.cases, "seconds": round(self.seconds, 1),
+                "not_ok": self.not_ok,
+                "tallies": {str(i): {**asdict(t), "missed": dict(t.missed), "dtypes": dict(t.dtypes)}
+                            for i, t in self.tallies.items()}}
+
+    @staticmethod
+    def from_json(doc: dict[str, Any], where: str) -> Record:
+        if doc.get("version") != RECORD_VERSION:
+            raise ValueError(f"{where}: record version {doc.get('version')!r}, this code reads {RECORD_VERSION}")
+        tallies = {int(i): Tally(**{**t, "missed": Counter(t["missed"]), "dtypes": Counter(t["dtypes"])})
+                   for i, t in doc["tallies"].items()}
+        return Record(doc["seed"], doc["units"], doc["runs"], doc["cases_per_rule"], tallies, doc["cases"],
+                      doc["seconds"], list(doc["not_ok"]))
+
+    def save(self, path: Path) -> None:
+        """Written whole to a temporary file, then renamed: a killed run leaves the last record."""
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        os.replace(tmp, path)
+
+    @staticmethod
+    def load(path: Path) -> Record:
+        return Record.from_json(json.loads(path.read_text()), str(path))
+
+
 @dataclass
 class FuzzResult:
     tallies: dict[int, Tally]
@@ -62,10 +117,14 @@ class FuzzResult:
 
 def fuzz_generated(rules: Sequence[int] | None = None, cases_per_rule: int = 100, seed: int = 0,
                    units: int = 48, runs: int = 1, tries: int = 3, jobs: int = 1,
-                   report: Callable[[GenOutcome], None] | None = None) -> FuzzResult:
+                   report: Callable[[GenOutcome], None] | None = None, record: Record | None = None,
+                   until: float | None = None) -> FuzzResult:
     """Cases until every rule of `rules` (indices into the search's GeneratedRule().rules();
     None: all) has `cases_per_rule` cases or is found not to apply (module doc). jobs > 1:
-    each round's cases run in that many worker processes (the same cases and outcomes)."""
+    each round's cases run in that many worker processes (the same cases and outcomes).
+    `record`: tallies to go on from (its cases continue the seeds) and to count into; its
+    tallies for the rules picked are the result's. `until`: stop drawing rounds and cases
+    after this many seconds."""
     if min(cases_per_rule, units, runs, tries, jobs) < 1:
         raise ValueError("fuzz_generated: cases_per_rule, units, runs, tries and jobs must be at least 1")
     all_rules = search_rule().rules()
@@ -73,39 +132,57 @@ def fuzz_generated(rules: Sequence[int] | None = None, cases_per_rule: int = 100
     bad = [i for i in picked if not 0 <= i < len(all_rules)]
     if bad:
         raise ValueError(f"fuzz_generated: rules {bad[:5]} are not indices of the {len(all_rules)} rules")
-    tallies = {i: Tally(all_rules[i].name, all_rules[i].describe()) for i in picked}
-    rng = random.Random(seed)
+    if record is None:
+        record = Record(seed, units, runs, cases_per_rule, {})
+    for i in picked:
+        record.tallies.setdefault(i, Tally(all_rules[i].name, all_rules[i].describe()))
+        if record.tallies[i].name != all_rules[i].name:
+            raise ValueError(f"fuzz_generated: the record's rule {i} is {record.tallies[i].name}, "
+                             f"the search's is {all_rules[i].name} (another rule set)")
+    tallies = {i: record.tallies[i] for i in picked}
+    first = record.cases
+    rng = random.Random(seed if first == 0 else f"{seed}/{first}")
     outcomes: list[GenOutcome] = []
     t0 = time.perf_counter()
-    while True:
-        pending = [i for i, t in tallies.items()
-                   if t.cases < cases_per_rule and not (t.drawn >= tries and t.own == 0)
-                   and t.drawn < 3 * cases_per_rule]
-        if not pending:
-            break
-        rng.shuffle(pending)
-        cases = [([draw_unit(rng, i, all_rules[i]) for i in pending[at:at + units]],
-                  seed * 100_003 + len(outcomes) + n, runs)
-                 for n, at in enumerate(range(0, len(pending), units))]
-        for out in _run_all(cases, jobs):
-            outcomes.append(out)
-            _count(tallies, out)
-            if report is not None:
-                report(out)
+    spent = record.seconds
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) if jobs > 1 else None
+    try:
+        while until is None or time.perf_counter() - t0 < until:
+            pending = [i for i, t in tallies.items()
+                       if t.cases < cases_per_rule and not (t.drawn >= tries and t.own == 0)
+                       and t.drawn < 3 * cases_per_rule]
+            if not pending:
+                break
+            rng.shuffle(pending)
+            cases = [([draw_unit(rng, i, all_rules[i]) for i in pending[at:at + units]],
+                      seed * 100_003 + first + len(outcomes) + n, runs)
+                     for n, at in enumerate(range(0, len(pending), units))]
+            futures = [pool.submit(_one, c) for c in cases] if pool is not None else []
+            done = (f.result() for f in futures) if pool is not None else (run_generated_case(*c) for c in cases)
+            for out in done:
+                outcomes.append(out)
+                _count(tallies, out)
+                record.cases += 1
+                record.seconds = spent + time.perf_counter() - t0
+                if out.status != "ok":
+                    record.not_ok.append({"seed": out.seed, "status": out.status, "dtype": out.dtype,
+                                          "rules": sorted(all_rules[i].name for i in out.applied),
+                                          "detail": out.detail[:1000]})
+                if report is not None:
+                    report(out)
+                if until is not None and time.perf_counter() - t0 >= until:
+                    for f in futures:
+                        f.cancel()
+                    break
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     return FuzzResult(tallies, outcomes, time.perf_counter() - t0)
 
 
 def _one(case: tuple[list[UnitSpec], int, int]) -> GenOutcome:
     torch.set_num_threads(1)
     return run_generated_case(*case)
-
-
-def _run_all(cases: list[tuple[list[UnitSpec], int, int]], jobs: int) -> Iterator[GenOutcome]:
-    if jobs == 1:
-        yield from (run_generated_case(*c) for c in cases)
-        return
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        yield from pool.map(_one, cases)
 
 
 def _count(tallies: dict[int, Tally], out: GenOutcome) -> None:
@@ -142,8 +219,9 @@ def rule_table(result: FuzzResult) -> Table:
     return table
 
 
-def summary(console: Console, result: FuzzResult, cases_per_rule: int) -> int:
-    """The rules short of their cases with the reasons, the cases not ok; 1 if any."""
+def summary(console: Console, result: FuzzResult, cases_per_rule: int, record: Record | None = None) -> int:
+    """The rules short of their cases with the reasons, the cases not ok; 1 if any. With a
+    record, the counts are the record's (every run that went into it)."""
     short = result.short(cases_per_rule)
     if short:
         console.print(f"{len(short)} rules with fewer than {cases_per_rule} cases:")
@@ -162,6 +240,9 @@ def summary(console: Console, result: FuzzResult, cases_per_rule: int) -> int:
     console.print(f"{len(tallies)} rules, {full} with at least {cases_per_rule} cases; {len(result.outcomes)} cases "
                   f"({units} units, {Counter(o.dtype for o in result.outcomes)}) in {result.seconds:.0f} s; "
                   f"{len(bad)} cases not ok; worst difference {worst:.3f} of allowed")
+    if record is not None:
+        console.print(f"the record: {record.cases} cases in {record.seconds:.0f} s, {len(record.not_ok)} not ok")
+        return 1 if record.not_ok or short else 0
     return 1 if bad or short else 0
 
 
@@ -177,7 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
     p.add_argument("--rules", default=None, help="only these rules (comma-separated names, e.g. r0017)")
     p.add_argument("--sample", type=int, default=None, help="a random sample of this many rules")
+    p.add_argument("--record", type=Path, default=None,
+                   help="keep the tallies in this JSON file after every case (module doc)")
+    p.add_argument("--resume", action="store_true", help="go on from --record's tallies")
+    p.add_argument("--until", type=float, default=None, help="stop after the case that passes this many seconds")
     args = p.parse_args(argv)
+    if args.resume and (args.record is None or not args.record.exists()):
+        p.error("--resume needs --record naming an existing record")
     console = Console(width=max(150, Console().width))
     all_rules = search_rule().rules()
     index = {r.name: i for i, r in enumerate(all_rules)}
@@ -191,11 +278,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.sample:
         picked = sorted(random.Random(args.seed).sample(picked or list(range(len(all_rules))), args.sample))
 
+    record = Record(args.seed, args.units, args.runs, args.cases_per_rule, {})
+    if args.resume:
+        record = Record.load(args.record)
+        given = (args.seed, args.units, args.runs, args.cases_per_rule)
+        if given != (record.seed, record.units, record.runs, record.cases_per_rule):
+            p.error(f"--resume: the record was made with seed, units, runs, cases per rule = "
+                    f"{(record.seed, record.units, record.runs, record.cases_per_rule)}, not {given}")
+
     def progress(o: GenOutcome) -> None:
         if o.status != "ok":
             console.print(f"[red]seed {o.seed} {o.status}[/red]: " + escape(o.detail[:400]))
+        if args.record is not None:
+            record.save(args.record)
 
     result = fuzz_generated(picked, args.cases_per_rule, args.seed, args.units, args.runs, jobs=args.jobs,
-                            report=progress)
+                            report=progress, record=record, until=args.until)
     console.print(rule_table(result))
-    return summary(console, result, args.cases_per_rule)
+    return summary(console, result, args.cases_per_rule, record)

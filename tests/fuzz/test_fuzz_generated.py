@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from bench.fuzz.generated import LOSS, run_generated_case, search_rule
-from bench.fuzz.generated_main import fuzz_generated
+from bench.fuzz.generated_main import Record, fuzz_generated
 from bench.fuzz.generated_model import draw_unit
 from peakcut.rules.generated_rule import GeneratedRule
 from peakcut.taso import Rule
@@ -19,15 +19,23 @@ SLICE = ("t(t(a)) => a", "t(mm(t(b), a)) => mm(t(a), b)", "add(mm(a, c), mm(a, d
          "slice1a(cat1(a, b)) => a", "t(softmax0(t(a))) => softmax1(a)", "t(sum0(t(a))) => sum1(a)")
 
 
-def test_a_slice_of_generated_rules_keeps_eager_numbers() -> None:
+def test_a_slice_of_generated_rules_keeps_eager_numbers(tmp_path) -> None:
     rules = search_rule().rules()
     picked = [i for i, r in enumerate(rules) if r.describe().split(": ", 1)[1] in SLICE]
     assert len(picked) == len(SLICE)
-    result = fuzz_generated(picked, cases_per_rule=1, seed=2, units=len(picked))
+    record = Record(2, len(picked), 1, 1, {})
+    result = fuzz_generated(picked, cases_per_rule=1, seed=2, units=len(picked), record=record)
     for t in result.tallies.values():
         assert t.cases >= 1 and t.bad == 0, (t.text, t.cases, t.bad, t.missed)
         assert t.worst <= 1.0
     assert not result.not_ok(), [o.detail for o in result.not_ok()]
+    # the record: saved and loaded whole; a resumed run finds every rule counted and runs nothing
+    assert record.cases == len(result.outcomes) and not record.not_ok
+    record.save(tmp_path / "record.json")
+    again = Record.load(tmp_path / "record.json")
+    assert again.to_json() == record.to_json()
+    resumed = fuzz_generated(picked, cases_per_rule=1, seed=2, units=len(picked), record=again)
+    assert not resumed.outcomes and resumed.tallies == result.tallies
 
 
 def test_a_wrong_substitution_is_caught() -> None:
