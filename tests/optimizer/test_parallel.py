@@ -106,3 +106,31 @@ def test_a_measuring_search_is_not_isolated() -> None:
     from peakcut.optimizer.parallel import isolated
 
     assert not isolated(measures=True)
+
+
+class _RefusedHere(ValueError):
+    """An error of the search itself (module level, so that it pickles)."""
+
+
+def _failing_search(*_args, **_kwargs):
+    raise _RefusedHere("node 12 (aten.mm): a rule refused it")
+
+
+@needs_fork
+def test_a_forked_search_raises_the_error_the_search_raised(monkeypatch) -> None:
+    """The caller sees the search's own exception, type and message, with the worker's
+    traceback as its cause, as if the search had run in this process."""
+    from peakcut.optimizer import parallel
+
+    monkeypatch.setattr(parallel, "search", _failing_search)
+    with pytest.raises(_RefusedHere, match="node 12") as caught:
+        parallel.parallel_search(None, None, None, jobs=1, isolate=True)
+    assert isinstance(caught.value.__cause__, parallel.SearchWorkerError)
+    assert "_failing_search" in str(caught.value.__cause__)
+
+
+def test_a_worker_error_that_does_not_pickle_keeps_its_traceback() -> None:
+    from peakcut.optimizer.parallel import SearchWorkerError, worker_error
+
+    err = worker_error(3, None, "Traceback ...\nKeyError: 'x'")
+    assert isinstance(err, SearchWorkerError) and "worker 3" in str(err) and "KeyError" in str(err)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import pickle
 import sys
 import threading
 import time
@@ -110,7 +111,7 @@ def parallel_search(root: State, deriver: Deriver, objective: Objective, *, jobs
                     raise RuntimeError(f"search worker {i} ended without a result "
                                        f"(exit code {workers[i].exitcode})") from None
                 if kind == "error":
-                    raise RuntimeError(f"search worker {i} failed:\n{payload}")
+                    raise worker_error(i, *payload)
                 if kind == "progress":
                     latest[i] = payload
                     if progress is not None:
@@ -143,11 +144,36 @@ def _worker(send: Connection, root: State, deriver: Deriver, objective: Objectiv
         result.root = None    # type: ignore[assignment]  # the parent has it: not sent back
         result.bests = result.bests[-kept_bests:] if kept_bests else []   # the rest of the history stays here
         send.send(("result", result))
-    except BaseException:   # noqa: BLE001 - everything goes back to the parent, which raises
-        send.send(("error", traceback.format_exc()))
+    except BaseException as e:   # noqa: BLE001 - everything goes back to the parent, which raises
+        text = traceback.format_exc()
+        try:
+            blob: bytes | None = pickle.dumps(e)
+        except Exception:  # noqa: BLE001 - an exception that does not pickle goes back as its text
+            blob = None
+        send.send(("error", (blob, text)))
     finally:
         send.close()
         os._exit(0)        # skip the parent's atexit handlers and finalizers in the fork
+
+
+class SearchWorkerError(RuntimeError):
+    """A forked search failed; the message holds the worker's traceback."""
+
+
+def worker_error(worker: int, blob: bytes | None, text: str) -> Exception:
+    """The exception to raise in the parent for a worker's failure: the worker's own (its type
+    and message, as the search in this process would have raised it) caused by a
+    SearchWorkerError with the worker's traceback; the SearchWorkerError alone where the
+    exception did not pickle, does not unpickle, or is no Exception (an interrupt)."""
+    cause = SearchWorkerError(f"search worker {worker} failed:\n{text}")
+    try:
+        exc = pickle.loads(blob) if blob is not None else None
+    except Exception:  # noqa: BLE001 - an exception whose class does not rebuild from its args
+        exc = None
+    if not isinstance(exc, Exception):
+        return cause
+    exc.__cause__ = cause
+    return exc
 
 
 def _merged_progress(latest: dict[int, Progress], objective: Objective) -> Progress:
