@@ -1,11 +1,11 @@
 """python -m bench.fuzz --generated: every generated substitution the search uses in random
 training steps until each has been applied in `cases_per_rule` cases (bench.fuzz.generated).
 
-Rounds: the rules short of their cases are shuffled and dealt into cases of `units` units
-(each case one capture: a random dtype, optimizer and sizes per unit); a rule counts a case
-when one of its sites was applied in it (its own unit's or any other). A rule stops being
-drawn when it has its cases, or when none of its first `tries` units got its own site (it
-is then reported with the reasons). The table: per rule the cases it was applied in, how
+Rounds: the rules short of their cases are shuffled and dealt evenly into cases of at most
+`units` units (each case one capture: a random dtype, optimizer and sizes per unit); a rule
+counts a case when one of its sites was applied in it (its own unit's or any other). A rule
+stops being drawn when it has its cases, or when none of its first `tries` units got its own
+site (it is then reported with the reasons). The table: per rule the cases it was applied in, how
 many kept eager's numbers, how many did not, and its largest difference as a fraction of
 what is allowed.
 
@@ -154,9 +154,11 @@ def fuzz_generated(rules: Sequence[int] | None = None, cases_per_rule: int = 100
             if not pending:
                 break
             rng.shuffle(pending)
-            cases = [([draw_unit(rng, i, all_rules[i]) for i in pending[at:at + units]],
+            count = -(-len(pending) // units)        # cases of at most `units`, dealt evenly
+            cases = [([draw_unit(rng, i, all_rules[i])
+                       for i in pending[n * len(pending) // count:(n + 1) * len(pending) // count]],
                       seed * 100_003 + first + len(outcomes) + n, runs)
-                     for n, at in enumerate(range(0, len(pending), units))]
+                     for n in range(count)]
             futures = [pool.submit(_one, c) for c in cases] if pool is not None else []
             done = (f.result() for f in futures) if pool is not None else (run_generated_case(*c) for c in cases)
             for out in done:

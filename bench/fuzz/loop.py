@@ -51,6 +51,10 @@ class LoopReport:
     norm_wise: bool
     failures: list[str] = field(default_factory=list)
     worst: float = 0.0           # largest measured / allowed ratio seen
+    # norm-wise: an absolute difference per element allowed whatever the values' size (floor x
+    # sqrt(elements)); for values that are rounding noise themselves (a sum that cancels to
+    # zero in exact arithmetic), where a bound relative to their size is no bound
+    floor: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -184,12 +188,13 @@ class _Compare:
         varies by luck from step to step (a step where eager lands near the precise loop says
         nothing of where another bf16 evaluation of it lands)."""
         tol = self.report.tolerance
-        for kind, (diff2, scale2, noise2, (_, most)) in self.sums.items():
+        for kind, (diff2, scale2, noise2, (_, most), count) in self.sums.items():
             scale, noise = math.sqrt(scale2), math.sqrt(noise2)
             if scale > 0:
                 self.relative_noise[kind] = max(self.relative_noise.get(kind, 0.0), noise / scale)
             noise = max(noise, self.relative_noise.get(kind, 0.0) * scale)
-            diff, allowed = math.sqrt(diff2), max(tol * scale, NOISE_FACTOR * noise)
+            diff = math.sqrt(diff2)
+            allowed = max(tol * scale, NOISE_FACTOR * noise, self.report.floor * math.sqrt(count))
             ratio = diff / allowed if allowed > 0 else (0.0 if diff == 0 else float("inf"))
             self.report.worst = max(self.report.worst, ratio)
             if not ratio <= 1.0:
@@ -231,11 +236,12 @@ class _Compare:
                 noise = 0.0
             diff = float((a - b).norm())
             kind = "optimizer state" if what.startswith("optimizer state") else what.split(" ")[0]
-            sums = self.sums.setdefault(kind, [0.0, 0.0, 0.0, (-1.0, "")])
+            sums = self.sums.setdefault(kind, [0.0, 0.0, 0.0, (-1.0, ""), 0])
             sums[0] += diff ** 2
             sums[1] += scale ** 2
             sums[2] += noise ** 2
             sums[3] = max(sums[3], (diff, what))
+            sums[4] += b.numel()
             return
         if not b.numel():                      # all non-finite, and the same as eager's
             return
