@@ -61,3 +61,25 @@ def test_fused_substitutions_keep_eager_numbers(name: str, batch_size: int) -> N
     report = peakcut.check_equivalence(inst.model, batch, inst.loss_fn, ADAMW,
                                        lambda _m: Step(rw.graph, list(rw.order)), steps=3, rtol=tol, atol=tol)
     assert report.ok, str(report)
+
+
+def test_fused_substitutions_under_bf16_autocast_stay_as_near_as_eager() -> None:
+    """Under bf16 autocast (how users train in bf16), the fused step is judged as
+    bench.fuzz judges autocast: norm-wise, within bf16's rounding or a few times eager's own
+    distance from the loop without autocast, over 3 AdamW steps."""
+    from bench.fuzz.loop import UserLoop, autocast_tolerance, run_user_loop
+
+    inst = get_workload("gpt-neo-1.3b").build("tiny", batch_size=2)
+
+    def autocast_loss(m: torch.nn.Module, b: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return inst.loss_fn(m, b)
+
+    g = detach_loss(peakcut.capture(inst.model, inst.batch, autocast_loss, ADAMW, keep_grads=True))
+    rw, done = _fused(g)
+    assert len(done) == 2
+    loop = UserLoop(lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.01))
+    report = run_user_loop(inst.model, inst.batch, autocast_loss, loop,
+                           lambda _m, opt: Step(rw.graph, list(rw.order), optimizer=opt), steps=3,
+                           tolerance=autocast_tolerance(3), seed=0, precise_loss_fn=inst.loss_fn)
+    assert report.ok, str(report)
