@@ -216,11 +216,13 @@ def measured_section(name: str, rounds: int) -> list[str]:
 
 
 # ------------------------------------------------------------------ simulated on a profile
-def part_prices(g: Graph, chains: Sequence[EdgeChain], offsets: Sequence[int], cost: CostModel) -> np.ndarray:
-    """[chain, part] device seconds of each part's nodes on `cost`."""
+def part_prices(g: Graph, chains: Sequence[EdgeChain], offsets: Sequence[int], cost: CostModel,
+                named_rows: dict[int, list[int]]) -> np.ndarray:
+    """[chain, part] device seconds of each part's nodes on `cost` (the sums over the
+    destination index priced at the vertices each part adds into: named_rows)."""
     prices = np.zeros((len(chains), len(offsets) - 1))
     for i, c in enumerate(chains):
-        r, reasons = split_edge_chains(g, g.order, [c], len(offsets) - 1, boundaries=offsets)
+        r, reasons = split_edge_chains(g, g.order, [c], len(offsets) - 1, boundaries=offsets, named_rows=named_rows)
         if r is None:
             raise ValueError(f"chain {g.nodes[c.sink].name}: {reasons[0]}")
         for v in r.added:
@@ -233,12 +235,19 @@ def part_prices(g: Graph, chains: Sequence[EdgeChain], offsets: Sequence[int], c
 def simulated_rows(step: Step, part_features: Callable[[Split], np.ndarray],
                    splits_for: Callable[[PartModel | str], list[Split]], names: Sequence[str],
                    cost: CostModel) -> list[str]:
-    """The four splits of the step priced on `cost` (module docstring)."""
+    """The four splits of the step priced on `cost` (module docstring). Feature 0 of
+    part_features is the destination vertices a part adds into: the rows its sums over the
+    destination index name."""
     g = step.g
     chains = [c for cs in step.layers.values() for c in cs]
+    dst = g.inputs[g.input_names.index("batch:2")]
+
+    def named(split: Split) -> dict[int, list[int]]:
+        return {dst: [max(1, int(v)) for v in part_features(split)[:, 0]]}
+
     xs, ys, firsts = [], [], []
     for split in splits_for("random"):
-        prices = part_prices(g, chains, split.offsets.tolist(), cost).sum(axis=0)
+        prices = part_prices(g, chains, split.offsets.tolist(), cost, named(split)).sum(axis=0)
         xs.append(part_features(split))
         ys.append(prices)
         firsts.append(np.arange(split.parts) == 0)
@@ -247,11 +256,12 @@ def simulated_rows(step: Step, part_features: Callable[[Split], np.ndarray],
             "| split | parts' edges (min-max) | largest error of a predicted part price | step, one device | "
             "step, parts side by side | slowest part / mean part |", "|---|---|---|---|---|---|"]
     for split in splits_for(model):
-        r, _ = split_edge_chains(g, g.order, chains, split.parts, boundaries=split.offsets.tolist())
+        r, _ = split_edge_chains(g, g.order, chains, split.parts, boundaries=split.offsets.tolist(),
+                                 named_rows=named(split))
         if r is None:
             raise ValueError(f"{split.name}: the step does not split")
         one = simulate_timeline(r.graph, r.order, cost, workspace=None).latency_seconds
-        prices = part_prices(g, chains, split.offsets.tolist(), cost)
+        prices = part_prices(g, chains, split.offsets.tolist(), cost, named(split))
         side = one - float((prices.sum(axis=1) - prices.max(axis=1)).sum())
         per_part = prices.sum(axis=0)
         error = relative_errors(model.split_seconds(part_features(split)), per_part).max()
@@ -329,12 +339,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--profile", default="h100")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--simulated-only", action="store_true", help="no measured sections (they time for minutes)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     keep_freed_host_memory()         # as a plan runs: no page faults on memory malloc has had
     lines = ["## ROC's partitioner: predicted and measured part times, and the splits compared", ""]
     for name in args.workloads:
-        lines += measured_section(name, args.rounds)
+        if not args.simulated_only:
+            lines += measured_section(name, args.rounds)
         lines += simulated_medium(name, args.profile)
     lines += simulated_paper("reddit-gcn", args.profile)
     text = "\n".join(lines)

@@ -100,3 +100,36 @@ def test_rule_sites_apply_and_parts_are_not_split_again() -> None:
     source = Step(r.graph, r.order).source
     assert "index_select_2_part0 = aten.index_select.default(mm, 0, " in source
     assert f"index_add__1_part{n - 1} = aten.index_add_.default(index_add__1_part{n - 2}, 0" in source
+
+
+def test_named_rows_price_the_parts_at_their_vertices() -> None:
+    """A caller that knows the edge list says how many rows each part's index names: the
+    parts' in-place sums carry it, enter the cost key with it and are priced at those rows
+    (the program is the same)."""
+    from peakcut.cost import get_cost_model
+    from peakcut.cost.calls import call_key, node_work
+    from peakcut.ir.tags import NamedRowsTag
+
+    _, batch, _, g = _step("reddit-gcn")
+    chains = [c for c in find_edge_chains(g) if why_not_split(g, c, 4) is None]
+    forward = [c for c in chains if g.nodes[c.sink].phase == g.nodes[chains[0].sink].phase][:1]
+    index = g.nodes[forward[0].sink].args[2].id
+    plain, _ = split_edge_chains(g, g.order, forward, 4)
+    named, _ = split_edge_chains(g, g.order, forward, 4, named_rows={index: [3, 5, 7, 9]})
+    assert plain is not None and named is not None
+    def code(r: object) -> list[str]:      # the program, less its docstring's count of node tags
+        return [line for line in Step(r.graph, r.order).source.splitlines() if "node tag:" not in line]
+
+    assert code(plain) == code(named)
+    sums = [v for v in named.added if named.graph.nodes[v].op == "aten.index_add_.default"]
+    assert [named.graph.nodes[v].tags.get(NamedRowsTag).rows for v in sums] == [3, 5, 7, 9]
+    row = g.tensors[named.graph.nodes[sums[0]].args[0].id]
+    width = row.nbytes // row.shape[0]
+    for v in sums:
+        rows = named.graph.nodes[v].tags.get(NamedRowsTag).rows
+        assert call_key(named.graph, v).endswith(f"[rows {rows}]")
+        assert node_work(plain.graph, v).bytes - node_work(named.graph, v).bytes == 2 * (row.shape[0] - rows) * width
+    cost = get_cost_model("h100")
+    assert cost.node_seconds(named.graph, sums[0]) < cost.node_seconds(plain.graph, sums[0])
+    with pytest.raises(ValueError, match="one per part"):
+        split_edge_chains(g, g.order, forward, 4, named_rows={index: [3, 5]})

@@ -7,7 +7,9 @@ the same key cost the same, so both cost models cache per key. Devices are rende
 A run-time scalar (ir.node.Hyper: an optimizer hyper-parameter the program reads at every
 call) is rendered as ``hyper``: its name and captured value do not change what the call
 costs, so the update's calls of every parameter of one shape share one key (BERT-base's
-AdamW: 595 keys in all with names, 207 without).
+AdamW: 595 keys in all with names, 207 without). An in-place index_add_ that names fewer rows
+of its destination than its index is long (ir.tags.NamedRowsTag) adds them to its key and is
+priced at those rows.
 """
 
 from __future__ import annotations
@@ -20,7 +22,17 @@ import torch
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Hyper, TensorRef, map_refs
 from peakcut.ir.ops import COPY_DIRECTION, copied_argument, is_host_copy
-from peakcut.ir.registry import OpKind, bytes_moved, flops, lookup, reread_bytes, unread_bytes
+from peakcut.ir.registry import (
+    INDEX_ADD_,
+    OpKind,
+    bytes_moved,
+    flops,
+    index_add_untouched,
+    lookup,
+    reread_bytes,
+    unread_bytes,
+)
+from peakcut.ir.tags import NamedRowsTag
 from peakcut.ir.tensor import TensorMeta
 
 
@@ -60,7 +72,17 @@ def call_key(g: Graph, nid: int) -> str:
     node = g.nodes[nid]
     args = [_render(a, g) for a in node.args]
     kwargs = [f"{k}={_render(v, g)}" for k, v in sorted(node.kwargs.items())]
-    return f"{node.op}({', '.join(args + kwargs)})"
+    rows = _named_rows(g, nid)
+    return f"{node.op}({', '.join(args + kwargs)})" + ("" if rows is None else f"[rows {rows}]")
+
+
+def _named_rows(g: Graph, nid: int) -> int | None:
+    """The rows an in-place index_add_'s index names, where its NamedRowsTag says (else None)."""
+    node = g.nodes[nid]
+    if node.op != INDEX_ADD_:
+        return None
+    tag = node.tags.get(NamedRowsTag)
+    return None if tag is None else tag.rows
 
 
 def copy_key(nbytes: int, direction: str) -> str:
@@ -112,10 +134,12 @@ def node_work(g: Graph, nid: int) -> NodeWork:
     inputs = [m.to_meta() for m in in_metas]
     info = lookup(node.op)
     kind = info.kind if info is not None else None
+    rows = _named_rows(g, nid)
+    unread = unread_bytes(node.op, tuple(args)) if rows is None else index_add_untouched(tuple(args), rows)
     return NodeWork(
         kind=kind,
         flops=flops(node.op, tuple(args), kwargs, placed),
-        bytes=bytes_moved(inputs, outputs) + reread_bytes(node.op, tuple(args)) - unread_bytes(node.op, tuple(args)),
+        bytes=bytes_moved(inputs, outputs) + reread_bytes(node.op, tuple(args)) - unread,
         dtype=_compute_dtype(in_metas, out_metas),
     )
 

@@ -307,6 +307,21 @@ def conv_backward_mask(args: Sequence[Any]) -> tuple[bool, bool, bool] | None:
     return bool(mask[0]), bool(mask[1]), bool(mask[2])
 
 
+def index_add_untouched(args: Sequence[Any], named_rows: int | None = None) -> int:
+    """Bytes of an in-place index_add_'s destination that bytes_moved counts as read and
+    written and the kernel does not touch: the slices its index cannot name (at most one per
+    index, and at most `named_rows` where the data says so: ir.tags.NamedRowsTag)."""
+    if len(args) < 3:
+        return 0
+    dest, dim, index = args[0], args[1], args[2]
+    if not isinstance(dest, torch.Tensor) or not isinstance(index, torch.Tensor) or dest.dim() == 0:
+        return 0
+    length = int(dest.shape[dim])
+    named = index.numel() if named_rows is None else min(index.numel(), named_rows)
+    untouched = max(0, length - named)
+    return 2 * untouched * (dest.numel() // max(length, 1)) * dest.element_size()
+
+
 def unread_bytes(op: str, args: Sequence[Any]) -> int:
     """Bytes bytes_moved counts as read that the call does not read: the destination of an
     overwriting in-place op (module constant _OVERWRITES_FIRST), which it only writes; the
@@ -319,12 +334,7 @@ def unread_bytes(op: str, args: Sequence[Any]) -> int:
     if op == INDEX_SELECT:
         return _gathered(args)[1]
     if op == INDEX_ADD_:
-        dest, dim, index = args[0], args[1], args[2]
-        if not isinstance(dest, torch.Tensor) or not isinstance(index, torch.Tensor) or dest.dim() == 0:
-            return 0
-        length = int(dest.shape[dim])
-        untouched = max(0, length - index.numel())
-        return 2 * untouched * (dest.numel() // max(length, 1)) * dest.element_size()
+        return index_add_untouched(args)
     if op == CONV_BACKWARD:
         mask = conv_backward_mask(args)
         if mask is None:

@@ -15,7 +15,10 @@ the memory model, fission):
 - swap (SwapTag): a store or load of a swap, and the tensor swapped (peakcut.transform.swap);
 - host (HostTag): a node of a parameter's update run on the host, or a copy it needs
   (peakcut.transform.host_update); an "update" node runs on the host, on host tensors
-  (NodeTags.on_host).
+  (NodeTags.on_host);
+- named_rows (NamedRowsTag): how many rows of its destination an in-place index_add_'s index
+  names in the data its plan was made for (peakcut.transform.vertex_ranges), which the cost
+  models price.
 Others live with their makers: taso (peakcut.transform.taso.tag), rewritten_from
 (peakcut.transform.rewrite), fake_dtypes (peakcut.capture.convert).
 
@@ -246,6 +249,25 @@ class SwapTag(Tag):
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> SwapTag | None:
         return cls(int(extra["swap_of"])) if "swap_of" in extra else None
+
+
+@dataclass(frozen=True, slots=True)
+class NamedRowsTag(Tag):
+    """An in-place index_add_ whose index names `rows` distinct rows of its destination in the
+    data its plan was made for (a part of a sum over edges grouped by destination: the part's
+    vertices). The kernel reads and writes those rows only, so the cost models price them
+    (cost.calls); the result never depends on it, since the call still adds into the whole
+    destination."""
+
+    kind: ClassVar[str] = "named_rows"
+    rows: int
+
+    def to_json(self) -> int:
+        return self.rows
+
+    @classmethod
+    def from_json(cls, doc: Any) -> NamedRowsTag:
+        return cls(int(doc))
 
 
 HostRole = Literal["update", "store", "upload"]

@@ -24,7 +24,11 @@ VertexRangeTag (part, parts); their chains are not split again. A caller may giv
 edge offsets instead (``boundaries``: 0, the n - 1 split points, E; a balanced vertex
 partition's, peakcut.roc): the parts still add the same edges in the same order, so the
 result is eager's whatever the offsets, but the plan then holds the balance of the edge list
-it was made for.
+it was made for. A caller that knows the edge list may also say how many distinct rows each
+part's index names (``named_rows``, by the sink's index tensor: a part of edges grouped by
+destination names its vertices only): the parts' in-place sums carry it (NamedRowsTag) and are
+priced at those rows, where the cost model would otherwise count every row their index could
+name; the program and its numbers do not change.
 
 Refused (naming the node): a sink along another dim, an index or messages whose length is
 not the same E, fewer edges than parts, a chain node with control edges, a sum read as a
@@ -41,7 +45,7 @@ from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph, GraphError
 from peakcut.ir.infer import InferenceError
 from peakcut.ir.node import Node, TensorRef
-from peakcut.ir.tags import NodeTags, Tag
+from peakcut.ir.tags import NamedRowsTag, NodeTags, Tag
 from peakcut.transform.rewrite import (
     Rewrite,
     RuleError,
@@ -255,9 +259,10 @@ def edge_ranges(edges: int, parts: int, boundaries: Sequence[int] | None = None)
 
 
 def _split_one(edit: GraphEditor, g: Graph, chain: EdgeChain, parts: int,
-               offsets: Sequence[int]) -> tuple[list[int], int]:
+               offsets: Sequence[int], rows: Sequence[int] | None = None) -> tuple[list[int], int]:
     """The part nodes of `chain` (in run order, part k on edges offsets[k] .. offsets[k + 1])
-    and the tensor that holds the sum at the end."""
+    and the tensor that holds the sum at the end; `rows`: the rows each part's index names
+    (its sum's NamedRowsTag)."""
     sink = g.nodes[chain.sink]
     outside = _outside_edge_inputs(g, chain)
     added: list[int] = []
@@ -286,20 +291,29 @@ def _split_one(edit: GraphEditor, g: Graph, chain: EdgeChain, parts: int,
         if msg is None:
             raise GraphError(f"{describe_node(g, sink.id)}: its messages are neither made nor sliced per part")
         op = sink.op if k == 0 else "aten.index_add_.default"
-        acc = add(op, (acc, 0, sliced[sink.args[2].id], msg), dict(sink.kwargs), sink, f"{sink.name}_part{k}")
+        sum_tags = tags if rows is None else tags.with_tag(NamedRowsTag(int(rows[k])))
+        acc = add(op, (acc, 0, sliced[sink.args[2].id], msg), dict(sink.kwargs), sink, f"{sink.name}_part{k}",
+                  sum_tags)
     return added, acc.id
 
 
 def split_edge_chains(g: Graph, order: Sequence[int], chains: Sequence[EdgeChain], parts: int,
-                      boundaries: Sequence[int] | None = None) -> tuple[Rewrite | None, list[str | None]]:
+                      boundaries: Sequence[int] | None = None,
+                      named_rows: Mapping[int, Sequence[int]] | None = None) -> tuple[Rewrite | None, list[str | None]]:
     """Every chain that can be split, split into `parts` parts in one edit; the reason per chain
     (None: done). The Rewrite is None when none could. `boundaries`: the parts' edge offsets
-    (edge_ranges), the same for every chain; a chain of another length is not split."""
+    (edge_ranges), the same for every chain; a chain of another length is not split.
+    `named_rows`: by index tensor, the distinct rows each part of that index names (module
+    doc), for the chains whose sum that tensor indexes."""
     stale = check_order_matches(g, order)
     if stale:
         return None, [stale] * len(chains)
     if boundaries is not None:
         edge_ranges(int(boundaries[-1]) if len(boundaries) else 0, parts, boundaries)
+    for t, rows in (named_rows or {}).items():
+        if len(rows) != parts or any(int(r) < 1 for r in rows):
+            raise ValueError(f"named_rows[{t}]: {parts} positive row counts expected (one per part), "
+                             f"got {list(rows)[:8]}")
     reasons: list[str | None] = [why_not_split(g, c, parts) for c in chains]
     if boundaries is not None:
         reasons = [r if r is not None or c.edges == boundaries[-1] else
@@ -315,7 +329,9 @@ def split_edge_chains(g: Graph, order: Sequence[int], chains: Sequence[EdgeChain
     changed: list[int] = []
     for c in todo:
         try:
-            added, total = _split_one(edit, g, c, parts, edge_ranges(c.edges, parts, boundaries))
+            index = g.nodes[c.sink].args[2]
+            rows = (named_rows or {}).get(index.id) if isinstance(index, TensorRef) else None
+            added, total = _split_one(edit, g, c, parts, edge_ranges(c.edges, parts, boundaries), rows)
         except (InferenceError, GraphError) as e:
             raise RuleError(f"{describe_node(g, c.sink)}: {e}") from e
         for u, t in _template_readers(g, c):
