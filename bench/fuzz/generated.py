@@ -11,8 +11,10 @@ unit's nodes), each through GeneratedRule.why_not and GeneratedRule.apply. The p
 then run next to eager for 3 steps, `runs` times with fresh random parameters and batch
 (the same capture and program; each run its own seed), and compared as bench.fuzz.loop
 compares the user's loop (loss, gradients, parameters, optimizer state; elementwise within
-rounding_tolerance(dtype, largest tensor, 3), norm-wise under autocast), one comparer per
-unit, so that a difference names the unit's rule and each rule has its own largest
+rounding_tolerance(dtype, largest tensor, 3), parameters and state also within what gradient
+differences of that size do through the optimizer, shown by an eager loop whose gradients are
+nudged by them; norm-wise under autocast, never below float32's absolute floor), one comparer
+per unit, so that a difference names the unit's rule and each rule has its own largest
 difference as a fraction of what is allowed. The loss is one sum over all units: a loss
 that differs counts against every rule applied in the case; so does, under autocast, any
 difference (norm-wise over the case's values of a kind, as bench.fuzz.loop judges a model).
@@ -165,6 +167,7 @@ def compare_run(model: UnitsModel, batch: tuple[torch.Tensor, ...], autocast: bo
     compare = {u: _Compare(r) for u, r in reports.items()}
     ref = _EagerLoop(model, loss_fn, loop)
     precise = _EagerLoop(model, lambda m, b: m(*b), loop) if autocast else None
+    nudged = None if autocast else _EagerLoop(model, loss_fn, loop, nudge=tol)
     ours = copy.deepcopy(model)
     our_opt = loop.make_optimizer(ours)
     step = Step(program, order, optimizer=our_opt)
@@ -173,6 +176,8 @@ def compare_run(model: UnitsModel, batch: tuple[torch.Tensor, ...], autocast: bo
     for k in range(1, STEPS + 1):
         ref_loss, ref_grads = ref.step(batch, seed + k)
         near_loss, near_grads = precise.step(batch, seed + k) if precise is not None else (None, {})
+        if nudged is not None:
+            nudged.step(batch, seed + k)
         torch.manual_seed(seed + k)
         loss = step(ours, batch)
         for name, p in ours.named_parameters():
@@ -183,15 +188,17 @@ def compare_run(model: UnitsModel, batch: tuple[torch.Tensor, ...], autocast: bo
         compare[LOSS](k, "loss", loss.detach(), ref_loss, None, near_loss)
         ref_params = dict(ref.model.named_parameters())
         near_params = dict(precise.model.named_parameters()) if precise is not None else {}
+        nudged_params = dict(nudged.model.named_parameters()) if nudged is not None else {}
         for name, p in ours.named_parameters():
             compare[_param_unit(name, autocast)](k, f"parameter {name}", p, ref_params[name], start[name],
-                                       near_params.get(name))
+                                       near_params.get(name), nudged_params.get(name))
         near_state = {w: b for w, _, b in _state_pairs(precise.opt, precise.opt)} if precise is not None else {}
+        nudged_state = {w: b for w, _, b in _state_pairs(nudged.opt, nudged.opt)} if nudged is not None else {}
         for what, a, b in _state_pairs(our_opt, ref.opt):
             m = re.match(r"optimizer state (\d+)\.", what)
             unit = _param_unit(names[int(m.group(1))], autocast) if m else LOSS
             compare[unit](k, what, a, b, torch.zeros_like(b) if isinstance(b, torch.Tensor) else None,
-                          near_state.get(what))
+                          near_state.get(what), nudged_state.get(what))
         for c in compare.values():
             c.finish_step(k)
 

@@ -80,18 +80,30 @@ class UserLoop:
 
 
 class _EagerLoop:
-    """The user's eager loop on its own copy of the model."""
+    """The user's eager loop on its own copy of the model. nudge > 0: every gradient moved by
+    up to what the judge allows it to differ (nudge x (1 + |g|), a random sign per element)
+    before the update, so that this loop shows how far the allowed gradient differences carry
+    the parameters and the optimizer state through the user's optimizer (an Adam update of a
+    gradient that is rounding noise, near zero, moves a parameter by about lr x noise / eps)."""
 
-    def __init__(self, model: nn.Module, loss_fn: Callable[[nn.Module, Any], torch.Tensor], loop: UserLoop) -> None:
+    def __init__(self, model: nn.Module, loss_fn: Callable[[nn.Module, Any], torch.Tensor], loop: UserLoop,
+                 nudge: float = 0.0) -> None:
         self.model, self.loss_fn, self.loop = copy.deepcopy(model), loss_fn, loop
         self.opt = loop.make_optimizer(self.model)
         self.sched = loop.scheduler(self.opt)
+        self.nudge = nudge
 
     def step(self, batch: Any, seed: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One step; the loss and the (clipped) gradients the update used."""
         torch.manual_seed(seed)
         loss = self.loss_fn(self.model, batch)
         loss.backward()
+        if self.nudge:
+            signs = torch.Generator().manual_seed(seed)
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    sign = torch.randint(0, 2, p.grad.shape, generator=signs).to(p.grad.dtype) * 2 - 1
+                    p.grad += self.nudge * (1 + p.grad.abs()) * sign
         if self.loop.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]],
                                            self.loop.max_grad_norm)
@@ -172,7 +184,8 @@ class _Compare:
     buffers, all optimizer state; finish_step judges them): ||ours - ref|| against the
     larger of the tolerance times ||ref - start|| (start given: how far training moved it)
     or ||ref||, and NOISE_FACTOR times ||ref - precise|| (how far rounding to bf16 took
-    eager from the precise loop)."""
+    eager from the precise loop). Elementwise, a value may also be given as a nudged eager
+    loop has it (_EagerLoop's nudge): NOISE_FACTOR times its distance from eager is allowed."""
 
     def __init__(self, report: LoopReport) -> None:
         self.report = report
@@ -203,7 +216,10 @@ class _Compare:
         self.sums.clear()
 
     def __call__(self, k: int, what: str, ours: Any, ref: Any, start: torch.Tensor | None,
-                 precise: torch.Tensor | None = None) -> None:
+                 precise: torch.Tensor | None = None, nudged: torch.Tensor | None = None) -> None:
+        """Compare one value (class doc). nudged (elementwise): the value in an eager loop whose
+        gradients were moved by what the judge allows (_EagerLoop's nudge); NOISE_FACTOR times
+        its distance from eager is allowed where that is more than the tolerance."""
         report = self.report
         if not isinstance(ref, torch.Tensor) or not isinstance(ours, torch.Tensor):
             if ours != ref:
@@ -246,6 +262,8 @@ class _Compare:
         if not b.numel():                      # all non-finite, and the same as eager's
             return
         bound = tol * (1 + b.abs())
+        if nudged is not None:
+            bound = torch.maximum(bound, NOISE_FACTOR * (b - nudged.detach().double()[finite]).abs())
         ratio = float(((a - b).abs() / bound).max())
         diff, allowed = float((a - b).abs().max()), float(bound.max())
         report.worst = max(report.worst, ratio)

@@ -58,3 +58,16 @@ def test_a_rule_that_cancels_to_zero_is_judged_under_autocast() -> None:
     out = run_generated_case([draw_unit(random.Random(8), index, rules[index])], seed=8)
     assert out.dtype == "bf16 autocast" and out.own == {0}
     assert out.status == "ok", out.detail
+
+
+def test_a_gradient_that_is_rounding_noise_is_judged_through_the_optimizer() -> None:
+    """sum(softmax(a)) * sum(softmax(a)) => sum(softmax(a)): both are 1, so a's gradient is
+    rounding noise in source and target alike, and Adam turns noise into steps of about
+    lr x noise / eps. Parameters and optimizer state are allowed what the allowed gradient
+    differences do through the user's optimizer (an eager loop nudged by them)."""
+    rules = search_rule().rules()
+    index = next(i for i, r in enumerate(rules)
+                 if r.describe().endswith("mul(sum1(softmax1(a)), sum1(softmax1(a))) => sum1(softmax1(a))"))
+    out = run_generated_case([draw_unit(random.Random(19), index, rules[index])], seed=19)
+    assert out.dtype == "float64" and out.own == {0}
+    assert out.status == "ok", out.detail
