@@ -131,5 +131,10 @@ def test_named_rows_price_the_parts_at_their_vertices() -> None:
         assert node_work(plain.graph, v).bytes - node_work(named.graph, v).bytes == 2 * (row.shape[0] - rows) * width
     cost = get_cost_model("h100")
     assert cost.node_seconds(named.graph, sums[0]) < cost.node_seconds(plain.graph, sums[0])
+    from peakcut.ir.serialize import graph_from_json, graph_to_json
+
+    again = graph_from_json(graph_to_json(named.graph))
+    assert [again.nodes[v].tags.get(NamedRowsTag) for v in sums] == [named.graph.nodes[v].tags.get(NamedRowsTag)
+                                                                     for v in sums]
     with pytest.raises(ValueError, match="one per part"):
         split_edge_chains(g, g.order, forward, 4, named_rows={index: [3, 5]})
