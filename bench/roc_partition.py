@@ -222,7 +222,9 @@ def part_prices(g: Graph, chains: Sequence[EdgeChain], offsets: Sequence[int], c
     destination index priced at the vertices each part adds into: named_rows)."""
     prices = np.zeros((len(chains), len(offsets) - 1))
     for i, c in enumerate(chains):
-        r, reasons = split_edge_chains(g, g.order, [c], len(offsets) - 1, boundaries=offsets, named_rows=named_rows)
+        index = g.nodes[c.sink].args[2].id
+        mine = {t: rows for t, rows in named_rows.items() if t == index}
+        r, reasons = split_edge_chains(g, g.order, [c], len(offsets) - 1, boundaries=offsets, named_rows=mine)
         if r is None:
             raise ValueError(f"chain {g.nodes[c.sink].name}: {reasons[0]}")
         for v in r.added:

@@ -151,12 +151,13 @@ def _param_unit(name: str, autocast: bool = False) -> int:
 
 def compare_run(model: UnitsModel, batch: tuple[torch.Tensor, ...], autocast: bool, recipe: Any,
                 program: Graph, order: list[int], tol: float, seed: int,
-                reports: dict[int, LoopReport]) -> None:
+                reports: dict[int, LoopReport], step_tol: float = 0.0) -> None:
     """`STEPS` steps of eager and of the program (bench.fuzz.loop.run_user_loop's loop), each
     value compared by its unit's comparer (LOSS: the loss's). Under autocast every value goes
     to LOSS's: norm-wise, all gradients (parameters, state) of the case together, as the
     harness judges a model (a unit's gradient that is zero up to rounding is noise in eager
-    and in any program, and proves nothing alone)."""
+    and in any program, and proves nothing alone). step_tol: one step's tolerance, by which
+    an eager loop's gradients are nudged to show what the optimizer makes of such differences."""
     def loss_fn(m: torch.nn.Module, b: Any) -> torch.Tensor:
         if autocast:
             with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -167,7 +168,7 @@ def compare_run(model: UnitsModel, batch: tuple[torch.Tensor, ...], autocast: bo
     compare = {u: _Compare(r) for u, r in reports.items()}
     ref = _EagerLoop(model, loss_fn, loop)
     precise = _EagerLoop(model, lambda m, b: m(*b), loop) if autocast else None
-    nudged = None if autocast else _EagerLoop(model, loss_fn, loop, nudge=tol)
+    nudged = None if autocast else _EagerLoop(model, loss_fn, loop, nudge=step_tol)
     ours = copy.deepcopy(model)
     our_opt = loop.make_optimizer(ours)
     step = Step(program, order, optimizer=our_opt)
@@ -242,7 +243,8 @@ def run_generated_case(specs: list[UnitSpec], seed: int, runs: int = 1,
                 torch.manual_seed(seed * 1000 + r)
                 model = UnitsModel(specs, dtype).train()
                 batch = model.make_batch(dtype)
-            compare_run(model, batch, autocast, recipe, program, order, tol, seed * 1000 + r, reports)
+            compare_run(model, batch, autocast, recipe, program, order, tol, seed * 1000 + r, reports,
+                        step_tol=0.0 if autocast else rounding_tolerance(dtype, largest, 1))
             out.runs += 1
         for u, rep in reports.items():
             out.worst[u] = rep.worst

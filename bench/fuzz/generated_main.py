@@ -4,8 +4,10 @@ training steps until each has been applied in `cases_per_rule` cases (bench.fuzz
 Rounds: the rules short of their cases are shuffled and dealt evenly into cases of at most
 `units` units (each case one capture: a random dtype, optimizer and sizes per unit); a rule
 counts a case when one of its sites was applied in it (its own unit's or any other). A rule
-stops being drawn when it has its cases, or when none of its first `tries` units got its own
-site (it is then reported with the reasons). The table: per rule the cases it was applied in, how
+stops being drawn when it has its cases, or when none of its first `tries` units outside
+autocast got its own site (it is then reported with the reasons); under bf16 autocast a
+matmul's operands are cast first, so a source with a matmul has no site there, and such a
+rule takes its cases from the float32 and float64 ones. The table: per rule the cases it was applied in, how
 many kept eager's numbers, how many did not, and its largest difference as a fraction of
 what is allowed.
 
@@ -48,6 +50,7 @@ class Tally:
     text: str
     drawn: int = 0                  # units of it drawn
     own: int = 0                    # of which its own site was applied
+    missed_autocast: int = 0        # of which in a case under bf16 autocast, its own site not applied
     cases: int = 0                  # cases where any site of it was applied
     runs: int = 0                   # eager comparisons of those cases
     ok: int = 0
@@ -149,7 +152,7 @@ def fuzz_generated(rules: Sequence[int] | None = None, cases_per_rule: int = 100
     try:
         while until is None or time.perf_counter() - t0 < until:
             pending = [i for i, t in tallies.items()
-                       if t.cases < cases_per_rule and not (t.drawn >= tries and t.own == 0)
+                       if t.cases < cases_per_rule and not (t.drawn - t.missed_autocast >= tries and t.own == 0)
                        and t.drawn < 3 * cases_per_rule]
             if not pending:
                 break
@@ -194,6 +197,7 @@ def _count(tallies: dict[int, Tally], out: GenOutcome) -> None:
         t.own += j in out.own
         if j in out.missed:
             t.missed[out.missed[j]] += 1
+            t.missed_autocast += out.dtype == "bf16 autocast"
     for index in out.applied if out.status != "crash" else {s.index for s in out.specs}:
         if index not in tallies:       # a rule outside the selection applied at some other site
             continue
@@ -267,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.resume and (args.record is None or not args.record.exists()):
         p.error("--resume needs --record naming an existing record")
+    if args.record is not None and args.record.exists() and not args.resume:
+        p.error(f"--record {args.record} exists: --resume goes on from it (or remove it to start afresh)")
     console = Console(width=max(150, Console().width))
     all_rules = search_rule().rules()
     index = {r.name: i for i, r in enumerate(all_rules)}
@@ -297,4 +303,4 @@ def main(argv: list[str] | None = None) -> int:
     result = fuzz_generated(picked, args.cases_per_rule, args.seed, args.units, args.runs, jobs=args.jobs,
                             report=progress, record=record, until=args.until)
     console.print(rule_table(result))
-    return summary(console, result, args.cases_per_rule, record)
+    return summary(console, result, args.cases_per_rule, record if args.record is not None else None)

@@ -138,3 +138,5 @@ def test_named_rows_price_the_parts_at_their_vertices() -> None:
                                                                      for v in sums]
     with pytest.raises(ValueError, match="one per part"):
         split_edge_chains(g, g.order, forward, 4, named_rows={index: [3, 5]})
+    with pytest.raises(ValueError, match="index of none"):
+        split_edge_chains(g, g.order, forward, 4, named_rows={index + 10_000: [1, 1, 1, 1]})

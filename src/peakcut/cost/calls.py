@@ -7,9 +7,10 @@ the same key cost the same, so both cost models cache per key. Devices are rende
 A run-time scalar (ir.node.Hyper: an optimizer hyper-parameter the program reads at every
 call) is rendered as ``hyper``: its name and captured value do not change what the call
 costs, so the update's calls of every parameter of one shape share one key (BERT-base's
-AdamW: 595 keys in all with names, 207 without). An in-place index_add_ that names fewer rows
-of its destination than its index is long (ir.tags.NamedRowsTag) adds them to its key and is
-priced at those rows.
+AdamW: 595 keys in all with names, 207 without). An in-place index_add_ that carries the rows
+its index names (ir.tags.NamedRowsTag) adds them to its key, and its work (node_work, which the
+analytic and fitted prices read) counts those rows of its destination; a measured price times
+the call on synthetic indices, whatever the rows.
 """
 
 from __future__ import annotations

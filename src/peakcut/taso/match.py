@@ -204,7 +204,7 @@ def find_matches(g: Graph, rules: Sequence[Rule], order: Iterable[int] | None = 
     """Every site of every rule in g, by node in `order` (g.order by default), then rule (in
     the order of `rules` among those whose source's top two levels fit the node's)."""
     index = _rule_index(rules)
-    rank = {r.name: i for i, r in enumerate(rules)}
+    rank = {id(r): i for i, r in enumerate(rules)}
     kinds: Kinds = {}
     found = []
     for nid in g.order if order is None else order:
@@ -217,7 +217,7 @@ def find_matches(g: Graph, rules: Sequence[Rule], order: Iterable[int] | None = 
             p = g.producer(t)
             sub = _kind(g, p, kinds) if p is not None else None
             children.append(None if sub is None else sub[0])
-        for r in sorted(_candidates(index, got[0], tuple(children)), key=lambda r: rank[r.name]):
+        for r in sorted(_candidates(index, got[0], tuple(children)), key=lambda r: rank[id(r)]):
             m = match(g, r, out, kinds)
             if m is not None:
                 found.append(m)
