@@ -311,12 +311,12 @@ def split_edge_chains(g: Graph, order: Sequence[int], chains: Sequence[EdgeChain
     if boundaries is not None:
         edge_ranges(int(boundaries[-1]) if len(boundaries) else 0, parts, boundaries)
     indexes = {c.sink: g.nodes[c.sink].args[2] for c in chains if c.sink in g.nodes and len(g.nodes[c.sink].args) > 2}
-    for t, rows in (named_rows or {}).items():
+    for t, counts in (named_rows or {}).items():
         if not any(isinstance(i, TensorRef) and i.id == t for i in indexes.values()):
             raise ValueError(f"named_rows: tensor {t} is the index of none of the chains' sums")
-        if len(rows) != parts or any(int(r) < 1 for r in rows):
+        if len(counts) != parts or any(int(r) < 1 for r in counts):
             raise ValueError(f"named_rows[{t}]: {parts} positive row counts expected (one per part), "
-                             f"got {list(rows)[:8]}")
+                             f"got {list(counts)[:8]}")
     reasons: list[str | None] = [why_not_split(g, c, parts) for c in chains]
     if boundaries is not None:
         reasons = [r if r is not None or c.edges == boundaries[-1] else
