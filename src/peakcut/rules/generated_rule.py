@@ -20,7 +20,7 @@ from peakcut.rules.base import RewriteRule
 from peakcut.rules.query import Query
 from peakcut.taso import Rule, load
 from peakcut.taso.calls import Ref, calls
-from peakcut.taso.match import Match, find_matches, match
+from peakcut.taso.match import Match, RuleIndex, find_matches, match
 from peakcut.taso.term import size
 from peakcut.transform.rewrite import Rewrite, RuleError
 from peakcut.transform.site import RewriteSite
@@ -48,6 +48,7 @@ class GeneratedRule(RewriteRule):
 
     def __init__(self, rules: Sequence[Rule] | None = None) -> None:
         self._given = None if rules is None else _shrinking(rules)
+        self._index: RuleIndex | None = None
 
     def rules(self) -> tuple[Rule, ...]:
         """The rules used: the shrinking ones of those given, or of the shipped set."""
@@ -63,13 +64,20 @@ class GeneratedRule(RewriteRule):
     def describe(self, query: Query, site: RewriteSite) -> str:
         return f"generated: {site.description}"
 
+    def _rule_index(self) -> RuleIndex:
+        """The rules indexed for matching, built on first use (every state's scan reads it)."""
+        if self._index is None:
+            self._index = RuleIndex(self.rules())
+        return self._index
+
     def sites(self, query: Query) -> Iterator[RewriteSite]:
         rules = self.rules()
-        index = {r.name: i for i, r in enumerate(rules)}
-        for m in find_matches(query.g, rules, query.order):
+        index = self._rule_index()
+        for m in find_matches(query.g, index, query.order):
             node = query.g.producer(m.root)
             if node is not None:
-                yield RewriteSite(self.kind, (node,), rules[index[m.rule]].describe(), params=(index[m.rule],))
+                at = index.position[m.rule]
+                yield RewriteSite(self.kind, (node,), rules[at].describe(), params=(at,))
 
     def _plan(self, g: Graph, site: RewriteSite) -> Planned | str:
         rule = self.rule_of(site)

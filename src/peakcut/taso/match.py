@@ -178,20 +178,25 @@ def _child_keys(t: Term) -> tuple[str | None, ...]:
     return tuple(None if is_input(a) else a[0] for a in t[1:])
 
 
-def _rule_index(rules: Sequence[Rule]) -> dict[tuple[str, tuple[str | None, ...]], list[Rule]]:
-    """The rules by their source's op and its arguments' ops, in the order given."""
-    index: dict[tuple[str, tuple[str | None, ...]], list[Rule]] = {}
-    for r in rules:
-        if not is_input(r.src):
-            index.setdefault((r.src[0], _child_keys(r.src)), []).append(r)
-    return index
+class RuleIndex:
+    """Rules by their source's op and its arguments' ops, and each rule's position in the
+    order given: built once for a rule set, read by every scan of find_matches."""
+
+    def __init__(self, rules: Sequence[Rule]) -> None:
+        self.rules = tuple(rules)
+        self.by_key: dict[tuple[str, tuple[str | None, ...]], list[tuple[int, Rule]]] = {}
+        for i, r in enumerate(self.rules):
+            if not is_input(r.src):
+                self.by_key.setdefault((r.src[0], _child_keys(r.src)), []).append((i, r))
+        self.position = {r.name: i for i, r in enumerate(self.rules)}
 
 
-def _candidates(index: Mapping[tuple[str, tuple[str | None, ...]], list[Rule]], key: str,
-                children: tuple[str | None, ...]) -> list[Rule]:
-    """The rules whose source could match at a node read as `key` over arguments whose
-    producers read as `children`: each argument term an input or the producer's op."""
-    found: list[Rule] = []
+def _candidates(index: Mapping[tuple[str, tuple[str | None, ...]], list[tuple[int, Rule]]], key: str,
+                children: tuple[str | None, ...]) -> list[tuple[int, Rule]]:
+    """The rules (with their positions) whose source could match at a node read as `key` over
+    arguments whose producers read as `children`: each argument term an input or the
+    producer's op."""
+    found: list[tuple[int, Rule]] = []
     for mask in range(1 << len(children)):
         keys = tuple(None if mask >> i & 1 else c for i, c in enumerate(children))
         if mask and any(c is None for i, c in enumerate(children) if mask >> i & 1):
@@ -200,11 +205,10 @@ def _candidates(index: Mapping[tuple[str, tuple[str | None, ...]], list[Rule]], 
     return found
 
 
-def find_matches(g: Graph, rules: Sequence[Rule], order: Iterable[int] | None = None) -> list[Match]:
+def find_matches(g: Graph, rules: Sequence[Rule] | RuleIndex, order: Iterable[int] | None = None) -> list[Match]:
     """Every site of every rule in g, by node in `order` (g.order by default), then rule (in
     the order of `rules` among those whose source's top two levels fit the node's)."""
-    index = _rule_index(rules)
-    rank = {id(r): i for i, r in enumerate(rules)}
+    index = rules if isinstance(rules, RuleIndex) else RuleIndex(rules)
     kinds: Kinds = {}
     found = []
     for nid in g.order if order is None else order:
@@ -217,7 +221,7 @@ def find_matches(g: Graph, rules: Sequence[Rule], order: Iterable[int] | None = 
             p = g.producer(t)
             sub = _kind(g, p, kinds) if p is not None else None
             children.append(None if sub is None else sub[0])
-        for r in sorted(_candidates(index, got[0], tuple(children)), key=lambda r: rank[id(r)]):
+        for _, r in sorted(_candidates(index.by_key, got[0], tuple(children)), key=lambda pr: pr[0]):
             m = match(g, r, out, kinds)
             if m is not None:
                 found.append(m)
