@@ -82,3 +82,20 @@ def test_measure_fills_the_table_and_the_fit(tmp_path: Path) -> None:
     assert model.measure(jobs) == 3
     assert all(model.has(j.key) for j in jobs) and model.fit_points == 3
     assert model.measure(jobs) == 0                    # known keys are not measured again
+
+
+def test_a_call_far_beyond_its_family_points_takes_the_ratio_measured_nearest_its_size() -> None:
+    """Launch-bound addmm calls of 1 KFLOP fit a line that prices a 24 GFLOP addmm at minutes;
+    beyond the points' reach the call takes measured / analytic of the largest calls measured
+    (a 24 GFLOP mm here), and a lone outlier point does not price calls 80 times its size."""
+    fit = FittedPrices()
+    fit.add(Work("aten.addmm.default:float32", 1024.0, 960.0, 4.04e-6), 5.66e-5)
+    fit.add(Work("aten.addmm.default:float32", 256.0, 424.0, 4.02e-6), 1.06e-5)
+    fit.add(Work("aten.mm.default:float32", 2.4e10, 1.58e8, 0.12), 0.122)
+    fit.add(Work("aten._softmax_backward_data.default:float32", 4096.0, 24576.0, 5.0e-6), 7.9e-3)
+    big = Work("aten.addmm.default:float32", 2.4e10, 1.58e8, 0.12)
+    assert fit.price(big) == (pytest.approx(0.122), "scaled")
+    softmax = Work("aten._softmax_backward_data.default:float32", 1.57e6, 9.4e6, 4.0e-4)
+    assert fit.price(softmax) == (pytest.approx(4.0e-4 * 0.122 / 0.12), "scaled")
+    small = Work("aten.addmm.default:float32", 512.0, 600.0, 4.03e-6)       # within reach: the family's fit
+    assert fit.price(small)[0] < 1e-4

@@ -13,11 +13,20 @@ coefficient is kept. Otherwise, or where it fits the family's points worse, the 
 the analytic profile's estimate of the call scaled by the median of measured / analytic
 over the family's points, or over every point when the family has none (with no point at
 all: the analytic estimate as is). Fits are made again lazily, after new points.
+
+A call beyond the points' reach (more than REACH times their largest FLOPs or bytes, or
+their largest analytic estimate) is priced by the ratio measured nearest its size: the
+analytic estimate scaled by measured / analytic at the family's largest points (where the
+call is within FAMILY_NEAR times their analytic estimate), or at every family's largest
+where those are nearer. A line fitted to small calls says little about one a thousand times
+larger (launch-bound 1 KFLOP addmm calls extrapolated to a 24 GFLOP one give minutes); it is
+kept beyond its reach only where it agrees with that price within AGREE times.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -25,6 +34,13 @@ import numpy as np
 
 MIN_SECONDS = 1e-7
 """The least price a fit gives (a call is never free)."""
+REACH = 2.0
+"""How far beyond its points' largest FLOPs, bytes and analytic estimate a family's fit prices."""
+AGREE = 4.0
+"""Beyond its reach, a linear fit is kept where it is within this factor of the scaled price."""
+FAMILY_NEAR = 16.0
+"""Beyond its reach, a family's own ratio prices a call within this factor of its largest points'
+analytic estimate; a larger one takes every family's largest points' ratio."""
 
 
 @dataclass(frozen=True)
@@ -41,17 +57,44 @@ class Work:
 
 
 @dataclass(frozen=True)
+class _Largest:
+    """Measured / analytic at the largest points (those within half the largest analytic
+    estimate), and that estimate."""
+
+    ratio: float
+    analytic: float
+
+    @staticmethod
+    def of(points: list[tuple[Work, float]]) -> _Largest | None:
+        measured = [(w.analytic, s / w.analytic) for w, s in points if w.analytic > 0 and s > 0]
+        if not measured:
+            return None
+        top = max(a for a, _ in measured)
+        return _Largest(statistics.median(r for a, r in measured if a >= top / 2), top)
+
+    def distance(self, analytic: float) -> float:
+        return abs(math.log(max(analytic, MIN_SECONDS) / self.analytic))
+
+
+@dataclass(frozen=True)
 class _Fit:
-    """One family's price: linear coefficients (a, b, c) or, when None, analytic x scale."""
+    """One family's price: linear coefficients (a, b, c) or, when None, analytic x scale;
+    `reach` the largest FLOPs, bytes and analytic estimate of its points."""
 
     coef: tuple[float, float, float] | None
     scale: float
+    reach: tuple[float, float, float] = (math.inf, math.inf, math.inf)
+    largest: _Largest | None = None
 
     def seconds(self, work: Work) -> float:
         if self.coef is None:
             return max(MIN_SECONDS, work.analytic * self.scale)
         a, b, c = self.coef
         return max(MIN_SECONDS, a + b * work.flops + c * work.bytes)
+
+    def within_reach(self, work: Work) -> bool:
+        flops, nbytes, analytic = self.reach
+        return work.flops <= REACH * flops and work.bytes <= REACH * nbytes and work.analytic <= REACH * analytic
 
 
 def _ratio_scale(points: list[tuple[Work, float]]) -> float | None:
@@ -95,6 +138,7 @@ class FittedPrices:
         self._points: dict[str, list[tuple[Work, float]]] = {}
         self._fits: dict[str, _Fit] = {}
         self._scale: float | None = None     # every point's median measured / analytic
+        self._largest: _Largest | None = None   # every family's largest points
         self.points = 0
 
     def add(self, work: Work, seconds: float) -> None:
@@ -104,6 +148,7 @@ class FittedPrices:
         self._points.setdefault(work.family, []).append((work, seconds))
         self._fits.pop(work.family, None)
         self._scale = None
+        self._largest = None
         self.points += 1
 
     def price(self, work: Work) -> tuple[float, str]:
@@ -111,17 +156,32 @@ class FittedPrices:
         linear fit), "scaled" (analytic x the family's or every family's measured ratio) or
         "analytic" (no point yet)."""
         fit = self._fit(work.family)
-        if fit is not None:
+        if fit is not None and fit.within_reach(work):
             return fit.seconds(work), "fitted" if fit.coef is not None else "scaled"
         scale = self._global_scale()
         if scale is None:
             return max(MIN_SECONDS, work.analytic), "analytic"
-        return max(MIN_SECONDS, work.analytic * scale), "scaled"
+        if fit is None and work.analytic <= REACH * self._global_largest().analytic:
+            return max(MIN_SECONDS, work.analytic * scale), "scaled"
+        family = fit.largest if fit is not None else None
+        near = [x for x in (family, self._global_largest())
+                if x is not None and (x is not family or x.distance(work.analytic) <= math.log(FAMILY_NEAR))]
+        nearest = min(near, key=lambda x: x.distance(work.analytic))
+        scaled = max(MIN_SECONDS, work.analytic * nearest.ratio)
+        if fit is not None and fit.coef is not None and scaled / AGREE <= fit.seconds(work) <= scaled * AGREE:
+            return fit.seconds(work), "fitted"
+        return scaled, "scaled"
 
     def _global_scale(self) -> float | None:
         if self._scale is None and self.points:
             self._scale = _ratio_scale([p for family in self._points.values() for p in family])
         return self._scale
+
+    def _global_largest(self) -> _Largest:
+        if self._largest is None:
+            found = _Largest.of([p for family in self._points.values() for p in family])
+            self._largest = found if found is not None else _Largest(self._global_scale() or 1.0, MIN_SECONDS)
+        return self._largest
 
     def _fit(self, family: str) -> _Fit | None:
         fit = self._fits.get(family)
@@ -131,11 +191,12 @@ class FittedPrices:
         if not points:
             return None
         scale = _ratio_scale(points)
-        scaled = _Fit(None, scale if scale is not None else (self._global_scale() or 1.0))
+        reach = (max(w.flops for w, _ in points), max(w.bytes for w, _ in points), max(w.analytic for w, _ in points))
+        scaled = _Fit(None, scale if scale is not None else (self._global_scale() or 1.0), reach, _Largest.of(points))
         coef = _linear(points)
         fit = scaled
         if coef is not None:
-            linear = _Fit(coef, scaled.scale)
+            linear = _Fit(coef, scaled.scale, reach, scaled.largest)
             if _relative_error(linear, points) <= _relative_error(scaled, points):
                 fit = linear
         self._fits[family] = fit
