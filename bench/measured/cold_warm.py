@@ -138,7 +138,8 @@ def markdown(pairs: list[dict[str, Any]], env: str, budget: float = BUDGET) -> s
 def environment() -> str:
     return (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
             f"{torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
-            f"{os.getloadavg()[1]:.1f} over the last 5 minutes (2 cores: above 2, other processes slowed every step)")
+            f"{os.getloadavg()[1]:.1f} over the last 5 minutes ({os.cpu_count()} cores; above that, other processes "
+            "slowed every step)")
 
 
 def main(names: list[str], budget: float = BUDGET, write: bool = True) -> str:
