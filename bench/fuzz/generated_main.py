@@ -14,8 +14,8 @@ what is allowed.
 A run is long (every rule in 100 cases is hours of CPU), so `--record FILE` keeps the
 tallies in a JSON file after every case and `--resume` goes on from it: a resumed run deals its
 rounds from the record's tallies, and its cases' seeds follow the record's last, so no case
-is run twice. `--until SECONDS` stops after the case that
-passes that wall time (the record then says how far it got).
+is run twice. `--until SECONDS` stops after the case that passes that wall time, counting the
+cases other workers are running then (the record then says how far it got).
 """
 
 from __future__ import annotations
@@ -148,6 +148,19 @@ def fuzz_generated(rules: Sequence[int] | None = None, cases_per_rule: int = 100
     outcomes: list[GenOutcome] = []
     t0 = time.perf_counter()
     spent = record.seconds
+
+    def take(out: GenOutcome) -> None:
+        outcomes.append(out)
+        _count(tallies, out)
+        record.cases += 1
+        record.seconds = spent + time.perf_counter() - t0
+        if out.status != "ok":
+            record.not_ok.append({"seed": out.seed, "status": out.status, "dtype": out.dtype,
+                                  "rules": sorted(all_rules[i].name for i in out.applied),
+                                  "detail": out.detail[:1000]})
+        if report is not None:
+            report(out)
+
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) if jobs > 1 else None
     try:
         while until is None or time.perf_counter() - t0 < until:
@@ -164,20 +177,12 @@ def fuzz_generated(rules: Sequence[int] | None = None, cases_per_rule: int = 100
                      for n in range(count)]
             futures = [pool.submit(_one, c) for c in cases] if pool is not None else []
             done = (f.result() for f in futures) if pool is not None else (run_generated_case(*c) for c in cases)
-            for out in done:
-                outcomes.append(out)
-                _count(tallies, out)
-                record.cases += 1
-                record.seconds = spent + time.perf_counter() - t0
-                if out.status != "ok":
-                    record.not_ok.append({"seed": out.seed, "status": out.status, "dtype": out.dtype,
-                                          "rules": sorted(all_rules[i].name for i in out.applied),
-                                          "detail": out.detail[:1000]})
-                if report is not None:
-                    report(out)
+            for k, out in enumerate(done):
+                take(out)
                 if until is not None and time.perf_counter() - t0 >= until:
-                    for f in futures:
-                        f.cancel()
+                    # the cases not started are dropped; those running end and are counted
+                    for f in [f for f in futures[k + 1:] if not f.cancel()]:
+                        take(f.result())
                     break
     finally:
         if pool is not None:
