@@ -180,7 +180,7 @@ def fuzz_generated(rules: Sequence[int] | None = None, cases_per_rule: int = 100
             for k, out in enumerate(done):
                 take(out)
                 if until is not None and time.perf_counter() - t0 >= until:
-                    # the cases not started are dropped; those running end and are counted
+                    # the cases not handed to the pool are dropped; those handed to it end and are counted
                     for f in [f for f in futures[k + 1:] if not f.cancel()]:
                         take(f.result())
                     break

@@ -136,9 +136,10 @@ def markdown(pairs: list[dict[str, Any]], env: str, budget: float = BUDGET) -> s
 
 
 def environment() -> str:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
             f"{torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
-            f"{os.getloadavg()[1]:.1f} over the last 5 minutes ({os.cpu_count()} cores; above that, other processes "
+            f"{os.getloadavg()[1]:.1f} over the last 5 minutes ({cores} cores; above that, other processes "
             "slowed every step)")
 
 

@@ -99,3 +99,18 @@ def test_a_call_far_beyond_its_family_points_takes_the_ratio_measured_nearest_it
     assert fit.price(softmax) == (pytest.approx(4.0e-4 * 0.122 / 0.12), "scaled")
     small = Work("aten.addmm.default:float32", 512.0, 600.0, 4.03e-6)       # within reach: the family's fit
     assert fit.price(small)[0] < 1e-4
+
+
+def test_host_copies_and_calls_without_an_analytic_estimate_keep_their_line_at_any_size() -> None:
+    """A copy's line (latency + bytes / bandwidth) holds far beyond its points; a call the
+    analytic profile prices at 0 has nothing to scale; a big matmul elsewhere sets no price for either."""
+    fit = FittedPrices()
+    for n in (1 << 16, 1 << 18, 1 << 20):
+        fit.add(Work("copy:to_host", 0.0, float(n), n / 2e10), 5e-6 + n / 1e10)
+    fit.add(Work("aten.mm.default:float32", 2.4e10, 1.58e8, 0.12), 0.122)
+    huge = Work("copy:to_host", 0.0, float(1 << 30), (1 << 30) / 2e10)
+    assert fit.price(huge) == (pytest.approx(5e-6 + (1 << 30) / 1e10), "fitted")
+    for n in (1 << 10, 1 << 12):
+        fit.add(Work("aten.empty.memory_format:float32", 0.0, float(n), 0.0), 3e-6)
+    seconds, _ = fit.price(Work("aten.empty.memory_format:float32", 0.0, float(1 << 24), 0.0))
+    assert seconds == pytest.approx(3e-6, rel=0.01)

