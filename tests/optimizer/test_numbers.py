@@ -274,3 +274,17 @@ def test_a_tensor_the_step_writes_in_place_is_put_back_and_not_held_against_a_pl
     numbers = plan.report["verification"]["numbers"]
     assert not numbers["rejected"], numbers["rejected"]
     assert float(CALLS) == 0.0                 # verification trains nothing, counters included
+
+
+def test_the_checks_time_is_priced_for_the_values_it_fingerprints() -> None:
+    """optimize keeps time for the numbers check's fingerprints (check_seconds): a step's
+    parameters, buffers and AdamW moments, timed here."""
+    from peakcut.optimizer.numbers import CHANGED_INPUTS, check_seconds
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.BatchNorm1d(256), nn.Linear(256, 8))
+    batch = (torch.randn(16, 64), torch.randint(0, 8, (16,)))
+    g = peakcut.capture(model, batch, cross_entropy_loss, torch.optim.AdamW(model.parameters()))
+    changed = [n for n in g.input_names if n.startswith(CHANGED_INPUTS)]
+    assert any(n.startswith("state:") for n in changed) and any(n.startswith("buffer:") for n in changed)
+    assert check_seconds(g) > 0

@@ -44,6 +44,7 @@ from peakcut.optimizer.data_parallel import check_same_program, check_same_step,
 from peakcut.optimizer.derive import Deriver
 from peakcut.optimizer.held_floor import HOST_DEVICES, held_floor_refusal
 from peakcut.optimizer.limit_messages import search_shortfall, whole_op
+from peakcut.optimizer.numbers import check_seconds
 from peakcut.optimizer.objective import Objective, parse_latency_limit, parse_memory_limit
 from peakcut.optimizer.optimized import Optimized
 from peakcut.optimizer.parallel import isolated, parallel_search
@@ -431,8 +432,11 @@ class _Planner:
         if calibration is not None and calibration.eager_step_s > 0:    # sized on a warm eager step
             # eager and one plan; under a latency limit the untransformed step too (3 programs)
             programs = 2 if self.memory_limit is not None else 3
-            least = needed_seconds(calibration.eager_step_s, programs)
-            wanted = max(keep, shares.VERIFY_MARGIN * needed_seconds(calibration.eager_step_s, programs, MIN_ROUNDS))
+            # the numbers check fingerprints every program's updates once (optimizer.numbers)
+            checking = programs * check_seconds(g)
+            least = needed_seconds(calibration.eager_step_s, programs) + checking
+            wanted = max(keep, shares.VERIFY_MARGIN * (needed_seconds(calibration.eager_step_s, programs, MIN_ROUNDS)
+                                                      + checking))
             # the search's share first (optimize_graph keeps REPRICE_SHARE of its budget after
             # the search), unless verifying one plan needs more
             searching = shares.SEARCH_SHARE * final_share / (1 - shares.REPRICE_SHARE)

@@ -69,6 +69,10 @@ NOISE_RATIO = 0.25
 FIRST_MOMENT, SECOND_MOMENT = "exp_avg", "exp_avg_sq"
 FINGERPRINT_BYTES = 3 * 8
 MIN_GROUP = 4
+TIMING_SAMPLE = 1 << 22
+"""Values fingerprinted once to time it here (16 MB of float32: past the caches, as the step's are)."""
+CHANGED_INPUTS = ("param:", "state:", "buffer:")
+"""The step's inputs whose values the check fingerprints after each run (their updates)."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +233,21 @@ def fingerprint(value: torch.Tensor, key: str, before: torch.Tensor | None = Non
         zlib.crc32(key.encode())))
     dot = float(x.mul_(probe.mul_(2).sub_(1)).sum())
     return Fingerprint(x.numel(), value.dim(), total, norm, dot), extra + 9 * x.numel()
+
+
+def check_seconds(g: Graph) -> float:
+    """About what fingerprinting one run of step `g` takes on this machine (module doc): its
+    parameters', buffers' and optimizer state's values x the time of a fingerprint of
+    TIMING_SAMPLE values, timed here. On BTLM-3B at medium size (858 million values) about 7 s
+    a run on the 2-core development VM, three times in a latency limit's check: more than the
+    step's own 2 s."""
+    values = sum(g.tensors[t].numel for t, name in zip(g.inputs, g.input_names, strict=True)
+                 if name.startswith(CHANGED_INPUTS))
+    sample = torch.ones(TIMING_SAMPLE)
+    before = torch.zeros(TIMING_SAMPLE)
+    t0 = time.perf_counter()
+    fingerprint(sample, "timing", before)
+    return (time.perf_counter() - t0) * values / TIMING_SAMPLE
 
 
 def take(loss: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
