@@ -151,6 +151,7 @@ class FittedPrices:
         self._fits: dict[str, _Fit] = {}
         self._scale: float | None = None     # every point's median measured / analytic
         self._largest: _Largest | None = None   # every family's largest points (host copies' aside)
+        self._largest_known = False
         self.points = 0
 
     def add(self, work: Work, seconds: float) -> None:
@@ -160,7 +161,7 @@ class FittedPrices:
         self._points.setdefault(work.family, []).append((work, seconds))
         self._fits.pop(work.family, None)
         self._scale = None
-        self._largest = None
+        self._largest_known = False
         self.points += 1
 
     def price(self, work: Work) -> tuple[float, str]:
@@ -192,9 +193,10 @@ class FittedPrices:
 
     def _global_largest(self) -> _Largest | None:
         """Every family's largest points but host copies' (whose lines hold at any size)."""
-        if self._largest is None:
+        if not self._largest_known:
             self._largest = _Largest.of([p for family, points in self._points.items()
                                          if not family.startswith(COPY_FAMILY) for p in points])
+            self._largest_known = True
         return self._largest
 
     def _fit(self, family: str) -> _Fit | None:
