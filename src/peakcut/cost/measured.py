@@ -47,7 +47,7 @@ from peakcut.cost.analytic import AnalyticCostModel
 from peakcut.cost.cache import SCHEMA_VERSION, CostCache, CostEntry
 from peakcut.cost.calls import call_key, copy_key, is_swap, node_work, swap_transfer
 from peakcut.cost.fingerprint import device_fingerprint
-from peakcut.cost.fitted import FittedPrices, Work
+from peakcut.cost.fitted import COPY_FAMILY, FittedPrices, Work
 from peakcut.cost.inputs import VALUE_CHECKED_OPS, call_bytes, error_line, real_call
 from peakcut.cost.mix import mix_calls, mix_operands
 from peakcut.cost.overhead import line_overhead_seconds
@@ -224,7 +224,7 @@ class MeasuredCostModel:
         (FittedPrices.price: "fitted", "scaled" or "analytic")."""
         work = self._work_of(job)
         seconds, how = self._fit.price(work)
-        if not work.family.startswith("copy:"):
+        if not work.family.startswith(COPY_FAMILY):
             seconds += self.line_overhead_seconds
         return seconds * self.context, how
 
