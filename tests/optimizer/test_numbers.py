@@ -288,3 +288,29 @@ def test_the_checks_time_is_priced_for_the_values_it_fingerprints() -> None:
     changed = [n for n in g.input_names if n.startswith(CHANGED_INPUTS)]
     assert any(n.startswith("state:") for n in changed) and any(n.startswith("buffer:") for n in changed)
     assert check_seconds(g) > 0
+
+
+def test_a_fingerprint_over_several_chunks_is_the_values_sum_norm_and_a_sign_probe() -> None:
+    """fingerprint works CHUNK values at a time: its sum and norm are the float64 ones of
+    value - before; its probe is +-1 per value (a vector of ones gives a sum of signs within
+    PROBE_SIGMAS standard deviations of zero), the same for one name and linear in the value;
+    a permutation across chunks (the sum and norm kept) moves the dot product."""
+    from peakcut.optimizer.numbers import CHUNK, PROBE_SIGMAS, fingerprint
+
+    n = 2 * CHUNK + CHUNK // 2 + 3
+    g = torch.Generator().manual_seed(0)
+    value, before = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    f, used = fingerprint(value.view(-1, 1), "param:w", before.view(-1, 1))
+    diff = value.double() - before.double()
+    length = float(diff.norm())
+    assert (f.numel, f.ndim) == (n, 2) and used > 0
+    assert math.isclose(f.sum, float(diff.sum()), rel_tol=0, abs_tol=1e-9 * length * math.sqrt(n))
+    assert math.isclose(f.norm, length, rel_tol=1e-12)
+    signs = fingerprint(torch.ones(n), "param:w")[0].dot
+    assert float(signs).is_integer() and abs(signs) < PROBE_SIGMAS * math.sqrt(n)
+    a, b = fingerprint(value, "param:w")[0], fingerprint(before, "param:w")[0]
+    both = fingerprint(value + before, "param:w")[0]
+    assert math.isclose(both.dot, a.dot + b.dot, rel_tol=0, abs_tol=1e-6 * math.sqrt(n))
+    flipped = fingerprint(value.flip(0), "param:w")[0]
+    assert math.isclose(flipped.norm, a.norm, rel_tol=1e-12)
+    assert abs(flipped.dot - a.dot) > PROBE_SIGMAS * 1e-6 * a.norm

@@ -11,7 +11,9 @@ the loss, and a fingerprint of each value the step changes: a trainable paramete
 the entry value, or zeros for state the step creates), and the gradient left in .grad of a
 trainable parameter that no optimizer updates (all of them without an optimizer). A
 fingerprint is three float64 numbers: the sum, the norm, and the dot product with a fixed
-pseudo-random +-1 probe (seeded by the value's name), made on the host one tensor at a time.
+pseudo-random +-1 probe (seeded by the value's name: independent bits), made on the host
+CHUNK values at a time with float64 operands only (a mixed-dtype subtraction or product runs
+torch's slow path: 5x the time).
 
 Tolerance. `relative` (tolerance_for) comes from the dtypes of the candidates' graphs and
 their largest tensor K (an upper bound of any reduction's length): reductions accumulate in
@@ -39,8 +41,8 @@ update, in eager too); exp_avg and exp_avg_sq are judged as above and carry the 
 A candidate with a value that differs by more, values that are not the same set, or a
 non-finite value where eager's is finite (or the other way) does not compute eager's numbers.
 
-Memory: the fingerprints (FINGERPRINT_BYTES a value), a float64 copy of one tensor and its
-int8 probe at a time in host memory (and the tensor's host copy when it lives on a device),
+Memory: the fingerprints (FINGERPRINT_BYTES a value), two float64 chunks and one chunk's
+probe bits at a time in host memory (and the tensor's host copy when it lives on a device),
 and no snapshot beyond the entry state verification holds anyway (verify.Restore).
 """
 
@@ -69,6 +71,9 @@ NOISE_RATIO = 0.25
 FIRST_MOMENT, SECOND_MOMENT = "exp_avg", "exp_avg_sq"
 FINGERPRINT_BYTES = 3 * 8
 MIN_GROUP = 4
+CHUNK = 1 << 20
+"""Values fingerprinted at once (two float64 chunks: 16 MiB)."""
+_BIT_SHIFTS = torch.arange(8, dtype=torch.uint8)
 TIMING_SAMPLE = 1 << 22
 """Values fingerprinted once to time it here (16 MB of float32: past the caches, as the step's are)."""
 CHANGED_INPUTS = ("param:", "state:", "buffer:")
@@ -223,28 +228,40 @@ def fingerprint(value: torch.Tensor, key: str, before: torch.Tensor | None = Non
     if value.device.type != "cpu":
         value = value.to("cpu")
         extra = value.numel() * value.element_size()
-    x = torch.empty(value.shape, dtype=torch.float64)
-    x.copy_(value)
-    if before is not None and before.shape == value.shape:
-        x.sub_(before.to(torch.uint8) if before.dtype == torch.bool else before)
-    x = x.view(-1)
-    total, norm = float(x.sum()), float(torch.linalg.vector_norm(x))
-    probe = torch.randint(0, 2, x.shape, dtype=torch.int8, generator=torch.Generator().manual_seed(
-        zlib.crc32(key.encode())))
-    dot = float(x.mul_(probe.mul_(2).sub_(1)).sum())
-    return Fingerprint(x.numel(), value.dim(), total, norm, dot), extra + 9 * x.numel()
+    flat = value.reshape(-1)
+    base = None if before is None or before.shape != value.shape else before.detach().to("cpu").reshape(-1)
+    n = flat.numel()
+    x = torch.empty(min(n, CHUNK), dtype=torch.float64)
+    y = torch.empty_like(x)
+    probe = torch.Generator().manual_seed(zlib.crc32(key.encode()))
+    total = squares = dot = 0.0
+    for start in range(0, n, CHUNK):
+        m = min(CHUNK, n - start)
+        xs, ys = x[:m], y[:m]
+        xs.copy_(flat[start:start + m])
+        if base is not None:
+            xs.sub_(ys.copy_(base[start:start + m]))
+        part = float(xs.sum())
+        total += part
+        squares += float(torch.dot(xs, xs))
+        packed = torch.randint(0, 256, ((m + 7) // 8,), dtype=torch.uint8, generator=probe)
+        bits = packed.unsqueeze(1).bitwise_right_shift(_BIT_SHIFTS).bitwise_and_(1).view(-1)[:m]
+        dot += 2.0 * float(torch.dot(xs, ys.copy_(bits))) - part    # sum of x * (2 bit - 1)
+    used = x.numel() * (2 * x.element_size() + 1) + x.numel() // 8
+    return Fingerprint(n, value.dim(), total, math.sqrt(squares), dot), extra + used
 
 
 def check_seconds(g: Graph) -> float:
     """About what fingerprinting one run of step `g` takes on this machine (module doc): its
     parameters', buffers' and optimizer state's values x the time of a fingerprint of
-    TIMING_SAMPLE values, timed here. On BTLM-3B at medium size (858 million values) about 7 s
-    a run on the 2-core development VM, three times in a latency limit's check: more than the
-    step's own 2 s."""
+    TIMING_SAMPLE values, timed here (the second of two: the first pays for first touches).
+    On BTLM-3B at medium size (858 million values) about 2.3 s a run on the 2-core
+    development VM, three times in a latency limit's check: more than the step's own 2 s."""
     values = sum(g.tensors[t].numel for t, name in zip(g.inputs, g.input_names, strict=True)
                  if name.startswith(CHANGED_INPUTS))
     sample = torch.ones(TIMING_SAMPLE)
     before = torch.zeros(TIMING_SAMPLE)
+    fingerprint(sample, "timing", before)
     t0 = time.perf_counter()
     fingerprint(sample, "timing", before)
     return (time.perf_counter() - t0) * values / TIMING_SAMPLE
