@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch.multiprocessing as mp
 
 
 def _entry(rank: int, world: int, init_file: str, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+    faulthandler.enable(all_threads=True)    # a rank that crashes in C++ prints every Python thread's stack
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
     try:

@@ -13,6 +13,7 @@ import torch
 from peakcut.optimizer.arena import arena_entries
 from peakcut.optimizer.context import ContextCalibration, refit
 from peakcut.optimizer.limit_messages import measured_shortfall, none_ran
+from peakcut.optimizer.numbers import check_seconds
 from peakcut.optimizer.optimized import Optimized
 from peakcut.optimizer.report import estimate, plan_entries
 from peakcut.optimizer.shares import VERIFY_CANDIDATES
@@ -53,9 +54,11 @@ def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: An
     # what a step takes, for sizing the rounds: the warm eager step the calibration timed where
     # it is longer (where the in-context rounds were deferred, the model's figure is standalone)
     step_s = max(predicted, calibration.eager_step_s if calibration is not None else 0.0)
-    if seconds < needed_seconds(step_s):
+    # eager and one plan at the fewest rounds, and the numbers check's fingerprints of both
+    least = needed_seconds(step_s) + 2 * check_seconds(found.captured.program)
+    if seconds < least:
         report["verification"] = {"skipped": f"{seconds:.1f} s of the time budget left; running eager and one "
-                                  f"plan takes about {needed_seconds(step_s):.1f} s (raise time_budget)"}
+                                  f"plan takes about {least:.1f} s (raise time_budget)"}
         warnings.warn(f"peakcut: the plan was not verified by running it: {report['verification']['skipped']}; "
                       "its limit is met as predicted only", stacklevel=6)
         return found.best, found.feasible, ""
