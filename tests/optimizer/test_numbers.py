@@ -290,6 +290,22 @@ def test_the_checks_time_is_priced_for_the_values_it_fingerprints() -> None:
     assert check_seconds(g) > 0
 
 
+def test_the_check_prices_no_fingerprint_of_a_frozen_parameter() -> None:
+    """A frozen parameter (a LoRA model's base weights) is neither updated nor fingerprinted:
+    checked_values counts the trainable parameters, their AdamW state and the buffers."""
+    from peakcut.optimizer.numbers import checked_values
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.BatchNorm1d(256), nn.Linear(256, 8))
+    model[0].requires_grad_(False)
+    batch = (torch.randn(16, 64), torch.randint(0, 8, (16,)))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    g = peakcut.capture(model, batch, cross_entropy_loss, torch.optim.AdamW(trainable))
+    weights = sum(p.numel() for p in trainable)
+    buffers = sum(b.numel() for b in model.buffers())
+    assert checked_values(g) == 3 * weights + buffers         # each weight, its exp_avg and exp_avg_sq
+
+
 def test_a_fingerprint_over_several_chunks_is_the_values_sum_norm_and_a_sign_probe() -> None:
     """fingerprint works CHUNK values at a time: its sum and norm are the float64 ones of
     value - before; its probe is +-1 per value (a vector of ones gives a sum of signs within

@@ -251,20 +251,27 @@ def fingerprint(value: torch.Tensor, key: str, before: torch.Tensor | None = Non
     return Fingerprint(n, value.dim(), total, math.sqrt(squares), dot), extra + used
 
 
+def checked_values(g: Graph) -> int:
+    """The values the numbers check fingerprints after one run of step `g`: its trainable
+    parameters' (a frozen parameter, a LoRA model's base weights, is not fingerprinted), its
+    buffers' and its optimizer state's."""
+    trained = {f"param:{name}" for name in g.signature.requires_grad}
+    return sum(g.tensors[t].numel for t, name in zip(g.inputs, g.input_names, strict=True)
+               if name.startswith(CHANGED_INPUTS) and (not name.startswith("param:") or name in trained))
+
+
 def check_seconds(g: Graph) -> float:
-    """About what fingerprinting one run of step `g` takes on this machine (module doc): its
-    parameters', buffers' and optimizer state's values x the time of a fingerprint of
-    TIMING_SAMPLE values, timed here (the second of two: the first pays for first touches).
-    On BTLM-3B at medium size (858 million values) about 2.3 s a run on the 2-core
-    development VM, three times in a latency limit's check: more than the step's own 2 s."""
-    values = sum(g.tensors[t].numel for t, name in zip(g.inputs, g.input_names, strict=True)
-                 if name.startswith(CHANGED_INPUTS))
+    """About what fingerprinting one run of step `g` takes on this machine (module doc):
+    checked_values(g) x the time of a fingerprint of TIMING_SAMPLE values, timed here (the
+    second of two: the first pays for first touches). On BTLM-3B at medium size (858 million
+    values) about 3 s a run on the 2-core development VM, three runs in a latency limit's
+    check."""
     sample = torch.ones(TIMING_SAMPLE)
     before = torch.zeros(TIMING_SAMPLE)
     fingerprint(sample, "timing", before)
     t0 = time.perf_counter()
     fingerprint(sample, "timing", before)
-    return (time.perf_counter() - t0) * values / TIMING_SAMPLE
+    return (time.perf_counter() - t0) * checked_values(g) / TIMING_SAMPLE
 
 
 def take(loss: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
