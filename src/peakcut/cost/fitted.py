@@ -71,7 +71,7 @@ class _Largest:
 
     @staticmethod
     def of(points: list[tuple[Work, float]]) -> _Largest | None:
-        measured = [(w.analytic, s / w.analytic) for w, s in points if w.analytic > 0 and s > 0]
+        measured = _ratios(points)
         if not measured:
             return None
         top = max(a for a, _ in measured)
@@ -109,8 +109,13 @@ def _scalable(work: Work) -> bool:
     return work.analytic > 0 and not work.family.startswith(COPY_FAMILY)
 
 
+def _ratios(points: list[tuple[Work, float]]) -> list[tuple[float, float]]:
+    """(analytic estimate, measured / analytic) of the points that have both."""
+    return [(w.analytic, s / w.analytic) for w, s in points if w.analytic > 0 and s > 0]
+
+
 def _ratio_scale(points: list[tuple[Work, float]]) -> float | None:
-    ratios = [s / w.analytic for w, s in points if w.analytic > 0 and s > 0]
+    ratios = [r for _, r in _ratios(points)]
     return statistics.median(ratios) if ratios else None
 
 
