@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from peakcut.ir.collectives import RUN_AS
 from peakcut.ir.node import Hyper, Node, TensorRef
 from peakcut.ir.ops import RNG_STATE_OP, SET_RNG_STATE_OP
 
@@ -42,8 +43,9 @@ def literal(v: Any, names: Mapping[int, str], device: str) -> str:
 
 
 def op_target(op: str) -> str:
-    """'aten.mm.default' -> 'aten.mm.default'; 'ns.op.overload' -> 'torch.ops.ns.op.overload'."""
-    ns, name, overload = op.split(".")
+    """'aten.mm.default' -> 'aten.mm.default'; 'ns.op.overload' -> 'torch.ops.ns.op.overload';
+    an op run through another (collectives.RUN_AS: the all-gather) -> that one."""
+    ns, name, overload = RUN_AS.get(op, op).split(".")
     return f"aten.{name}.{overload}" if ns == "aten" else f"torch.ops.{ns}.{name}.{overload}"
 
 

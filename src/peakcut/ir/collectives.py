@@ -59,6 +59,38 @@ def _broadcast_fake(tensor: torch.Tensor, src: int, group_name: str, world_size:
     return None
 
 
+@torch.library.custom_op("peakcut::all_gather_into_tensor", mutates_args=())
+def all_gather_into_tensor(shard: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
+    """ALL_GATHER_OP as generated programs run it: the functional all-gather of `shard` over
+    the group `group_name`, waited for at once where gloo runs it (a CPU tensor), so that no
+    two gloo all-gathers are in flight: with three or more in flight, torch 2.13's gloo
+    corrupts the process's heap (`malloc(): unaligned tcache chunk detected`, or a segfault;
+    two gloo ranks issuing nine functional all-gathers of float64 tensors before waiting for
+    them crash within a few thousand rounds; reduce-scatters and all-reduces in flight do
+    not). The wait_collective that follows then finds the collective done; the result is
+    allocated at the same point either way, so the step's memory does not change."""
+    gathered = torch.ops._c10d_functional.all_gather_into_tensor(shard, world_size, group_name)
+    if shard.device.type == "cpu" and "gloo" in _backend(group_name):
+        torch.ops._c10d_functional.wait_tensor(gathered)
+    return gathered
+
+
+@all_gather_into_tensor.register_fake
+def _all_gather_fake(shard: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
+    return shard.new_empty((shard.shape[0] * world_size, *shard.shape[1:]))
+
+
+def _backend(group_name: str) -> str:
+    """The backend of the process group named `group_name` ('gloo', 'nccl', 'cpu:gloo,cuda:nccl')."""
+    from torch.distributed import distributed_c10d
+
+    return str(distributed_c10d.get_backend(distributed_c10d._resolve_process_group(group_name)))
+
+
+RUN_AS = {ALL_GATHER_OP: "peakcut.all_gather_into_tensor.default"}
+"""The op a generated program calls for a node's op, where it is not the op itself."""
+
+
 @torch.library.custom_op("peakcut::wait_collective", mutates_args=("tensor",))
 def wait_collective(tensor: torch.Tensor, reads: Sequence[torch.Tensor]) -> None:
     """Wait until the collective started on `tensor` has written it. `reads`: the tensors the
