@@ -228,6 +228,8 @@ def fingerprint(value: torch.Tensor, key: str, before: torch.Tensor | None = Non
     if value.device.type != "cpu":
         value = value.to("cpu")
         extra = value.numel() * value.element_size()
+    if not value.is_contiguous():          # flattened into a copy of its own dtype
+        extra += value.numel() * value.element_size()
     flat = value.reshape(-1)
     base = None if before is None or before.shape != value.shape else before.detach().to("cpu").reshape(-1)
     n = flat.numel()
