@@ -4,7 +4,8 @@ With three or more functional all-gathers in flight, torch 2.13's gloo corrupts 
 (`malloc(): unaligned tcache chunk detected`, or a segfault) within a few thousand rounds;
 a captured FSDP2 step starts one per parameter ahead of its reads (collectives.overlapped_order),
 and two ranks running its program crashed in two runs of three. The program calls peakcut's
-all-gather, which waits for it at once on gloo: nine started before their waits, for 600
+all-gather, which waits for it at once on gloo (no work is left registered after it): nine
+started before their waits, for 600
 rounds (with the functional all-gather instead, 500 rounds crashed one run of three), gather what
 the ranks hold."""
 
@@ -34,6 +35,11 @@ def _gathers(rank: int, world: int) -> None:
 
     group = dist.group.WORLD.group_name
     shards = [torch.full((4 * (i + 1), 8), float(rank * 100 + i), dtype=torch.float64) for i in range(IN_FLIGHT)]
+    registry = torch._C._distributed_c10d._get_work_registry_size
+    first = torch.ops.peakcut.all_gather_into_tensor.default(shards[0], world, group)
+    if registry() != 0:             # gloo's all-gather was waited for at once: no work left registered
+        raise AssertionError(f"{registry()} collectives in flight after peakcut's all-gather on gloo")
+    torch.ops.peakcut.wait_collective.default(first, [])
     for _ in range(ROUNDS):
         gathered = [torch.ops.peakcut.all_gather_into_tensor.default(s, world, group) for s in shards]
         churn = [torch.empty(17, 3) for _ in range(20)]       # the heap in use meanwhile

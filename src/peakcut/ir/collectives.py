@@ -62,15 +62,15 @@ def _broadcast_fake(tensor: torch.Tensor, src: int, group_name: str, world_size:
 @torch.library.custom_op("peakcut::all_gather_into_tensor", mutates_args=())
 def all_gather_into_tensor(shard: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
     """ALL_GATHER_OP as generated programs run it: the functional all-gather of `shard` over
-    the group `group_name`, waited for at once where gloo runs it (a CPU tensor), so that no
+    the group `group_name`, waited for at once where gloo runs it, so that no
     two gloo all-gathers are in flight: with three or more in flight, torch 2.13's gloo
     corrupts the process's heap (`malloc(): unaligned tcache chunk detected`, or a segfault;
     two gloo ranks issuing nine functional all-gathers of float64 tensors before waiting for
     them crash within a few thousand rounds; reduce-scatters and all-reduces in flight do
     not). The wait_collective that follows then finds the collective done; the result is
     allocated at the same point either way, so the step's memory does not change."""
-    gathered = torch.ops._c10d_functional.all_gather_into_tensor(shard, world_size, group_name)
-    if shard.device.type == "cpu" and "gloo" in _backend(group_name):
+    gathered: torch.Tensor = torch.ops._c10d_functional.all_gather_into_tensor(shard, world_size, group_name)
+    if _backend(group_name, shard.device) == "gloo":
         torch.ops._c10d_functional.wait_tensor(gathered)
     return gathered
 
@@ -80,11 +80,13 @@ def _all_gather_fake(shard: torch.Tensor, world_size: int, group_name: str) -> t
     return shard.new_empty((shard.shape[0] * world_size, *shard.shape[1:]))
 
 
-def _backend(group_name: str) -> str:
-    """The backend of the process group named `group_name` ('gloo', 'nccl', 'cpu:gloo,cuda:nccl')."""
+def _backend(group_name: str, device: torch.device) -> str:
+    """The backend that runs `device`'s tensors in the process group named `group_name`
+    ('gloo', 'nccl'), also where the group was made without naming one."""
     from torch.distributed import distributed_c10d
 
-    return str(distributed_c10d.get_backend(distributed_c10d._resolve_process_group(group_name)))
+    group = distributed_c10d._resolve_process_group(distributed_c10d.GroupName(group_name))
+    return str(group._get_backend(device).name())
 
 
 RUN_AS = {ALL_GATHER_OP: "peakcut.all_gather_into_tensor.default"}

@@ -42,7 +42,8 @@ A candidate with a value that differs by more, values that are not the same set,
 non-finite value where eager's is finite (or the other way) does not compute eager's numbers.
 
 Memory: the fingerprints (FINGERPRINT_BYTES a value), two float64 chunks and one chunk's
-probe bits at a time in host memory (and the tensor's host copy when it lives on a device),
+probe bits at a time in host memory (and a flat host copy of the value or of its entry value
+where it lives on a device or is not contiguous),
 and no snapshot beyond the entry state verification holds anyway (verify.Restore).
 """
 
@@ -231,7 +232,11 @@ def fingerprint(value: torch.Tensor, key: str, before: torch.Tensor | None = Non
     if not value.is_contiguous():          # flattened into a copy of its own dtype
         extra += value.numel() * value.element_size()
     flat = value.reshape(-1)
-    base = None if before is None or before.shape != value.shape else before.detach().to("cpu").reshape(-1)
+    base = None
+    if before is not None and before.shape == value.shape:
+        if before.device.type != "cpu" or not before.is_contiguous():
+            extra += before.numel() * before.element_size()
+        base = before.detach().to("cpu").reshape(-1)
     n = flat.numel()
     x = torch.empty(min(n, CHUNK), dtype=torch.float64)
     y = torch.empty_like(x)
@@ -248,7 +253,8 @@ def fingerprint(value: torch.Tensor, key: str, before: torch.Tensor | None = Non
         squares += float(torch.dot(xs, xs))
         packed = torch.randint(0, 256, ((m + 7) // 8,), dtype=torch.uint8, generator=probe)
         bits = packed.unsqueeze(1).bitwise_right_shift(_BIT_SHIFTS).bitwise_and_(1).view(-1)[:m]
-        dot += 2.0 * float(torch.dot(xs, ys.copy_(bits))) - part    # sum of x * (2 bit - 1)
+        dot += float(torch.dot(xs, ys.copy_(bits).mul_(2).sub_(1)))      # the +-1 probe in float64
+        del packed, bits
     used = x.numel() * (2 * x.element_size() + 1) + x.numel() // 8
     return Fingerprint(n, value.dim(), total, math.sqrt(squares), dot), extra + used
 
