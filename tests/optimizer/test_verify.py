@@ -161,9 +161,9 @@ def test_too_little_time_left_skips_verification_and_says_so(tmp_path) -> None:
 def test_the_skip_counts_the_numbers_checks_fingerprints(tmp_path, monkeypatch) -> None:
     """Verification is skipped where eager and one plan at the fewest rounds and their
     fingerprints (numbers.check_seconds) do not fit in the time left, not only the runs."""
-    import peakcut.optimizer.verification as verification
+    import peakcut.optimizer.api as api
 
-    monkeypatch.setattr(verification, "check_seconds", lambda g: 500.0)
+    monkeypatch.setattr(api, "check_seconds", lambda g: 500.0)
     model, batch, opt = _problem()
     with pytest.warns(UserWarning, match="not verified by running it"):
         plan = peakcut.optimize(model, batch, _loss, opt, latency_limit=1.10, time_budget=4,

@@ -83,4 +83,3 @@ def test_fused_substitutions_under_bf16_autocast_stay_as_near_as_eager() -> None
                            lambda _m, opt: Step(rw.graph, list(rw.order), optimizer=opt), steps=3,
                            tolerance=autocast_tolerance(3), seed=0, precise_loss_fn=inst.loss_fn)
     assert report.ok, str(report)
-

@@ -416,7 +416,9 @@ class _Planner:
         captured_s = time.perf_counter() - t0
         if self.checked and loss_fn is not None and held_floor_refusal(g, self.memory_limit, cost.name) is None:
             eager = EagerStep(model, b, loss_fn, opt, self.max_grad_norm)
-            if isinstance(cost, MeasuredCostModel):
+            fingerprint_s = 0.0                  # the numbers check's fingerprints of one run
+            if isinstance(cost, MeasuredCostModel):    # (plans run, and are checked, only here)
+                fingerprint_s = check_seconds(g)
                 allocator, kept = host_memory(model, self.keep_host_memory)
                 calibration = calibrate(g, cost, model, b, eager, opt, shares.CALIBRATE_SHARE * budget,
                                         measure_seconds=shares.MEASURE_BEFORE_SHARE * budget)
@@ -427,13 +429,13 @@ class _Planner:
                                 plan_margin=shares.PLAN_MARGIN, host_keeps_freed=kept)
 
             def check(found: Optimized, seconds: float) -> tuple[State, bool, str]:
-                return verified(found, seconds, model, b, eager, opt, calibration, kept)
+                return verified(found, seconds, model, b, eager, opt, calibration, fingerprint_s, kept)
         keep = shares.VERIFY_SHARE * final_share
         if calibration is not None and calibration.eager_step_s > 0:    # sized on a warm eager step
             # eager and one plan; under a latency limit the untransformed step too (3 programs)
             programs = 2 if self.memory_limit is not None else 3
             # the numbers check fingerprints every program's updates once (optimizer.numbers)
-            checking = programs * check_seconds(g)
+            checking = programs * fingerprint_s
             least = needed_seconds(calibration.eager_step_s, programs) + checking
             wanted = max(keep, shares.VERIFY_MARGIN * (needed_seconds(calibration.eager_step_s, programs, MIN_ROUNDS)
                                                       + checking))

@@ -13,7 +13,6 @@ import torch
 from peakcut.optimizer.arena import arena_entries
 from peakcut.optimizer.context import ContextCalibration, refit
 from peakcut.optimizer.limit_messages import measured_shortfall, none_ran
-from peakcut.optimizer.numbers import check_seconds
 from peakcut.optimizer.optimized import Optimized
 from peakcut.optimizer.report import estimate, plan_entries
 from peakcut.optimizer.shares import VERIFY_CANDIDATES
@@ -43,9 +42,11 @@ def host_memory(model: torch.nn.Module, keep: bool) -> tuple[str, bool]:
 
 def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: Any, eager: EagerStep,
              opt: torch.optim.Optimizer | None,
-             calibration: ContextCalibration | None, host_keeps_freed: bool = False) -> tuple[State, bool, str]:
+             calibration: ContextCalibration | None, fingerprint_s: float,
+             host_keeps_freed: bool = False) -> tuple[State, bool, str]:
     """The candidate that meets the limit when run (peakcut.optimizer.verify), whether one
-    did, and why not; the verdict goes into found.report["verification"] (host_keeps_freed:
+    did, and why not; the verdict goes into found.report["verification"] (fingerprint_s: the
+    numbers check's fingerprints of one run, numbers.check_seconds; host_keeps_freed:
     the CPU allocator the reserved bytes of another candidate kept are predicted for)."""
     mode = found.objective.mode
     t0 = time.perf_counter()
@@ -55,7 +56,7 @@ def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: An
     # it is longer (where the in-context rounds were deferred, the model's figure is standalone)
     step_s = max(predicted, calibration.eager_step_s if calibration is not None else 0.0)
     # eager and one plan at the fewest rounds, and the numbers check's fingerprints of both
-    least = needed_seconds(step_s) + 2 * check_seconds(found.captured.program)
+    least = needed_seconds(step_s) + 2 * fingerprint_s
     if seconds < least:
         report["verification"] = {"skipped": f"{seconds:.1f} s of the time budget left; running eager and one "
                                   f"plan takes about {least:.1f} s (raise time_budget)"}
