@@ -56,7 +56,9 @@ def test_out_variants_are_found_by_schema():
 def test_an_out_overload_that_copies_is_no_placement():
     x = torch.randn(32, 32)
     g = peakcut.capture(Uses(), (x,), None, None)
+    rng = torch.get_rng_state()
     step = Step(g, arena=True)
+    assert torch.equal(torch.get_rng_state(), rng)      # the probes' random inputs leave the caller's RNG
     ap = step.arena_plan
     ops = {g.nodes[n].op for n in ap.placed}
     assert "peakcut_arena_test.direct.default" in ops and "aten.sin.default" in ops

@@ -9,7 +9,8 @@ run the functional kernel and copy its result into `out` (convolution's, for one
 kernel may resize or re-allocate an out tensor whose layout it dislikes. The probe runs each
 distinct call (op, argument shapes, strides, dtypes and values other than tensors) once
 functionally and once through the out overload on tensors of the node's shapes on the
-device (floating inputs random, integer and boolean ones zero), and refuses the out overload
+device (floating inputs random, from a fork of the RNG that leaves the caller's stream as it
+was; integer and boolean ones zero), and refuses the out overload
 when the call fails, when an out tensor's data pointer, shape or strides change, or when the
 out call allocates as much as a result (CPU: an allocation of a result's bytes among the
 allocator's events, torch.profiler; CUDA: the allocator's peak not below the functional
@@ -83,7 +84,10 @@ def probe_out_variants(g: Graph, variants: Mapping[int, OutVariant], device: str
         groups.setdefault(call_key(g.nodes[nid], g), []).append(nid)
     new = [key for key in groups if key not in known]
     calls = [(groups[key][0], variants[groups[key][0]]) for key in new]
-    known.update(zip(new, _probe_all(g, calls, dev), strict=True))
+    # the probes' random inputs draw from a fork of the RNG: the caller's stream stays where it was
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        verdicts = _probe_all(g, calls, dev)
+    known.update(zip(new, verdicts, strict=True))
     refused: dict[int, str] = {}
     for key, nodes in groups.items():
         why = known[key]
