@@ -1,18 +1,20 @@
 """What a CPU process holds while a plan trains, measured: its resident memory before
 `optimize` against the kernel's high-water mark during the plan's steps.
 
-    python -m bench.host_memory                       # GPT-2-like, analytic CPU profile, with and without the arena
+    python -m bench.host_memory                       # GPT-2-like, analytic CPU profile, by default and without the arena
     python -m bench.host_memory --device measured     # the measured cost model (verification, mallopt)
     python -m bench.host_memory --workload bert-base  # a workload at medium size instead
+    python -m bench.host_memory --repeat 3            # three processes per row
 
 One process per row (each row starts from a fresh interpreter): build the model and batch,
-read VmRSS, run `peakcut.optimize(latency_limit=1.10)`, run one step, reset the high-water mark
+read VmRSS, run `peakcut.optimize(latency_limit=1.10)` (arena: its default, which places a CPU
+plan's results in an arena, then arena=False), run one step, reset the high-water mark
 (`/proc/self/clear_refs`, 5), run three steps and read VmHWM. "needs" is what the plan reports
 it needs beyond the caller's parameters and batch: with the arena, held + arena + unplanned
-(report["arena"]["needed_bytes"]); without, the bytes the allocator is predicted to hold
+(report["arena"]["needed_bytes"]); without one, the bytes the allocator is predicted to hold
 (report["predicted_reserved_bytes"]: glibc's malloc modelled as the process runs it,
 peakcut.memory.host_heap); less the parameters' and the batch's bytes. "live" is the plan's
-simulated live peak (report["peak_bytes"]) less the same. The bound the issue sets: grown <= 1.05 x needs +
+simulated live peak (report["peak_bytes"]) less the same. The bound checked: grown <= 1.05 x needs +
 100 MiB (peakcut's own objects). Linux only (/proc).
 """
 
@@ -49,8 +51,8 @@ def _gpt2_like() -> tuple[Any, Any, Any]:
     return model, (ids,), lambda m, b: m(input_ids=b[0], labels=b[0]).loss
 
 
-def measure(workload: str, device: str, arena: bool, budget: float) -> dict[str, Any]:
-    """One row, in this process (see the module doc)."""
+def measure(workload: str, device: str, arena: bool | None, budget: float) -> dict[str, Any]:
+    """One row, in this process (see the module doc); arena None: optimize's default."""
     import torch
 
     import peakcut
@@ -75,10 +77,12 @@ def measure(workload: str, device: str, arena: bool, budget: float) -> dict[str,
     report = plan.report
     caller = sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
         t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(batch) if isinstance(t, torch.Tensor))
-    planned = report["arena"]["needed_bytes"] if arena else report["predicted_reserved_bytes"]
+    placed = "arena" in report            # the plan runs with its arena (the default on a CPU)
+    planned = report["arena"]["needed_bytes"] if placed else report["predicted_reserved_bytes"]
     needs = planned - caller
     grown = high - before
-    return {"workload": workload, "device": device, "arena": arena, "before_mib": before / MiB,
+    return {"workload": workload, "device": device, "arena": "default" if arena is None else arena, "placed": placed,
+            "before_mib": before / MiB,
             "after_optimize_mib": after / MiB, "steps_high_water_mib": high / MiB, "grown_mib": grown / MiB,
             "live_mib": (report["peak_bytes"] - caller) / MiB, "needs_mib": needs / MiB,
             "reserved_method": report["layout"]["reserved_method"], "bound_mib": (1.05 * needs + 100 * MiB) / MiB,
@@ -90,9 +94,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--workload", default="gpt2-like", help="gpt2-like, or a workload name (medium size)")
     ap.add_argument("--device", default="cpu", help="the cost model: cpu (analytic) or measured")
     ap.add_argument("--budget", type=float, default=20.0, help="optimize's time budget, seconds")
+    ap.add_argument("--repeat", type=int, default=1, help="processes per row (the heap's layout varies run to run)")
     args = ap.parse_args(argv)
     rows = []
-    for arena in (False, True):
+    for arena in [None, False] * args.repeat:
         spec = json.dumps([args.workload, args.device, arena, args.budget])
         out = subprocess.run([sys.executable, "-c", ROW, spec], capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -100,7 +105,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
           "plan's live peak | plan needs | grown / needs | bound (1.05 x needs + 100) | within |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['workload']} | {r['device']} | {r['arena']} | {r['before_mib']:.0f} MiB | "
+        arena = f"{'yes' if r['placed'] else 'no'} ({'default' if r['arena'] == 'default' else 'arena=False'})"
+        print(f"| {r['workload']} | {r['device']} | {arena} | {r['before_mib']:.0f} MiB | "
               f"{r['after_optimize_mib']:.0f} | {r['steps_high_water_mib']:.0f} | {r['grown_mib']:.0f} | "
               f"{r['live_mib']:.0f} | {r['needs_mib']:.0f} | {r['grown_mib'] / r['needs_mib']:.2f} | "
               f"{r['bound_mib']:.0f} | {'yes' if r['within'] else 'no'} |")

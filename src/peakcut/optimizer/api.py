@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from peakcut.capture import capture
+from peakcut.codegen.arena_plan import ArenaPlan
 from peakcut.cost import get_cost_model
 from peakcut.cost.measured import MeasuredCostModel
 from peakcut.cost.protocol import CostModel
@@ -36,7 +37,7 @@ from peakcut.fission.loss import detach_loss
 from peakcut.ir.graph import Graph
 from peakcut.memory.workspace import WorkspaceSpec, workspace_model
 from peakcut.optimizer import shares
-from peakcut.optimizer.arena import arena_choice, arena_margin, layout_seconds
+from peakcut.optimizer.arena import arena_by_default, arena_choice, arena_margin, layout_seconds
 from peakcut.optimizer.budget import BudgetedCost, MeasurePacer
 from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.context import calibrate
@@ -140,7 +141,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                    fission_dims: str = "batch", reorder: bool = True, workspace: WorkspaceSpec = "auto",
                    levels: int = DEFAULT_LEVELS, naive_fission_seed: int | None = None,
                    progress: Callable[[Progress], None] | None = None, jobs: int = 1,
-                   eager_ratio: float = 1.0, plan_margin: float = 0.0, arena: bool = False,
+                   eager_ratio: float = 1.0, plan_margin: float = 0.0, arena: bool | None = False,
                    rules: Registry = RULES, isolate: bool = False, host_keeps_freed: bool = False) -> Optimized:
     """Search the rules on captured graph `g` under one limit (see peakcut.optimize).
 
@@ -151,7 +152,8 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     plan_margin: under a latency limit, the share of it the search keeps free (it plans to
     limit x (1 - plan_margin)); the limit judged, reported and verified is the user's.
     arena: the plan runs with its arena; a memory limit bounds held + arena + unplanned bytes
-    (peakcut.optimizer.arena: arena_margin, arena_choice; report["arena"]).
+    (peakcut.optimizer.arena: arena_margin, arena_choice; report["arena"]); None: where
+    arena_by_default says so (a step on a CPU with enough transient bytes).
     rules: the registry the search applies (peakcut.rules: RULES, or WITH_FUSED).
     isolate: with jobs = 1, run the search in a forked process where that is possible
     (peakcut.optimizer.parallel: isolated), so this process does not keep the memory it used.
@@ -174,6 +176,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                          "latencies during the search, which parallel searches would disturb; use jobs=1")
     settings = _on_host(settings, cost, rules)
     eager = simulate_timeline(g, g.order, cost, workspace)
+    arena = arena_by_default(g, eager) if arena is None else arena
     floors = step_floors_for(g, cost, workspace)
     peer = zero_offload_peer(g, cost, workspace, floors)    # (before the search: inside its budget)
     objective, planned = _objectives(eager, memory_limit, latency_limit, pareto, eager_ratio, plan_margin)
@@ -286,7 +289,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
              pareto: bool = False, settings: MoveSettings | None = None, fission_dims: str = "batch",
              keep_grads: bool = False, progress: Callable[[Progress], None] | None = None,
              jobs: int = 1, max_grad_norm: float | None = None, scaler: Any = None, accumulate: int = 1,
-             replan: bool = True, verify: bool = True, keep_host_memory: bool = True, arena: bool = False,
+             replan: bool = True, verify: bool = True, keep_host_memory: bool = True, arena: bool | None = None,
              rules: Registry = RULES) -> Plan:
     """Optimize one training step of `model` on `batch` and return a runnable Plan.
 
@@ -330,14 +333,16 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
     - arena=True: the plan places each result it can in one arena, made once and kept across
       steps (peakcut.codegen.arena_plan; report["arena"]: its bytes and the unplanned
       remainder, each storage with its bytes and why); a memory limit then bounds the
-      caller's storages + the arena + the unplanned remainder's peak. Verification does not
-      run (it measures plans without their arena).
+      caller's storages + the arena + the unplanned remainder's peak, and verification runs
+      the candidates with their arenas. None (the default): on for a single-process step on a
+      CPU with at least 64 MiB of transient bytes, whose heap otherwise splits around them
+      (peakcut.optimizer.arena.arena_by_default, docs/memory_layout.md), off elsewhere.
     - rules: the registry of rules the search applies: peakcut.rules.RULES (the default), or
       peakcut.rules.WITH_FUSED (RULES and fused attention, docs/taso.md).
     Raises LimitNotMet (with `.plan`, the best plan found) when the limit is not met.
     """
-    if not isinstance(arena, bool):
-        raise ValueError(f"arena={arena!r}: expected True or False")
+    if arena is not None and not isinstance(arena, bool):
+        raise ValueError(f"arena={arena!r}: expected True, False or None (on for a model on a CPU)")
     _check_arguments(memory_limit, latency_limit, fission_dims, time_budget, jobs, seed, max_states)
     if optimizer is not None and loss_fn is None:
         raise ValueError("an optimizer needs loss_fn(model, batch) -> scalar loss")
@@ -347,14 +352,15 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         raise TypeError(f"scaler: expected a torch.amp.GradScaler, got {type(scaler).__name__}")
     use_scaler = scaler is not None and scaler.is_enabled()
     model, data_parallel = _unwrapped(model, device)
+    arena = False if data_parallel is not None and arena is None else arena     # (no default arena under DDP, FSDP2)
     opt = resolve_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
     if accumulate > 1 and opt is None:
         raise ValueError("accumulate=k needs an optimizer; without one plan.step already adds into p.grad")
     search = dict(memory_limit=memory_limit, latency_limit=latency_limit, device=device, seed=seed,
                   max_states=max_states, pareto=pareto, settings=settings, fission_dims=fission_dims,
-                  progress=progress, jobs=jobs, isolate=True, **({"arena": True} if arena else {}),
+                  progress=progress, jobs=jobs, isolate=True, **({"arena": arena} if arena is not False else {}),
                   **({"rules": rules} if rules is not RULES else {}))
-    checked = (verify and not arena and not pareto and not use_scaler and accumulate == 1 and data_parallel is None
+    checked = (verify and not pareto and not use_scaler and accumulate == 1 and data_parallel is None
                and (not isinstance(device, str) or device.startswith("measured"))
                and verify_runs_here(get_cost_model(device) if isinstance(device, str) else device, model))
     plan_for = _Planner(model, loss_fn, opt, device, memory_limit, search, checked, keep_grads, max_grad_norm,
@@ -362,7 +368,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
     main, micro = plan_for(batch, time_budget)
     plan = Plan(model, main.graph, main.order, main.report, optimizer=opt, scaler=scaler, micro=micro, placed=main.arena,
                 accumulate=accumulate, replan=(lambda b: plan_for(b, time_budget)) if replan else None,
-                batch=batch, arena=arena)
+                batch=batch, arena=arena is True)
     if model_device(model).type == "cpu":
         gc.collect()
         release_freed_host_memory()     # what the search freed leaves the process (runtime.host_allocator)
@@ -370,8 +376,6 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         if program is not None and not program.feasible and not pareto:
             raise LimitNotMet(program.why_not, plan, program.report.get("verification"))
     return plan
-
-
 
 
 @dataclass(frozen=True)
@@ -428,7 +432,7 @@ class _Planner:
                 searched = dict(self.search, device=cost, eager_ratio=calibration.eager_ratio,
                                 plan_margin=shares.PLAN_MARGIN, host_keeps_freed=kept)
 
-            def check(found: Optimized, seconds: float) -> tuple[State, bool, str]:
+            def check(found: Optimized, seconds: float) -> tuple[State, bool, str, ArenaPlan | None]:
                 return verified(found, seconds, model, b, eager, opt, calibration, fingerprint_s, kept)
         keep = shares.VERIFY_SHARE * final_share
         if calibration is not None and calibration.eager_step_s > 0:    # sized on a warm eager step
@@ -443,9 +447,8 @@ class _Planner:
             # the search), unless verifying one plan needs more
             searching = shares.SEARCH_SHARE * final_share / (1 - shares.REPRICE_SHARE)
             left = final_share - (time.perf_counter() - t0)
-            keep = max(least, min(wanted, left - searching))
-            if least > left:           # no verification fits (it is skipped, and says so): all to the search
-                keep = 0.0
+            # where no verification fits (it is skipped, and says so): all to the search
+            keep = max(least, min(wanted, left - searching)) if least <= left else 0.0
         main = _search(g, final_share - (time.perf_counter() - t0), model, searched, self.accumulate, check,
                        keep=keep)
         if calibration is not None:
@@ -478,7 +481,7 @@ def _unwrapped(model: torch.nn.Module, device: str | CostModel
 
 
 def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, Any], accumulate: int,
-            check: Callable[[Optimized, float], tuple[State, bool, str]] | None = None,
+            check: Callable[[Optimized, float], tuple[State, bool, str, ArenaPlan | None]] | None = None,
             keep: float | None = None) -> Program:
     """optimize_graph on one captured step -> its Program (best graph, order, report); with
     `check`, the search leaves `keep` seconds (default VERIFY_SHARE of the budget) and
@@ -490,9 +493,8 @@ def _search(g: Graph, budget: float, model: torch.nn.Module, search: dict[str, A
     found.report["title"] = f"peakcut plan for {type(model).__name__}"
     found.report["step"] = step_entry(g, accumulate)
     why = "" if found.feasible else search_shortfall(found, budget)
-    best, feasible = found.best, found.feasible
+    best, feasible, placed = found.best, found.feasible, found.arena
     if check is not None and not found.report.get("unreachable"):
-        best, feasible, measured_why = check(found, budget - (time.perf_counter() - t0))
+        best, feasible, measured_why, placed = check(found, budget - (time.perf_counter() - t0))
         why = "" if feasible else (measured_why + whole_op(found.report) if measured_why else why)
-    return Program(best.program, list(best.order), found.report, feasible, why,
-                   found.arena if best is found.best else None)
+    return Program(best.program, list(best.order), found.report, feasible, why, placed)

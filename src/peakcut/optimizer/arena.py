@@ -17,7 +17,8 @@ With the arena enforced (optimize(..., arena=True)), the program places what it 
 arena (codegen.arena_plan) and a memory limit bounds the caller's storages + the arena + the
 unplanned remainder's peak: the search plans to the limit less the root's overhead of that
 figure over its live peak (arena_margin), and arena_choice keeps the best plan whose figure
-meets the limit.
+meets the limit. optimize's default (arena=None) is arena_by_default: an arena for a step on
+a CPU whose transient bytes reach ARENA_MIN_BYTES.
 """
 
 from __future__ import annotations
@@ -42,10 +43,22 @@ from peakcut.optimizer.objective import Objective
 from peakcut.optimizer.search import SearchResult
 from peakcut.optimizer.shares import KEPT_BESTS, LAYOUT_SHARE
 from peakcut.optimizer.state import State
-from peakcut.simulate import simulate_timeline
+from peakcut.simulate import Timeline, simulate_timeline
 
 METHOD = "simulated (layout of the plan's order)"
 LAYOUT_MAX_S = 10.0      # the layout's seconds under an unbounded time budget
+
+# optimize's default arena: below this many transient bytes a step's heap splits by a few MiB at
+# most, while placing a result costs its view and out call (about 10 us each on a CPU)
+ARENA_MIN_BYTES = 64 * 2**20
+
+
+def arena_by_default(g: Graph, eager: Timeline) -> bool:
+    """optimize's arena=None: an arena for a step on a CPU whose transient bytes (eager's live
+    peak less what the caller holds between steps) reach ARENA_MIN_BYTES. There glibc's heap
+    splits around the step's tensors without one (docs/memory_layout.md); on a GPU the caching
+    allocator keeps its segments."""
+    return g.device.startswith("cpu") and eager.peak_bytes - eager.baseline_bytes >= ARENA_MIN_BYTES
 
 
 def layout_seconds(time_budget: float) -> float:

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from peakcut.codegen.arena_plan import ArenaPlan
 from peakcut.optimizer.arena import arena_entries
 from peakcut.optimizer.context import ContextCalibration, refit
 from peakcut.optimizer.limit_messages import measured_shortfall, none_ran
@@ -43,11 +44,13 @@ def host_memory(model: torch.nn.Module, keep: bool) -> tuple[str, bool]:
 def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: Any, eager: EagerStep,
              opt: torch.optim.Optimizer | None,
              calibration: ContextCalibration | None, fingerprint_s: float,
-             host_keeps_freed: bool = False) -> tuple[State, bool, str]:
+             host_keeps_freed: bool = False) -> tuple[State, bool, str, ArenaPlan | None]:
     """The candidate that meets the limit when run (peakcut.optimizer.verify), whether one
-    did, and why not; the verdict goes into found.report["verification"] (fingerprint_s: the
-    numbers check's fingerprints of one run, numbers.check_seconds; host_keeps_freed:
-    the CPU allocator the reserved bytes of another candidate kept are predicted for)."""
+    did, why not, and the arena plan it ran with (where found.arena says the plan has one:
+    each candidate runs with its own); the verdict goes into found.report["verification"]
+    (fingerprint_s: the numbers check's fingerprints of one run, numbers.check_seconds;
+    host_keeps_freed: the CPU allocator the reserved bytes of another candidate kept are
+    predicted for)."""
     mode = found.objective.mode
     t0 = time.perf_counter()
     report = found.report
@@ -62,10 +65,12 @@ def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: An
                                   f"plan takes about {least:.1f} s (raise time_budget)"}
         warnings.warn(f"peakcut: the plan was not verified by running it: {report['verification']['skipped']}; "
                       "its limit is met as predicted only", stacklevel=6)
-        return found.best, found.feasible, ""
+        return found.best, found.feasible, "", found.arena
     candidates = found.candidates(programs_for(step_s, seconds, VERIFY_CANDIDATES))
-    state, verdict = choose(candidates, found.captured, found.objective, predicted,
-                            model, batch, eager, opt, max(0.0, seconds - (time.perf_counter() - t0)), step_s)
+    # with an arena, each candidate runs with its own (the best with the one the search priced)
+    arenas = [] if found.arena is None else [found.arena if s is found.best else True for s in candidates]
+    state, verdict, placed = choose(candidates, found.captured, found.objective, predicted, model, batch, eager, opt,
+                                    max(0.0, seconds - (time.perf_counter() - t0)), step_s, arenas)
     report["verification"] = dict(verdict.report(mode), seconds=round(time.perf_counter() - t0, 3))
     if state is not found.best:
         report.update(plan_entries(state, found.eager, found.eager_ratio),
@@ -73,6 +78,8 @@ def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: An
         report.update(arena_entries(state.program, state.order, found.cost,
                                     found.deriver.workspace if found.deriver is not None else "auto", 0.0,
                                     host_keeps_freed))
+        if placed is not None:
+            report["arena"] = placed.as_dict()
     root = found.captured
     refitted = refit(state.latency_s / root.latency_s if root.latency_s > 0 else 0.0, calibration, verdict,
                      candidate_name(root, root))
@@ -83,9 +90,9 @@ def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: An
         report["feasible"] = True
         report.pop("whole_op_floor", None)       # a floor of the simulated bytes, which the run undercut
         report["measured"] = dict(m.as_dict(), latency_ratio=m.ratio, peak_ratio=m.peak_bytes / verdict.eager.peak_bytes)
-        return state, True, ""
+        return state, True, "", placed
     report["feasible"] = False
     rejected = () if verdict.numbers is None else verdict.numbers.rejected
     if not verdict.candidates:
-        return state, False, none_ran(verdict, rejected, candidate_name(found.captured, found.captured))
-    return state, False, measured_shortfall(verdict, mode, rejected)
+        return state, False, none_ran(verdict, rejected, candidate_name(found.captured, found.captured)), placed
+    return state, False, measured_shortfall(verdict, mode, rejected), placed

@@ -1,6 +1,6 @@
 """The limit verified, not assumed: candidate plans run for real, interleaved with eager.
 
-    state, verdict = choose(candidates, root, objective, predicted_eager_s, model, batch, eager, opt, seconds)
+    state, verdict, placed = choose(candidates, root, objective, predicted_eager_s, model, batch, eager, opt, seconds)
 
 When the plan runs on the device it was planned for (a measured cost model on the model's
 own device), optimize ends here. Each candidate (the latest bests of the search, newest
@@ -22,7 +22,8 @@ moves them there when it binds; after each of its runs they are put back (Layout
 so that eager runs on the user's layout, and an untimed bind before each timed call moves
 them again (plan.step does that once). Peak: one more run of each under the allocator's account
 (runtime.measure.bound_peak: the CPU profiler's events, or cuda max_memory_allocated
-beyond what was allocated before). A candidate that cannot bind or run is left out, and
+beyond what was allocated before; a candidate's arena, where it runs with one, counts as
+held). A candidate that cannot bind or run is left out, and
 the reason reported. The user's optimizer hooks run on the eager rounds like on any step;
 a candidate refuses an optimizer with step hooks, as plan.step does (reported as failed).
 
@@ -50,6 +51,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from peakcut.codegen.arena_plan import ArenaPlan
 from peakcut.codegen.program import Step
 from peakcut.cost.inputs import error_line
 from peakcut.optimizer.numbers import NumbersCheck, check, float32_math, tolerance_for
@@ -333,7 +335,9 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
                 try:
                     inputs = step.bind(model, batch)
                     dev = step.device_of(inputs)        # (warm: the numbers check ran it)
-                    peak = bound_peak(step, inputs, dev, held_input_bytes(step, inputs))
+                    # the arena, made by its first run (the numbers check), is held like its inputs
+                    held = held_input_bytes(step, inputs) + (step.arena.nbytes if step.arena is not None else 0)
+                    peak = bound_peak(step, inputs, dev, held)
                 # Whatever a candidate raises (out of memory first), the others are still judged.
                 except Exception as e:
                     failed.append((name, error_line(e)))
@@ -464,21 +468,30 @@ def candidate_name(state: State, root: State) -> str:
 def choose(candidates: Sequence[State], root: State, objective: Objective, predicted_eager_s: float,
            model: torch.nn.Module, batch: Any, eager: EagerStep,
            optimizer: torch.optim.Optimizer | None, seconds: float,
-           step_s: float | None = None) -> tuple[State, Verdict]:
+           step_s: float | None = None, arenas: Sequence[bool | ArenaPlan] = ()
+           ) -> tuple[State, Verdict, ArenaPlan | None]:
     """Run `candidates` against eager within about `seconds` and pick one (module doc); the
-    rounds are sized on `step_s` seconds a step (default: `predicted_eager_s`). With
-    no candidate meeting the limit, the one nearest to it (least measured time under a latency
-    limit, least measured peak under a memory limit; the first given if none ran) comes back
-    with the verdict's chosen None."""
-    steps = [(candidate_name(s, root), Step(s.program, list(s.order))) for s in candidates]
+    rounds are sized on `step_s` seconds a step (default: `predicted_eager_s`). arenas: each
+    candidate's arena (True: the one its Step plans; an ArenaPlan: that one; none given: no
+    arena), which its runs use and its measured peak counts. With no candidate meeting the
+    limit, the one nearest to it (least measured time under a latency limit, least measured
+    peak under a memory limit; the first given if none ran) comes back with the verdict's
+    chosen None. Also the arena plan the state ran with (None without one)."""
+    placed = list(arenas) or [False] * len(candidates)
+    if len(placed) != len(candidates):
+        raise ValueError(f"{len(placed)} arenas for {len(candidates)} candidates")
+    steps = [(candidate_name(s, root), Step(s.program, list(s.order), arena=a))
+             for s, a in zip(candidates, placed, strict=True)]
     rounds = rounds_for(predicted_eager_s if step_s is None else step_s, len(steps) + 1, seconds)
     verdict = verify(steps, model, batch, eager, optimizer, objective, predicted_eager_s, rounds,
                      deadline=time.perf_counter() + seconds)
-    if verdict.chosen is not None:
-        return candidates[verdict.ran[verdict.chosen]], verdict
     measured = verdict.candidates
-    if not measured:
-        return candidates[0], verdict
-    near = (min(range(len(measured)), key=lambda i: measured[i].ratio) if objective.mode == "latency"
-            else min(range(len(measured)), key=lambda i: measured[i].peak_bytes))
-    return candidates[verdict.ran[near]], verdict
+    if verdict.chosen is not None:
+        index = verdict.ran[verdict.chosen]
+    elif not measured:
+        index = 0
+    else:
+        near = (min(range(len(measured)), key=lambda i: measured[i].ratio) if objective.mode == "latency"
+                else min(range(len(measured)), key=lambda i: measured[i].peak_bytes))
+        index = verdict.ran[near]
+    return candidates[index], verdict, steps[index][1].arena_plan
