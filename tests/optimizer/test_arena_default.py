@@ -1,19 +1,22 @@
 """optimize's default arena: on for a single-process step on a CPU with at least 64 MiB of
-transient bytes (its heap would split around them), off for a smaller step, and the plan it
-runs gives the numbers of the same plan without one, bit for bit."""
+transient bytes (its heap would split around them), off for a smaller step and with
+accumulation, and the plan it runs gives the numbers of the same plan without one, bit for
+bit. A plan holds one batch shape's arena at a time."""
 
 from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
 import peakcut
 from peakcut.cost import get_cost_model
+from peakcut.integrations.transformers_settings import PeakcutSettings
 from peakcut.optimizer.arena import ARENA_MIN_BYTES, arena_by_default
 from peakcut.simulate import simulate_timeline
-from tests.helpers import cross_entropy_loss
+from tests.helpers import cross_entropy_loss, make_mlp
 
 
 def _mlp(rows: int) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
@@ -55,3 +58,35 @@ def test_optimize_runs_a_large_cpu_step_in_its_arena_with_the_same_numbers() -> 
     small, small_batch = _mlp(64)
     plan = peakcut.optimize(small, small_batch, cross_entropy_loss, "sgd", device="cpu", time_budget=5, max_states=2)
     assert "arena" not in plan.report and plan.program.arena_plan is None
+
+
+def test_no_default_arena_with_accumulation_and_the_trainer_setting_is_checked() -> None:
+    model, batch = _mlp(8192)
+    plan = peakcut.optimize(model, batch, cross_entropy_loss, "sgd", device="cpu", time_budget=10, max_states=2,
+                            accumulate=2)
+    assert "arena" not in plan.report and plan.program.arena_plan is None
+    assert PeakcutSettings.from_argument({"arena": False}).search()["arena"] is False
+    with pytest.raises(ValueError, match="arena="):
+        PeakcutSettings.from_argument({"arena": "yes"})
+
+
+def test_a_plan_holds_the_arena_of_the_batch_shape_it_runs() -> None:
+    model, batch = make_mlp()
+    short = tuple(t[: len(t) // 2] for t in batch)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    plan = peakcut.optimize(model, batch, cross_entropy_loss, opt, device="cpu", time_budget=10, max_states=2,
+                            arena=True)
+    eager = copy.deepcopy(model)
+    eager_opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    for b in (batch, short, batch):
+        loss = plan.step(b)
+        eager_opt.zero_grad()
+        expected = cross_entropy_loss(eager, b)
+        expected.backward()
+        eager_opt.step()
+        torch.testing.assert_close(loss, expected)
+        held = [step.arena is not None for steps in plan._steps.values() for step in steps if step is not None]
+        assert held.count(True) == 1                # the other shape's arena is given back
+    assert len(plan._steps) == 2
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p, q)

@@ -27,6 +27,7 @@ class PeakcutSettings:
     time_budget: float = 60.0       # seconds per plan (one per batch shape)
     max_states: int | None = None
     seed: int = 0
+    arena: bool | None = None       # None: optimize's default (peakcut.optimizer.arena.arena_by_default)
 
     @classmethod
     def from_argument(cls, given: Mapping[str, Any] | PeakcutSettings | None) -> PeakcutSettings:
@@ -61,6 +62,8 @@ class PeakcutSettings:
             raise ValueError(f"peakcut: max_states={states!r}: expected None or a number of states >= 1")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"peakcut: seed={self.seed!r}: expected an integer")
+        if self.arena is not None and not isinstance(self.arena, bool):
+            raise ValueError(f"peakcut: arena={self.arena!r}: expected True, False or None")
 
     def search(self) -> dict[str, Any]:
         """peakcut.optimize's keyword arguments for the search."""

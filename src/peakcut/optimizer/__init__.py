@@ -25,8 +25,9 @@ swapping and re-ordering, under a memory or a latency limit.
   peak_standing.py: what stands at a plan's peak, and how much of it fission parts hold;
   held_floor.py: memory limits no plan can meet on a host device (held bytes, whole ops);
 - optimized.py: what optimize_graph found; report.py: its report; arena.py: its arena and
-  predicted reserved bytes (the plan's order laid out, the allocator modelled), and with
-  arena=True the limit on held + arena + unplanned bytes (the search's margin, the plan kept);
+  predicted reserved bytes (the plan's order laid out, the allocator modelled), the default
+  arena, and with an arena the limit on held + arena + unplanned bytes (the search's margin,
+  the plan kept);
   limit_messages.py: the sentences of a LimitNotMet;
 - shares.py: how an optimize call shares its time budget; phases.py: where it went (seconds
   and states per phase, for the report);

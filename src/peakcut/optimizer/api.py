@@ -232,7 +232,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     note_shortfall(report, g, objective, result.best, unreachable, cost, deriver.workspace, named.name, workspace,
                    None if root is untransformed else root)
     return Optimized(result, objective, report, cost, eager, deriver, eager_ratio,
-                     None if root is untransformed else untransformed, chosen)
+                     None if root is untransformed else untransformed, chosen, probes)
 
 
 def _objectives(eager: Timeline, memory_limit: float | int | str | None, latency_limit: float | str | None,
@@ -336,13 +336,14 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
       caller's storages + the arena + the unplanned remainder's peak, and verification runs
       the candidates with their arenas. None (the default): on for a single-process step on a
       CPU with at least 64 MiB of transient bytes, whose heap otherwise splits around them
-      (peakcut.optimizer.arena.arena_by_default, docs/memory_layout.md), off elsewhere.
+      (peakcut.optimizer.arena.arena_by_default, docs/memory_layout.md), off elsewhere and with
+      accumulate > 1.
     - rules: the registry of rules the search applies: peakcut.rules.RULES (the default), or
       peakcut.rules.WITH_FUSED (RULES and fused attention, docs/taso.md).
     Raises LimitNotMet (with `.plan`, the best plan found) when the limit is not met.
     """
     if arena is not None and not isinstance(arena, bool):
-        raise ValueError(f"arena={arena!r}: expected True, False or None (on for a model on a CPU)")
+        raise ValueError(f"arena={arena!r}: expected True, False or None (optimizer.arena.arena_by_default)")
     _check_arguments(memory_limit, latency_limit, fission_dims, time_budget, jobs, seed, max_states)
     if optimizer is not None and loss_fn is None:
         raise ValueError("an optimizer needs loss_fn(model, batch) -> scalar loss")
@@ -352,7 +353,8 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         raise TypeError(f"scaler: expected a torch.amp.GradScaler, got {type(scaler).__name__}")
     use_scaler = scaler is not None and scaler.is_enabled()
     model, data_parallel = _unwrapped(model, device)
-    arena = False if data_parallel is not None and arena is None else arena     # (no default arena under DDP, FSDP2)
+    # no default arena under DDP, FSDP2, or accumulation (whose micro-batch step would hold a second one)
+    arena = False if arena is None and (data_parallel is not None or accumulate > 1) else arena
     opt = resolve_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
     if accumulate > 1 and opt is None:
         raise ValueError("accumulate=k needs an optimizer; without one plan.step already adds into p.grad")

@@ -28,6 +28,7 @@ class Optimized:
     eager_ratio: float = 1.0  # the user's eager step's time / the captured step's (measured)
     untransformed: State | None = None   # the captured step, where the search's root was rewritten
     arena: ArenaPlan | None = None       # the best plan's arena, where it runs with one (optimizer.arena)
+    probes: dict[Any, str | None] | None = None   # the out overloads' probe verdicts the arenas used
 
     @property
     def captured(self) -> State:

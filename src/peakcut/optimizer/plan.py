@@ -108,6 +108,11 @@ class Plan:
         return self.program.source
 
     def _built(self, key: tuple[Any, ...] | None) -> tuple[Step, Step | None]:
+        for other, steps in self._steps.items():     # one batch shape's arena held at a time
+            if other != key:
+                for step in steps:
+                    if step is not None:
+                        step.arena = None               # (made again when that shape comes back)
         found = self._steps.get(key)  # type: ignore[arg-type]
         if found is None:
             main, micro = self._programs.get(key) if key is not None else (None, None)  # type: ignore[misc]

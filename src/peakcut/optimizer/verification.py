@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from peakcut.codegen.arena_plan import ArenaPlan
-from peakcut.optimizer.arena import arena_entries
+from peakcut.optimizer.arena import arena_entries, state_arena
 from peakcut.optimizer.context import ContextCalibration, refit
 from peakcut.optimizer.limit_messages import measured_shortfall, none_ran
 from peakcut.optimizer.optimized import Optimized
@@ -41,6 +41,9 @@ def host_memory(model: torch.nn.Module, keep: bool) -> tuple[str, bool]:
     return "left alone: not glibc", False
 
 
+ARENA_LAYOUT_S = 0.5       # the greedy layout of each other candidate's arena (the best's is the search's)
+
+
 def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: Any, eager: EagerStep,
              opt: torch.optim.Optimizer | None,
              calibration: ContextCalibration | None, fingerprint_s: float,
@@ -67,8 +70,11 @@ def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: An
                       "its limit is met as predicted only", stacklevel=6)
         return found.best, found.feasible, "", found.arena
     candidates = found.candidates(programs_for(step_s, seconds, VERIFY_CANDIDATES))
-    # with an arena, each candidate runs with its own (the best with the one the search priced)
-    arenas = [] if found.arena is None else [found.arena if s is found.best else True for s in candidates]
+    # with an arena, each candidate runs with its own (the best with the one the search priced,
+    # the others laid out as it was, on the search's probe verdicts)
+    arenas: list[bool | ArenaPlan] = [] if found.arena is None or found.deriver is None else [
+        found.arena if s is found.best else state_arena(s, found.deriver.workspace, ARENA_LAYOUT_S, found.probes)
+        for s in candidates]
     state, verdict, placed = choose(candidates, found.captured, found.objective, predicted, model, batch, eager, opt,
                                     max(0.0, seconds - (time.perf_counter() - t0)), step_s, arenas)
     report["verification"] = dict(verdict.report(mode), seconds=round(time.perf_counter() - t0, 3))

@@ -477,14 +477,16 @@ def choose(candidates: Sequence[State], root: State, objective: Objective, predi
     limit, the one nearest to it (least measured time under a latency limit, least measured
     peak under a memory limit; the first given if none ran) comes back with the verdict's
     chosen None. Also the arena plan the state ran with (None without one)."""
+    deadline = time.perf_counter() + seconds          # building the candidates (their arenas) counts
     placed = list(arenas) or [False] * len(candidates)
     if len(placed) != len(candidates):
         raise ValueError(f"{len(placed)} arenas for {len(candidates)} candidates")
     steps = [(candidate_name(s, root), Step(s.program, list(s.order), arena=a))
              for s, a in zip(candidates, placed, strict=True)]
-    rounds = rounds_for(predicted_eager_s if step_s is None else step_s, len(steps) + 1, seconds)
+    rounds = rounds_for(predicted_eager_s if step_s is None else step_s, len(steps) + 1,
+                        max(0.0, deadline - time.perf_counter()))
     verdict = verify(steps, model, batch, eager, optimizer, objective, predicted_eager_s, rounds,
-                     deadline=time.perf_counter() + seconds)
+                     deadline=deadline)
     measured = verdict.candidates
     if verdict.chosen is not None:
         index = verdict.ran[verdict.chosen]
