@@ -36,8 +36,9 @@ from peakcut.fission.ftree import FTree
 from peakcut.fission.loss import detach_loss
 from peakcut.ir.graph import Graph
 from peakcut.memory.workspace import WorkspaceSpec, workspace_model
+from peakcut.optimizer import arena as arenas
 from peakcut.optimizer import shares
-from peakcut.optimizer.arena import arena_by_default, arena_choice, arena_margin, layout_seconds
+from peakcut.optimizer.arena import arena_choice, arena_margin, layout_seconds
 from peakcut.optimizer.budget import BudgetedCost, MeasurePacer
 from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.context import calibrate
@@ -176,7 +177,7 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
                          "latencies during the search, which parallel searches would disturb; use jobs=1")
     settings = _on_host(settings, cost, rules)
     eager = simulate_timeline(g, g.order, cost, workspace)
-    arena = arena_by_default(g, eager) if arena is None else arena
+    arena = arenas.arena_by_default(g, eager) if arena is None else arena
     floors = step_floors_for(g, cost, workspace)
     peer = zero_offload_peer(g, cost, workspace, floors)    # (before the search: inside its budget)
     objective, planned = _objectives(eager, memory_limit, latency_limit, pareto, eager_ratio, plan_margin)
@@ -342,8 +343,6 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
       peakcut.rules.WITH_FUSED (RULES and fused attention, docs/taso.md).
     Raises LimitNotMet (with `.plan`, the best plan found) when the limit is not met.
     """
-    if arena is not None and not isinstance(arena, bool):
-        raise ValueError(f"arena={arena!r}: expected True, False or None (optimizer.arena.arena_by_default)")
     _check_arguments(memory_limit, latency_limit, fission_dims, time_budget, jobs, seed, max_states)
     if optimizer is not None and loss_fn is None:
         raise ValueError("an optimizer needs loss_fn(model, batch) -> scalar loss")
@@ -353,8 +352,7 @@ def optimize(model: torch.nn.Module, batch: Any, loss_fn: Callable[..., Any] | N
         raise TypeError(f"scaler: expected a torch.amp.GradScaler, got {type(scaler).__name__}")
     use_scaler = scaler is not None and scaler.is_enabled()
     model, data_parallel = _unwrapped(model, device)
-    # no default arena under DDP, FSDP2, or accumulation (whose micro-batch step would hold a second one)
-    arena = False if arena is None and (data_parallel is not None or accumulate > 1) else arena
+    arena = arenas.arena_setting(arena, data_parallel is not None, accumulate)
     opt = resolve_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
     if accumulate > 1 and opt is None:
         raise ValueError("accumulate=k needs an optimizer; without one plan.step already adds into p.grad")

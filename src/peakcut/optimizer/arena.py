@@ -61,6 +61,15 @@ def arena_by_default(g: Graph, eager: Timeline) -> bool:
     return g.device.startswith("cpu") and eager.peak_bytes - eager.baseline_bytes >= ARENA_MIN_BYTES
 
 
+def arena_setting(arena: bool | None, distributed: bool, accumulate: int) -> bool | None:
+    """optimize's `arena` argument, checked: None (arena_by_default decides for each captured
+    step) stays None only for a single-process step without accumulation, whose micro-batch
+    step would hold a second arena; elsewhere it is False."""
+    if arena is not None and not isinstance(arena, bool):
+        raise ValueError(f"arena={arena!r}: expected True, False or None (optimizer.arena.arena_by_default)")
+    return False if arena is None and (distributed or accumulate > 1) else arena
+
+
 def layout_seconds(time_budget: float) -> float:
     """The seconds the layout may take of an optimize call's `time_budget` (LAYOUT_SHARE of
     it, at most LAYOUT_MAX_S); its first greedy order always runs."""
