@@ -49,9 +49,7 @@ def _timed(step: Step, model: torch.nn.Module, batch: Any) -> float:
 
 def _peak(step: Step, model: torch.nn.Module, batch: Any) -> int:
     inputs = step.bind(model, batch)
-    held = held_input_bytes(step, inputs)
-    arena = step.arena.numel() if step.arena is not None else 0
-    return bound_peak(step, inputs, step.device_of(inputs), held) + arena
+    return bound_peak(step, inputs, step.device_of(inputs), held_input_bytes(step, inputs))
 
 
 def run_one(name: str, size: str, budget: float, steps: int) -> dict[str, Any]:

@@ -248,8 +248,7 @@ def fingerprint(value: torch.Tensor, key: str, before: torch.Tensor | None = Non
         xs.copy_(flat[start:start + m])
         if base is not None:
             xs.sub_(ys.copy_(base[start:start + m]))
-        part = float(xs.sum())
-        total += part
+        total += float(xs.sum())
         squares += float(torch.dot(xs, xs))
         packed = torch.randint(0, 256, ((m + 7) // 8,), dtype=torch.uint8, generator=probe)
         bits = packed.unsqueeze(1).bitwise_right_shift(_BIT_SHIFTS).bitwise_and_(1).view(-1)[:m]

@@ -23,7 +23,7 @@ so that eager runs on the user's layout, and an untimed bind before each timed c
 them again (plan.step does that once). Peak: one more run of each under the allocator's account
 (runtime.measure.bound_peak: the CPU profiler's events, or cuda max_memory_allocated
 beyond what was allocated before; a candidate's arena, where it runs with one, counts as
-held). A candidate that cannot bind or run is left out, and
+held: runtime.measure.bound_peak). A candidate that cannot bind or run is left out, and
 the reason reported. The user's optimizer hooks run on the eager rounds like on any step;
 a candidate refuses an optimizer with step hooks, as plan.step does (reported as failed).
 
@@ -335,9 +335,7 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
                 try:
                     inputs = step.bind(model, batch)
                     dev = step.device_of(inputs)        # (warm: the numbers check ran it)
-                    # the arena, made by its first run (the numbers check), is held like its inputs
-                    held = held_input_bytes(step, inputs) + (step.arena.nbytes if step.arena is not None else 0)
-                    peak = bound_peak(step, inputs, dev, held)
+                    peak = bound_peak(step, inputs, dev, held_input_bytes(step, inputs))
                 # Whatever a candidate raises (out of memory first), the others are still judged.
                 except Exception as e:
                     failed.append((name, error_line(e)))

@@ -134,8 +134,10 @@ def run_peak(fn: Callable[[], Any], device: torch.device, held_bytes: int) -> in
 
 def bound_peak(step: Step, inputs: list[torch.Tensor], dev: str, input_bytes: int) -> int:
     """Peak device bytes of one run of a bound step whose caller-held inputs take
-    `input_bytes` (run_peak)."""
-    return run_peak(lambda: step.run(inputs, dev), torch.device(dev), input_bytes)
+    `input_bytes` (run_peak), with the step's arena where an earlier run made it (held across
+    runs like the inputs; one the run makes is among its allocations)."""
+    held = input_bytes + (step.arena.nbytes if step.arena is not None else 0)
+    return run_peak(lambda: step.run(inputs, dev), torch.device(dev), held)
 
 
 def measure(
