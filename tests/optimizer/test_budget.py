@@ -5,17 +5,20 @@ cold-cache optimize reports where its time went and gives the search its share."
 from __future__ import annotations
 
 import json
+import pickle
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
 import peakcut
 from peakcut.cost import MeasuredCostModel, TimingSettings
 from peakcut.cost.calls import call_key
-from peakcut.optimizer import api, shares
+from peakcut.optimizer import api, optimize_graph, shares
 from peakcut.optimizer.budget import BudgetedCost, MeasurePacer
+from peakcut.optimizer.parallel import can_fork
 from peakcut.optimizer.phases import ORDER, phases_line
 from tests.cost.graphs import NODE, add_graph, mm_graph
 
@@ -95,3 +98,49 @@ def test_a_cold_cache_optimize_reports_its_phases_and_searches_its_share(tmp_pat
     assert with_work > 0
     repriced = plan.report.get("repriced")     # (none where a busy machine's calibration left no search)
     assert repriced is None or repriced["fit_points"] <= with_work
+
+
+def test_a_job_as_plain_data_pickles_and_times_the_same_call(tmp_path: Path) -> None:
+    """A forked search sends its calls to the caller as JobSpecs: they pickle, and the job
+    rebuilt from one has the key and runs the call of the node it came from."""
+    measured = _measured(tmp_path)
+    g = mm_graph(16, 24, 8)
+    job = measured.job(g, NODE)
+    spec = pickle.loads(pickle.dumps(measured.spec_of(job)))
+    again = measured.job_from(spec)
+    assert (again.key, again.nbytes, again.estimate()) == (job.key, job.nbytes, job.estimate())
+    assert torch.equal(again.build()(), job.build()())
+    copy = measured.job_from(pickle.loads(pickle.dumps(measured.spec_of(measured.copy_job(4096, "d2h")))))
+    assert copy.key == measured.copy_job(4096, "d2h").key and copy.build()().numel() == 4096
+
+
+@pytest.mark.skipif(not can_fork(), reason="no 'fork' start method on this platform")
+def test_a_forked_measured_search_has_the_caller_measure_its_calls(tmp_path: Path, monkeypatch) -> None:
+    """optimize_graph runs a measured search in a forked process too (the caller keeps none
+    of its memory). The fork times nothing itself (OpenMP threads do not survive a fork): its
+    pacer's slices are measured by the caller, into the caller's table and cache file, and
+    the counts come back for the report."""
+    answered: list[int] = []
+    answer = BudgetedCost.answer
+
+    def counted(self: BudgetedCost, specs: list, until: float) -> dict:
+        answered.append(len(specs))          # (appended in the caller only: the fork only asks)
+        return answer(self, specs, until)
+
+    monkeypatch.setattr(BudgetedCost, "answer", counted)
+    # a pacer whose first tick has a slice to spend: as if the search had run 100 s
+    monkeypatch.setattr(api, "MeasurePacer",
+                        lambda cost, until: MeasurePacer(cost, duty=1.0, until=until, t0=time.perf_counter() - 100))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10))
+    batch = (torch.randn(32, 64), torch.randint(0, 10, (32,)))
+    g = peakcut.capture(model, batch, _loss, torch.optim.SGD(model.parameters(), lr=1e-2))
+    measured = _measured(tmp_path)
+    found = optimize_graph(g, latency_limit=1.1, device=measured, time_budget=20, max_states=8, isolate=True)
+    assert sum(answered) > 0
+    cost = found.cost
+    assert isinstance(cost, BudgetedCost) and cost.measured_keys >= sum(answered) > 0
+    assert found.report["phases"]["measuring_in_search_s"] > 0
+    assert found.report["repriced"]["measured_since"] == cost.measured_keys
+    on_disk = json.loads(measured.cache_path.read_text())["entries"]
+    assert all(measured.has(k) for k in on_disk) and len(on_disk) >= cost.measured_keys

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from peakcut.ir.graph import Graph
-from peakcut.ir.node import TensorRef
+from peakcut.ir.node import Node, TensorRef
 from peakcut.ir.tensor import TensorMeta
 
 VALUE_CHECKED_OPS = frozenset({
@@ -85,21 +85,41 @@ def call_bytes(g: Graph, nid: int) -> int:
     return input_bytes(g, nid) + sum(g.tensors[t].nbytes for t in g.nodes[nid].output_ids())
 
 
+@dataclass(frozen=True)
+class CallSpec:
+    """A node's call as plain data: the node and the layouts of the tensors it reads. It
+    pickles, so a call priced where its graph lives (a forked search) runs elsewhere."""
+
+    node: Node
+    tensors: dict[int, TensorMeta]
+
+
+def call_spec(g: Graph, nid: int) -> CallSpec:
+    """Node `nid`'s call as plain data (CallSpec)."""
+    node = g.nodes[nid]
+    return CallSpec(node, {t: g.tensors[t] for t in node.input_ids()})
+
+
 def real_call(g: Graph, nid: int, device: torch.device) -> RealCall:
     """Node `nid` with real tensors on `device` (devices in its arguments replaced by it)."""
-    node = g.nodes[nid]
+    return spec_call(call_spec(g, nid), device)
+
+
+def spec_call(spec: CallSpec, device: torch.device) -> RealCall:
+    """The call of `spec` with real tensors on `device` (devices in its arguments replaced by it)."""
     generator = torch.Generator(device=device)
     generator.manual_seed(INPUT_SEED)
     built: dict[int, torch.Tensor] = {}
 
     def tensor(ref: TensorRef) -> torch.Tensor:
         if ref.id not in built:
-            built[ref.id] = real_tensor(g.tensors[ref.id], device, generator)
+            built[ref.id] = real_tensor(spec.tensors[ref.id], device, generator)
         return built[ref.id]
 
     def convert(value: Any) -> Any:
         return _map_args(value, tensor, device)
 
+    node = spec.node
     return RealCall(node.overload(), tuple(convert(a) for a in node.args),
                     {k: convert(v) for k, v in node.kwargs.items()})
 

@@ -48,7 +48,14 @@ from peakcut.cost.cache import SCHEMA_VERSION, CostCache, CostEntry
 from peakcut.cost.calls import call_key, copy_key, is_swap, node_work, swap_transfer
 from peakcut.cost.fingerprint import device_fingerprint
 from peakcut.cost.fitted import COPY_FAMILY, FittedPrices, Work
-from peakcut.cost.inputs import VALUE_CHECKED_OPS, call_bytes, error_line, real_call
+from peakcut.cost.inputs import (
+    VALUE_CHECKED_OPS,
+    CallSpec,
+    call_bytes,
+    call_spec,
+    error_line,
+    spec_call,
+)
 from peakcut.cost.mix import mix_calls, mix_operands
 from peakcut.cost.overhead import line_overhead_seconds
 from peakcut.cost.profiles import DeviceProfile, check_direction, cpu_profile, profile_for_gpu_name
@@ -69,14 +76,28 @@ WORK_MEMO_LIMIT = 1 << 15
 
 @dataclass(frozen=True)
 class Job:
-    """One key to measure: how to build its call, how to estimate it, how big it is, and the
-    work a fit reads of it."""
+    """One key to measure: how to build its call, how to estimate it, how big it is, the
+    work a fit reads of it, and its call as plain data (a CallSpec, or a copy's bytes and
+    direction)."""
 
     key: str
     build: Callable[[], Callable[[], Any]]
     estimate: Callable[[], float]
     nbytes: int
     work: Callable[[], Work]
+    call: Callable[[], CallSpec | tuple[int, str]]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A Job as plain data, which pickles: a forked search's call, measured by its parent
+    (MeasuredCostModel.spec_of, job_from)."""
+
+    key: str
+    call: CallSpec | tuple[int, str]
+    estimate: float
+    nbytes: int
+    work: Work
 
 
 def _timing_device(device: str | torch.device) -> torch.device:
@@ -213,6 +234,42 @@ class MeasuredCostModel:
         """True when call key `key` is in the table."""
         return key in self._table.entries
 
+    def spec_of(self, job: Job) -> JobSpec:
+        """`job` as plain data (nothing is run)."""
+        return JobSpec(job.key, job.call(), job.estimate(), job.nbytes, self._work_of(job))
+
+    def job_from(self, spec: JobSpec) -> Job:
+        """The Job of a JobSpec (another process's call, measured here)."""
+        return Job(spec.key, lambda: self._build(spec.call), lambda: spec.estimate, spec.nbytes, lambda: spec.work,
+                   lambda: spec.call)
+
+    def _build(self, call: CallSpec | tuple[int, str]) -> Callable[[], Any]:
+        """The call to time on this model's device: a node's, or a copy's (bytes, direction)."""
+        if not isinstance(call, CallSpec):
+            return copy_call(*call, self.device)
+        op = call.node.op
+        if self.device.type == "cuda" and op in VALUE_CHECKED_OPS:
+            raise ValueError(f"{op} checks its input values with device-side asserts: not run on synthetic inputs")
+        return spec_call(call, self.device)
+
+    def entries_of(self, keys: list[str]) -> dict[str, CostEntry]:
+        """The table's entries of `keys` (those in it)."""
+        return {k: self._table.entries[k] for k in keys if k in self._table.entries}
+
+    def adopt(self, entries: dict[str, CostEntry]) -> int:
+        """Take entries this device's model measured in another process (a forked search's
+        calls, measured by its parent) into the table and the fitted prices; how many were new."""
+        new = 0
+        for key, entry in entries.items():
+            if key in self._table.entries:
+                continue
+            self._table.entries[key] = entry
+            if entry.work is not None and not entry.estimated:
+                self._fit.add(entry.work, entry.seconds)
+            self._note(key)
+            new += 1
+        return new
+
     @property
     def fit_points(self) -> int:
         """How many measured calls the fitted prices are made from."""
@@ -291,27 +348,22 @@ class MeasuredCostModel:
         self._cache.save(self._table)
 
     def _node_job(self, g: Graph, nid: int) -> Job:
-        op = g.nodes[nid].op
-
-        def build() -> Callable[[], Any]:
-            if self.device.type == "cuda" and op in VALUE_CHECKED_OPS:
-                raise ValueError(f"{op} checks its input values with device-side asserts: not run on synthetic inputs")
-            return real_call(g, nid, self.device)
-
         def work() -> Work:
             found = node_work(g, nid)
-            return Work(f"{op}:{found.dtype}", float(found.flops), float(found.bytes),
+            return Work(f"{g.nodes[nid].op}:{found.dtype}", float(found.flops), float(found.bytes),
                         self._fallback.node_seconds(g, nid))
 
-        return Job(call_key(g, nid), build, lambda: self._fallback.node_seconds(g, nid), call_bytes(g, nid), work)
+        return Job(call_key(g, nid), lambda: self._build(call_spec(g, nid)), lambda: self._fallback.node_seconds(g, nid),
+                   call_bytes(g, nid), work, lambda: call_spec(g, nid))
 
     def _copy_job(self, nbytes: int, direction: str) -> Job:
         check_direction(direction)
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-        return Job(copy_key(nbytes, direction), lambda: copy_call(nbytes, direction, self.device),
+        return Job(copy_key(nbytes, direction), lambda: self._build((nbytes, direction)),
                    lambda: self._fallback.copy_seconds(nbytes, direction), 2 * nbytes,
-                   lambda: Work(f"copy:{direction}", 0.0, float(nbytes), self._fallback.copy_seconds(nbytes, direction)))
+                   lambda: Work(f"copy:{direction}", 0.0, float(nbytes), self._fallback.copy_seconds(nbytes, direction)),
+                   lambda: (nbytes, direction))
 
     def _seconds(self, job: Job) -> float:
         """Seconds of one job's key, measuring (and saving) it on a miss."""

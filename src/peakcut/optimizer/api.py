@@ -82,20 +82,6 @@ def _budgeted(cost: CostModel, deadline: float) -> CostModel:
     return BudgetedCost(cost, deadline) if isinstance(cost, MeasuredCostModel) else cost
 
 
-def _paced(progress: Callable[[Progress], None] | None, pacer: MeasurePacer | None
-           ) -> Callable[[Progress], None] | None:
-    """The search's progress callback, measuring a slice of queued calls first (pacer)."""
-    if pacer is None:
-        return progress
-
-    def tick(p: Progress) -> None:
-        pacer.tick()
-        if progress is not None:
-            progress(p)
-
-    return tick
-
-
 def _on_host(settings: MoveSettings | None, cost: CostModel, rules: Registry = RULES) -> MoveSettings | None:
     """Without the rules that free memory by host copies when the device is the host (a CPU
     cost model): there a copy to host memory frees nothing."""
@@ -198,9 +184,8 @@ def optimize_graph(g: Graph, *, memory_limit: float | int | str | None = None,
     pacer = (MeasurePacer(cost, until=time.perf_counter() + searching)
              if budgeted and isinstance(cost, BudgetedCost) else None)
     result = parallel_search(root, deriver, planned, jobs=jobs, seed=seed, max_states=max_states,
-                             time_budget=searching, settings=settings, progress=_paced(progress, pacer),
-                             exact_front=pareto,
-                             isolate=isolate and isolated(isinstance(cost, BudgetedCost)))
+                             time_budget=searching, settings=settings, progress=progress, pacer=pacer,
+                             exact_front=pareto, isolate=isolate and isolated(measures=isinstance(cost, MeasuredCostModel)))
     polish_s = time.perf_counter()
     if polishing:
         result = polished(result, deriver, planned, deadline=t0 + time_budget - kept)

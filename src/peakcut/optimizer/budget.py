@@ -13,16 +13,27 @@ priced before keep theirs, and reprice() prices the search's bests, its root and
 step again (their calls measured first, as far as `deadline` allows) before they are
 judged and verified. No measuring starts after `deadline`; what is still fitted then is
 counted (`fitted`), so the report can say how many figures are fitted prices.
+
+A search forked off the caller (peakcut.optimizer.parallel: so that the caller's process
+does not keep the memory the search used) cannot time calls itself: the CPU's OpenMP threads
+do not survive a fork (a parallel region in the child hangs), and its timings would not be
+the caller's. Its copy of the pacer asks the caller instead (MeasurePacer.in_worker): the
+calls chosen go to the caller as plain data (JobSpec), the caller measures them on its own
+threads while the search waits (answer), and the entries come back into the copy's table.
+At the end the copy's counts go back to the caller's pacer (handback, take).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from peakcut.cost.cache import CostEntry
 from peakcut.cost.calls import call_key, copy_key, is_swap, swap_transfer
-from peakcut.cost.measured import Job, MeasuredCostModel
+from peakcut.cost.measured import Job, JobSpec, MeasuredCostModel
 from peakcut.ir.graph import Graph
 
 MEASURE_DUTY = 0.1
@@ -47,6 +58,8 @@ class BudgetedCost:
         self.fitted_keys: set[str] = set()         # every key priced by the fitted prices
         self.measured_keys = 0                     # of those, measured since
         self.measuring_s = 0.0                     # seconds spent in measure_some
+        # in a forked search: measures the calls in the caller's process (MeasurePacer.in_worker)
+        self.remote: Callable[[list[JobSpec], float], dict[str, CostEntry]] | None = None
 
     @property
     def fitted(self) -> int:
@@ -95,7 +108,12 @@ class BudgetedCost:
                 continue
             chosen.append(job)
             cost += price
-        done = self.measured.measure(chosen, until) if chosen else 0
+        if not chosen:
+            done = 0
+        elif self.remote is None:
+            done = self.measured.measure(chosen, until)
+        else:
+            done = self.measured.adopt(self.remote([self.measured.spec_of(j) for j in chosen], until))
         for job in chosen:
             if self.measured.has(job.key):
                 self._queue.pop(job.key, None)
@@ -104,14 +122,32 @@ class BudgetedCost:
         return done
 
     def keys_of(self, g: Graph) -> set[str]:
-        """The queued keys among the calls of `g`."""
+        """The keys of `g`'s calls not measured yet, each queued (a forked search priced
+        states whose calls this process never priced)."""
         found = set()
         for nid in g.order:
-            if not self.measured.on_host(g, nid):
-                key = copy_key(*swap_transfer(g, nid)) if is_swap(g, nid) else call_key(g, nid)
-                if key in self._queue:
-                    found.add(key)
+            if self.measured.on_host(g, nid):
+                continue
+            key = copy_key(*swap_transfer(g, nid)) if is_swap(g, nid) else call_key(g, nid)
+            if self.measured.has(key):
+                continue
+            if key not in self._queue:
+                self._queue[key] = self.measured.job(g, nid)
+                self.fitted_keys.add(key)
+            found.add(key)
         return found
+
+    def answer(self, specs: list[JobSpec], until: float) -> dict[str, CostEntry]:
+        """Measure a forked search's calls here (none started after `until`); their entries."""
+        self.measured.measure([self.measured.job_from(s) for s in specs], min(until, self.deadline))
+        return self.measured.entries_of([s.key for s in specs])
+
+    def take(self, counts: Counts) -> None:
+        """Adopt the counts of a forked copy of this model (MeasurePacer.handback); its
+        measurements are in this model's table already (answer)."""
+        self.fitted_keys = counts.fitted_keys
+        self.measured_keys, self.measuring_s = counts.measured_keys, counts.measuring_s
+        self._queue = {k: j for k, j in self._queue.items() if not self.measured.has(k)}
 
     def as_dict(self) -> dict[str, float | int]:
         """What the report says of the fitted prices and the measuring."""
@@ -120,17 +156,32 @@ class BudgetedCost:
                 "fit_points": self.measured.fit_points}
 
 
+@dataclass(frozen=True)
+class Counts:
+    """A forked search's BudgetedCost and MeasurePacer counts, for the caller's to take."""
+
+    fitted_keys: set[str]
+    measured_keys: int
+    measuring_s: float
+    spent: float
+
+
 @dataclass
 class MeasurePacer:
     """Calls cost.measure_some between the search's expansions (tick), so that measuring
     takes at most `duty` of the wall time since the pacer started, and none of it past
-    `until` (perf_counter: the search's own deadline)."""
+    `until` (perf_counter: the search's own deadline). In a forked search (module doc) its
+    copy asks the caller to measure (in_worker, answer) and hands its counts back (handback,
+    take)."""
 
     cost: BudgetedCost
     duty: float = MEASURE_DUTY
     until: float = math.inf
     t0: float = field(default_factory=time.perf_counter)
     spent: float = 0.0
+
+    def __post_init__(self) -> None:
+        _ = self.cost.measured.line_overhead_seconds    # timed here: a forked copy times nothing itself
 
     def tick(self) -> None:
         now = time.perf_counter()
@@ -140,3 +191,22 @@ class MeasurePacer:
         t = time.perf_counter()
         self.cost.measure_some(allowed)
         self.spent += time.perf_counter() - t
+
+    def in_worker(self, ask: Callable[[Any], Any]) -> None:
+        """In a forked search: measure by ask((specs, until)), which the caller's pacer
+        answers."""
+        self.cost.remote = lambda specs, until: ask((specs, until))
+
+    def answer(self, request: tuple[list[JobSpec], float]) -> dict[str, CostEntry]:
+        """Measure a forked copy's calls (its in_worker request) here."""
+        return self.cost.answer(*request)
+
+    def handback(self) -> Counts:
+        """This (forked) copy's counts, for the caller's pacer."""
+        c = self.cost
+        return Counts(set(c.fitted_keys), c.measured_keys, c.measuring_s, self.spent)
+
+    def take(self, counts: Counts) -> None:
+        """Adopt a forked copy's counts (its handback)."""
+        self.cost.take(counts)
+        self.spent = counts.spent

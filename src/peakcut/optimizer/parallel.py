@@ -10,8 +10,9 @@ sends it back with its Pareto front and counts; the result is the best of the wo
 bests (BetterThan, ties to the lower worker), the merged front, and the summed counts.
 Progress messages of the workers are merged (states summed, the best of the bests).
 
-Needs the "fork" start method (Linux; not Windows) and a cost model that does not measure:
-measuring op latencies in two processes at once would disturb each other's timings.
+Needs the "fork" start method (Linux; not Windows); with jobs > 1, a cost model that does
+not measure: measuring op latencies in two processes at once would disturb each other's
+timings.
 The same seed and jobs give the same result when every worker ends by its queue, by
 stalling (search module doc; each worker counts its own states) or by `max_states` (split
 evenly between the workers).
@@ -20,7 +21,11 @@ With `isolate=True` and jobs = 1 the one search runs in a forked worker too (`is
 says where that is possible), so that the objects it makes and frees are the worker's: the
 caller's process does not keep the heap the search grew and fragmented (peakcut.optimize
 does this; the caller trains in that process). The result is the worker's, with its latest
-KEPT_BESTS bests (shares.KEPT_BESTS: what the arena's choice reads).
+KEPT_BESTS bests (shares.KEPT_BESTS: what the arena's choice reads). A measured cost model's
+search runs there too, with its `pacer` (peakcut.optimizer.budget.MeasurePacer): the worker
+ticks its copy between expansions, which asks the caller to measure (the caller answers
+while the worker waits: the worker runs no parallel region, which a fork of a process that
+ran OpenMP threads hangs in), and the caller's pacer takes the copy's counts at the end.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-from typing import cast
+from typing import Any, Protocol, cast
 
 from peakcut.optimizer.children import MoveSettings
 from peakcut.optimizer.derive import Deriver
@@ -47,11 +52,28 @@ from peakcut.optimizer.state import State
 HANDBACK_SECONDS = 1.0     # of the budget kept for workers to send their result back
 
 
+class Pacer(Protocol):
+    """Work a search does between its expansions (peakcut.optimizer.budget.MeasurePacer): in a
+    forked worker its copy asks the caller (in_worker, answer) and hands back its outcome
+    (handback, take)."""
+
+    def tick(self) -> None: ...
+
+    def in_worker(self, ask: Callable[[Any], Any]) -> None: ...
+
+    def answer(self, request: Any) -> Any: ...
+
+    def handback(self) -> Any: ...
+
+    def take(self, outcome: Any) -> None: ...
+
+
 def isolated(measures: bool) -> bool:
-    """Whether a search can run in a forked worker here: on Linux, the cost model does not
-    measure (`measures`), neither CUDA nor torch.distributed has started in this process (a
-    fork carries neither), this process is not a daemon (which may not have children) and
-    runs no other Python thread (whose locks a fork would copy held)."""
+    """Whether a search can run in a forked worker here: on Linux, the cost model times no
+    call itself (`measures`; a BudgetedCost's pacer asks the caller, module doc), neither
+    CUDA nor torch.distributed has started in this process (a fork carries neither), this
+    process is not a daemon (which may not have children) and runs no other Python thread
+    (whose locks a fork would copy held)."""
     import torch
 
     return (sys.platform.startswith("linux") and can_fork() and not measures
@@ -68,14 +90,16 @@ def parallel_search(root: State, deriver: Deriver, objective: Objective, *, jobs
                     time_budget: float = 60.0, seed: int = 0, max_states: int | None = None,
                     settings: MoveSettings | None = None,
                     progress: Callable[[Progress], None] | None = None,
-                    exact_front: bool = False, isolate: bool = False) -> SearchResult:
+                    exact_front: bool = False, isolate: bool = False, pacer: Pacer | None = None) -> SearchResult:
     """`search` on `jobs` processes (see module doc); jobs = 1 is `search` itself, in this
-    process unless `isolate`."""
+    process unless `isolate`. pacer: ticked between expansions (jobs = 1 only)."""
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: expected at least 1 process")
+    if pacer is not None and jobs > 1:
+        raise ValueError(f"jobs={jobs} with a pacer: measuring in several searches at once would disturb the timings")
     if jobs == 1 and not isolate:
         return search(root, deriver, objective, time_budget=time_budget, seed=seed, max_states=max_states,
-                      settings=settings, progress=progress, exact_front=exact_front)
+                      settings=settings, progress=paced(progress, pacer), exact_front=exact_front)
     if not can_fork():
         raise ValueError(f"jobs={jobs} needs the 'fork' start method, which this platform lacks; use jobs=1")
     t0 = time.perf_counter()
@@ -85,11 +109,11 @@ def parallel_search(root: State, deriver: Deriver, objective: Objective, *, jobs
     conns: list[Connection] = []
     workers = []
     for i in range(jobs):
-        receive, send = ctx.Pipe(duplex=False)
+        receive, send = ctx.Pipe(duplex=pacer is not None)      # (a pacer's copy asks the caller)
 
         def work(i: int = i, send: Connection = send) -> None:
             _worker(send, root, deriver, objective, budget, seed, each, settings, exact_front, (i, jobs),
-                    progress is not None, KEPT_BESTS if jobs == 1 else 0)
+                    progress is not None, KEPT_BESTS if jobs == 1 else 0, pacer)
 
         p = ctx.Process(target=work, name=f"peakcut-search-{i}", daemon=True)
         p.start()
@@ -112,13 +136,19 @@ def parallel_search(root: State, deriver: Deriver, objective: Objective, *, jobs
                                        f"(exit code {workers[i].exitcode})") from None
                 if kind == "error":
                     raise worker_error(i, *payload)
+                if kind == "ask":
+                    conn.send(cast("Pacer", pacer).answer(payload))
+                    continue
                 if kind == "progress":
                     latest[i] = payload
                     if progress is not None:
                         progress(_merged_progress(latest, objective))
                     continue
-                payload.root = root
-                results[i] = payload
+                found, outcome = payload
+                found.root = root
+                if pacer is not None:
+                    pacer.take(outcome)
+                results[i] = found
                 pending.remove(conn)
     finally:
         for p in workers:
@@ -133,17 +163,23 @@ def parallel_search(root: State, deriver: Deriver, objective: Objective, *, jobs
 
 def _worker(send: Connection, root: State, deriver: Deriver, objective: Objective, budget: float,
             seed: int, max_states: int | None, settings: MoveSettings | None, exact_front: bool,
-            share: tuple[int, int], report_progress: bool, kept_bests: int) -> None:
+            share: tuple[int, int], report_progress: bool, kept_bests: int, pacer: Pacer | None) -> None:
     try:
         import torch
 
         torch.set_num_threads(1)
+        if pacer is not None:
+            def ask(request: Any) -> Any:
+                send.send(("ask", request))
+                return send.recv()
+
+            pacer.in_worker(ask)
         tell = (lambda p: send.send(("progress", p))) if report_progress else None
         result = search(root, deriver, objective, time_budget=budget, seed=seed, max_states=max_states,
-                        settings=settings, progress=tell, exact_front=exact_front, share=share)
+                        settings=settings, progress=paced(tell, pacer), exact_front=exact_front, share=share)
         result.root = None    # type: ignore[assignment]  # the parent has it: not sent back
         result.bests = result.bests[-kept_bests:] if kept_bests else []   # the rest of the history stays here
-        send.send(("result", result))
+        send.send(("result", (result, pacer.handback() if pacer is not None else None)))
     except BaseException as e:   # noqa: BLE001 - everything goes back to the parent, which raises
         text = traceback.format_exc()
         try:
@@ -154,6 +190,20 @@ def _worker(send: Connection, root: State, deriver: Deriver, objective: Objectiv
     finally:
         send.close()
         os._exit(0)        # skip the parent's atexit handlers and finalizers in the fork
+
+
+def paced(progress: Callable[[Progress], None] | None, pacer: Pacer | None
+          ) -> Callable[[Progress], None] | None:
+    """The search's progress callback, ticking the pacer first."""
+    if pacer is None:
+        return progress
+
+    def tick(p: Progress) -> None:
+        pacer.tick()
+        if progress is not None:
+            progress(p)
+
+    return tick
 
 
 class SearchWorkerError(RuntimeError):
