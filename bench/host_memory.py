@@ -24,6 +24,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from typing import Any
 
 MiB = 2**20
@@ -65,8 +66,10 @@ def measure(workload: str, device: str, arena: bool | None, budget: float) -> di
         model, batch, loss_fn = inst.model, inst.batch, inst.loss_fn
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     before = _status()["VmRSS"]
+    t0 = time.perf_counter()
     plan = peakcut.optimize(model, batch, loss_fn, opt, latency_limit=1.10, device=device, time_budget=budget,
                             arena=arena)
+    optimize_s = time.perf_counter() - t0
     after = _status()["VmRSS"]
     plan.step(batch)
     with open("/proc/self/clear_refs", "w") as f:
@@ -86,7 +89,7 @@ def measure(workload: str, device: str, arena: bool | None, budget: float) -> di
             "after_optimize_mib": after / MiB, "steps_high_water_mib": high / MiB, "grown_mib": grown / MiB,
             "live_mib": (report["peak_bytes"] - caller) / MiB, "needs_mib": needs / MiB,
             "reserved_method": report["layout"]["reserved_method"], "bound_mib": (1.05 * needs + 100 * MiB) / MiB,
-            "within": grown <= 1.05 * needs + 100 * MiB}
+            "within": grown <= 1.05 * needs + 100 * MiB, "optimize_s": optimize_s}
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -111,7 +114,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
               f"{r['live_mib']:.0f} | {r['needs_mib']:.0f} | {r['grown_mib'] / r['needs_mib']:.2f} | "
               f"{r['bound_mib']:.0f} | {'yes' if r['within'] else 'no'} |")
     for r in rows:
-        print(f"arena={r['arena']}: {r['reserved_method']}")
+        print(f"arena={r['arena']}: optimize took {r['optimize_s']:.1f} s; {r['reserved_method']}")
     return rows
 
 
