@@ -239,3 +239,15 @@ def test_a_plan_within_the_limit_itself_beats_one_only_within_the_noise_band() -
     assert pick_candidate([close, measured(100, 1.13)], "latency", 1.155, 1.10) == 0   # the band decides
     assert pick_candidate([measured(100, 1.2)], "latency", 1.155, 1.10) is None
     assert pick_candidate([measured(60, 1.3), measured(50, 1.5)], "memory", 55) == 1     # bytes, as measured
+
+
+def test_rounds_past_the_few_end_at_the_deadline() -> None:
+    """Rounds sized on a step time the steps then exceed end at the deadline once
+    SHORT_ROUNDS have run (verification stays inside the time budget), not at MIN_ROUNDS."""
+    model, batch = make_mlp()
+    opt = torch.optim.AdamW(model.parameters())
+    g = peakcut.capture(model, batch, cross_entropy_loss, opt)
+    eager = EagerStep(model, batch, cross_entropy_loss, opt, None)
+    verdict = verify([("slow bind", SlowBind(g, g.order))], model, batch, eager, opt,
+                     Objective("latency", 1.0), 1e-3, MAX_ROUNDS, deadline=time.perf_counter())
+    assert len(verdict.candidates[0].times) == len(verdict.eager.times) == SHORT_ROUNDS

@@ -307,8 +307,8 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
            predicted_eager_s: float, rounds: int, deadline: float = math.inf) -> Verdict:
     """Check every candidate's numbers against eager's (peakcut.optimizer.numbers), then run
     eager and every candidate that matched up to `rounds` times, interleaved, and judge them
-    (module doc). Past MIN_ROUNDS, no round starts that the last round's time says would end
-    after `deadline` (perf_counter). A candidate that
+    (module doc). Past SHORT_ROUNDS, no round starts that the last round's time says would end
+    after `deadline` (perf_counter): steps slower than the rounds were sized on end early. A candidate that
     fails to bind or run (out of memory, say) is left out, with the reason in Verdict.failed;
     one whose numbers differ from eager's too, with the reason in Verdict.numbers."""
     t0 = time.perf_counter()
@@ -415,7 +415,7 @@ def _rounds(eager: Callable[[], Any], steps: Sequence[Step], model: torch.nn.Mod
     runs: list[Callable[[], Any]] = [eager, *(partial(step, model, batch) for step in steps)]
     round_s = 0.0
     for r in range(rounds):
-        if r >= MIN_ROUNDS and time.perf_counter() + round_s > deadline:
+        if r >= SHORT_ROUNDS and time.perf_counter() + round_s > deadline:
             break
         begun = time.perf_counter()
         for i, run in enumerate(runs):
