@@ -206,3 +206,24 @@ def test_accumulate_with_a_grad_scaler() -> None:
         params_close(model, ref, i + 1)
     assert len(opt.state) == len(ref_opt.state)
     assert [float(s["step"]) for s in opt.state.values()] == [float(s["step"]) for s in ref_opt.state.values()]
+
+
+def test_a_programs_first_run_gives_back_what_it_freed(monkeypatch) -> None:
+    """The first run of each program a plan builds (its source, its arena, the optimizer's
+    state made between its transient tensors) gives back what it freed (malloc_trim); later
+    steps do not trim (a heap that keeps freed memory keeps the steps' own blocks)."""
+    from peakcut.optimizer import plan as plan_module
+
+    trims: list[int] = []
+    monkeypatch.setattr(plan_module, "release_freed_host_memory", lambda: trims.append(1) or True)
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    plan = peakcut.optimize(model, data(8, 0), loss_fn, opt, **SEARCH)
+    for seed, expected in ((0, 1), (1, 1), (2, 1)):
+        plan.step(data(8, seed))
+        assert len(trims) == expected
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan.step(data(3, 3))               # a new shape: planned and built again
+    assert len(trims) == 2

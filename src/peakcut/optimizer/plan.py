@@ -25,6 +25,7 @@ from peakcut.codegen.program import Step, StepBindingError
 from peakcut.ir.graph import Graph
 from peakcut.ir.guards import SpecializationError
 from peakcut.ir.serialize import graph_from_json, graph_to_json
+from peakcut.runtime.host_allocator import release_freed_host_memory
 from peakcut.spec.constants import held
 from peakcut.spec.tensor_kinds import batch_problem
 from peakcut.units import format_bytes, format_seconds
@@ -157,11 +158,18 @@ class Plan:
         """One optimized step on `batch`: returns the loss (or the model output for inference).
         A batch whose data-dependent sizes (a boolean mask's count) differ from those the step
         was specialised to is planned again, as a batch of a new shape is."""
+        built = len(self._steps)
         main, micro = self._for_batch(batch)
         try:
-            return self._run(main, micro, batch)
+            loss = self._run(main, micro, batch)
         except SpecializationError as e:
             return self._respecialised(batch, e)
+        if len(self._steps) > built:
+            # a program's first run built it (source, arena) and made the optimizer's state
+            # between its own transient tensors: what that freed leaves the process (a heap that
+            # keeps freed memory, as optimize may set it, would hold it for good)
+            release_freed_host_memory()
+        return loss
 
     def _respecialised(self, batch: Any, error: SpecializationError) -> Any:
         """Run `batch` with a program of its shape planned for its counts: one planned before

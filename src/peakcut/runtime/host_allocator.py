@@ -23,8 +23,10 @@ undone. Elsewhere (macOS, musl) it does nothing and says so.
 
 `peakcut.optimize` calls release_freed_host_memory (malloc_trim) once before it returns, so
 what the search and its verification allocated and freed is not held by the process while
-the plan trains: the steps then hold what they use (their own freed blocks kept, where the
-setting above applies).
+the plan trains, and a Plan calls it once more after each program's first run (which builds
+the program and its arena and makes the optimizer's state between its own transient tensors):
+the steps then hold what they use (their own freed blocks kept, where the setting above
+applies).
 """
 
 from __future__ import annotations
