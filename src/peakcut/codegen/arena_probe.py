@@ -9,8 +9,10 @@ run the functional kernel and copy its result into `out` (convolution's, for one
 kernel may resize or re-allocate an out tensor whose layout it dislikes. The probe runs each
 distinct call (op, argument shapes, strides, dtypes and values other than tensors) once
 functionally and once through the out overload on tensors of the node's shapes on the
-device (floating inputs random, from a fork of the RNG that leaves the caller's stream as it
-was; integer and boolean ones zero), and refuses the out overload
+device (inputs as the measured cost model makes them, peakcut.cost.inputs.real_tensor: floating
+ones a block of random values repeated, from a private generator, integer and boolean ones
+zero; outs uninitialized; ops that draw random numbers draw from a fork of the RNG that
+leaves the caller's stream as it was), and refuses the out overload
 when the call fails, when an out tensor's data pointer, shape or strides change, or when the
 out call allocates as much as a result (CPU: an allocation of a result's bytes among the
 allocator's events, torch.profiler; CUDA: the allocator's peak not below the functional
@@ -26,28 +28,19 @@ from typing import Any
 import torch
 
 from peakcut.codegen.out_variants import OutVariant, overload_of
+from peakcut.cost.inputs import INPUT_SEED, real_tensor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Hyper, Node, TensorRef
-from peakcut.ir.tensor import TensorMeta, dtype_from_name
 from peakcut.memory.workspace.profiler import allocator_profile
 
 COPIES = "its out overload computes elsewhere and copies into the given tensor (probe)"
 
 
-def _real(meta: TensorMeta, device: torch.device) -> torch.Tensor:
-    dtype = dtype_from_name(meta.dtype)
-    t = torch.empty_strided(meta.shape, meta.stride, dtype=dtype, device=device)
-    if dtype.is_floating_point or dtype.is_complex:
-        t.normal_()
-    else:
-        t.zero_()
-    return t
-
-
-def _arguments(node: Node, g: Graph, device: torch.device) -> tuple[list[Any], dict[str, Any]]:
+def _arguments(node: Node, g: Graph, device: torch.device, generator: torch.Generator
+               ) -> tuple[list[Any], dict[str, Any]]:
     def real(v: Any) -> Any:
         if isinstance(v, TensorRef):
-            return _real(g.tensors[v.id], device)
+            return real_tensor(g.tensors[v.id], device, generator)
         if isinstance(v, Hyper):
             return float(v)
         if isinstance(v, (list, tuple)):
@@ -159,10 +152,12 @@ def _probe(g: Graph, nid: int, variant: OutVariant, dev: torch.device, run: Runn
         return f"no overload {node.op if functional is None else variant.op} in this torch"
     metas = [g.tensors[t] for t in node.output_ids()]
     try:
-        args, kwargs = _arguments(node, g, dev)
+        generator = torch.Generator(device=dev)
+        generator.manual_seed(INPUT_SEED)
+        args, kwargs = _arguments(node, g, dev, generator)
         with torch.no_grad():
             run("fn", lambda: functional(*args, **kwargs))
-            given = [_real(m, dev) for m in metas]
+            given = [torch.empty_strided(m.shape, m.stride, dtype=m.torch_dtype, device=dev) for m in metas]
             before = [(t.data_ptr(), t.shape, t.stride()) for t in given]
             run("out", lambda: out_op(*args, **kwargs, **dict(zip(variant.names, given, strict=True))))
     except Exception as e:  # noqa: BLE001 - any failure of the probe refuses the placement
