@@ -9,7 +9,7 @@ run the functional kernel and copy its result into `out` (convolution's, for one
 kernel may resize or re-allocate an out tensor whose layout it dislikes. The probe runs each
 distinct call (op, argument shapes, strides, dtypes and values other than tensors) once
 functionally and once through the out overload on tensors of the node's shapes on the
-device (inputs as the measured cost model makes them, peakcut.cost.inputs.real_tensor: floating
+device (inputs as the measured cost model makes them, peakcut.ir.real_tensors: floating
 ones a block of random values repeated, from a private generator, integer and boolean ones
 zero; outs uninitialized; ops that draw random numbers draw from a fork of the RNG that
 leaves the caller's stream as it was), and refuses the out overload
@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from peakcut.codegen.out_variants import OutVariant, overload_of
-from peakcut.cost.inputs import INPUT_SEED, real_tensor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Hyper, Node, TensorRef
+from peakcut.ir.real_tensors import INPUT_SEED, real_tensor
 from peakcut.memory.workspace.profiler import allocator_profile
 
 COPIES = "its out overload computes elsewhere and copies into the given tensor (probe)"

@@ -1,15 +1,9 @@
 """Real argument tensors for timing one node standalone.
 
-Every tensor argument is built with torch.empty_strided and the recorded shape, stride and
-dtype, then its whole storage is filled: floating tensors with |randn| from a private
-generator, integer and bool tensors with zeros (always-valid indices, all-false masks).
-A floating tensor draws RANDOM_BLOCK values and repeats them: what a call allocates does not
-depend on the values, nor (away from NaNs) how long it runs, and drawing every value cost
-14 s of the 17 s that calibrating paper-size GPT-Neo's workspace took (3.5 ns an element).
-The data is made non-negative because sqrt / log / rsqrt / pow of negative numbers produce
-NaNs, and NaNs take slow paths in the vectorized math library (sqrt on NaNs is ~25x slower
-on an AVX-512 CPU), which real training data never hits. A tensor referenced twice by the
-same call is built once, so aliasing arguments stay aliased.
+Every tensor argument is built as peakcut.ir.real_tensors.real_tensor builds it (the recorded
+layout; floating tensors a block of |randn| values repeated, from a private generator;
+integer and bool tensors zero). A tensor referenced twice by the same call is built once, so
+aliasing arguments stay aliased.
 """
 
 from __future__ import annotations
@@ -22,6 +16,7 @@ import torch
 
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import Node, TensorRef
+from peakcut.ir.real_tensors import INPUT_SEED, real_tensor
 from peakcut.ir.tensor import TensorMeta
 
 VALUE_CHECKED_OPS = frozenset({
@@ -32,9 +27,6 @@ VALUE_CHECKED_OPS = frozenset({
 """Ops whose CUDA kernels check their inputs' values with device-side asserts (probabilities
 in [0, 1]); |randn| inputs break them, and an assert ends the process's CUDA context, so they
 are never run on synthetic inputs on a GPU (timing and workspace use their fallbacks)."""
-INPUT_SEED = 0
-RANDOM_BLOCK = 1 << 16
-"""Values drawn per floating tensor; a larger tensor repeats them (module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -47,26 +39,6 @@ class RealCall:
 
     def __call__(self) -> Any:
         return self.op(*self.args, **self.kwargs)
-
-
-def real_tensor(meta: TensorMeta, device: torch.device, generator: torch.Generator) -> torch.Tensor:
-    """A tensor with `meta`'s layout on `device`, filled as described in the module docstring."""
-    t = torch.empty_strided(meta.shape, meta.stride, dtype=meta.torch_dtype, device=device)
-    elements = t.untyped_storage().nbytes() // t.element_size()
-    flat = t.as_strided((elements,), (1,), 0)
-    if t.is_floating_point() or t.is_complex():
-        block = flat[:min(elements, RANDOM_BLOCK)]
-        block.normal_(generator=generator)
-        if t.is_floating_point():
-            block.abs_()
-        done = block.numel()
-        while done < elements:               # the block repeated, doubling what is filled
-            k = min(done, elements - done)
-            flat[done:done + k].copy_(flat[:k])
-            done += k
-    else:
-        flat.zero_()
-    return t
 
 
 def error_line(error: BaseException) -> str:

@@ -1,6 +1,7 @@
 """The IR: tensors, nodes, graphs, the op registry, validation and serialization.
 
 - tensor.py: tensor metadata (shape, dtype, storage); node.py: one op call; graph.py: the Graph;
+  real_tensors.py: real tensors of a recorded layout, filled cheaply (timing and probing calls);
 - edit.py: the one graph editor; infer.py: an op call's output layouts from FakeTensors;
 - registry.py: per-op facts; ops.py: peakcut's own ops (device/host copies); guards.py: the
   guard of a data-dependent size specialised at capture (nonzero_counted); sparse_ops.py: a
