@@ -74,7 +74,7 @@ def test_a_cold_cache_optimize_reports_its_phases_and_searches_its_share(tmp_pat
     beside it, is in the cache file with the work its fit reads."""
     monkeypatch.setenv("PEAKCUT_CACHE", str(tmp_path))
     monkeypatch.setattr(shares, "VERIFY_MARGIN", 0.0)
-    monkeypatch.setattr(api, "needed_seconds", lambda *args: 0.0)
+    monkeypatch.setattr(api, "verify_seconds", lambda *args, **kwargs: 0.0)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.LayerNorm(128), nn.Linear(128, 10))
     batch = (torch.randn(32, 64), torch.randint(0, 10, (32,)))

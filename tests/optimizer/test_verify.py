@@ -251,3 +251,25 @@ def test_rounds_past_the_few_end_at_the_deadline() -> None:
     verdict = verify([("slow bind", SlowBind(g, g.order))], model, batch, eager, opt,
                      Objective("latency", 1.0), 1e-3, MAX_ROUNDS, deadline=time.perf_counter())
     assert len(verdict.candidates[0].times) == len(verdict.eager.times) == SHORT_ROUNDS
+
+
+def test_the_reserve_is_timed_only_where_the_plans_miss_the_limit() -> None:
+    """Under a latency limit the untransformed step (the last candidate) is the reserve: its
+    numbers are checked with the plans', but it is timed, with its own rounds of eager, only
+    where no plan met the limit itself."""
+    model, batch = make_mlp()
+    opt = torch.optim.AdamW(model.parameters())
+    g = peakcut.capture(model, batch, cross_entropy_loss, opt)
+    eager = EagerStep(model, batch, cross_entropy_loss, opt, None)
+
+    def judged(plan: Step, limit: float) -> Any:
+        return verify([("plan", plan), ("untransformed step", Step(g, g.order))], model, batch, eager, opt,
+                      Objective("latency", limit), 1e-3, SHORT_ROUNDS, reserve=True)
+
+    met = judged(Step(g, g.order), 1e6)                  # any time meets it
+    assert [c.name for c in met.candidates] == ["plan"] and len(met.eager.times) == SHORT_ROUNDS
+    assert [j.name for j in met.numbers.judged] == ["plan", "untransformed step"]
+    missed = judged(Step(g, g.order), 1e-9)              # no time meets it
+    assert [c.name for c in missed.candidates] == ["plan", "untransformed step"] and missed.chosen is None
+    assert missed.ran == (0, 1) and len(missed.eager.times) == 2 * SHORT_ROUNDS
+    assert all(len(c.times) == SHORT_ROUNDS for c in missed.candidates)

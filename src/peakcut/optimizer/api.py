@@ -64,8 +64,8 @@ from peakcut.optimizer.reprice import rebest, reprice
 from peakcut.optimizer.root_rewrites import with_root_rewrites
 from peakcut.optimizer.search import Progress
 from peakcut.optimizer.state import State, computation_hash
-from peakcut.optimizer.verification import host_memory, verified
-from peakcut.optimizer.verify import MIN_ROUNDS, EagerStep, model_device, needed_seconds
+from peakcut.optimizer.verification import host_memory, verified, verify_seconds
+from peakcut.optimizer.verify import MIN_ROUNDS, EagerStep, model_device
 from peakcut.optimizer.verify import runs_here as verify_runs_here
 from peakcut.rules import REWRITE_MOVES, RULES, Registry
 from peakcut.runtime.host_allocator import release_freed_host_memory
@@ -421,13 +421,13 @@ class _Planner:
                 return verified(found, seconds, model, b, eager, opt, calibration, fingerprint_s, kept)
         keep = shares.VERIFY_SHARE * final_share
         if calibration is not None and calibration.eager_step_s > 0:    # sized on a warm eager step
-            # eager and one plan; under a latency limit the untransformed step too (3 programs)
-            programs = 2 if self.memory_limit is not None else 3
-            # the numbers check fingerprints every program's updates once (optimizer.numbers)
-            checking = programs * fingerprint_s
-            least = needed_seconds(calibration.eager_step_s, programs) + checking
-            wanted = max(keep, shares.VERIFY_MARGIN * (needed_seconds(calibration.eager_step_s, programs, MIN_ROUNDS)
-                                                      + checking))
+            # eager and one plan; under a latency limit the untransformed step is the reserve,
+            # timed only where the plans miss the limit, its numbers checked with theirs; the
+            # numbers check fingerprints every program's updates once (optimizer.numbers)
+            reserve = self.memory_limit is None
+            least = verify_seconds(calibration.eager_step_s, fingerprint_s, reserve)
+            wanted = max(keep, shares.VERIFY_MARGIN * verify_seconds(calibration.eager_step_s, fingerprint_s, reserve,
+                                                                     MIN_ROUNDS))
             # the search's share first (optimize_graph keeps REPRICE_SHARE of its budget after
             # the search), unless verifying one plan needs more
             searching = shares.SEARCH_SHARE * final_share / (1 - shares.REPRICE_SHARE)

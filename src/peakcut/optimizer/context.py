@@ -107,7 +107,8 @@ class ContextCalibration:
         if self.skipped:
             return {"factor": 1.0, "eager_ratio": 1.0, "skipped": self.skipped, "deferred": self.deferred,
                     "seconds": round(self.seconds, 3), "measure_s": round(self.measure_s, 3),
-                    "workspace_s": round(self.workspace_s, 3), "unmeasured_calls": self.unmeasured}
+                    "workspace_s": round(self.workspace_s, 3), "unmeasured_calls": self.unmeasured,
+                    "eager_step_s": round(self.eager_step_s, 3)}
         measured = statistics.median(self.times) / self.predicted_s if self.predicted_s > 0 else 1.0
         return {"factor": round(self.factor, 4), "measured_factor": round(measured, 4),
                 "predicted_standalone_s": self.predicted_s,

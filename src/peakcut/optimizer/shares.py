@@ -7,11 +7,12 @@ measuring and pricing again the states that can become the plan (optimizer.repri
 the search it measures new calls in slices of at most optimizer.budget.MEASURE_DUTY of the
 wall time. optimize with verification: the calibration may take CALIBRATE_SHARE, measuring
 the step's calls for at most MEASURE_BEFORE_SHARE of it, and VERIFY_SHARE (or VERIFY_MARGIN
-x what running eager, the untransformed step and one plan MIN_ROUNDS rounds and
-fingerprinting their updates (optimizer.numbers.check_seconds) takes, where
-that is more) is kept for running VERIFY_CANDIDATES candidate plans, but no more than leaves
-the search SEARCH_SHARE of the budget (after optimize_graph's REPRICE_SHARE), unless those
-three at SHORT_ROUNDS rounds need more; under a latency limit the search plans to
+x what running eager and one plan MIN_ROUNDS rounds and fingerprinting their updates takes,
+the untransformed step's numbers check under a latency limit included:
+optimizer.verification.verify_seconds, where that is more) is kept for running
+VERIFY_CANDIDATES candidate plans, but no more than leaves the search SEARCH_SHARE of the
+budget (after optimize_graph's REPRICE_SHARE), unless those two at SHORT_ROUNDS rounds need
+more; under a latency limit the search plans to
 PLAN_MARGIN below it (docs/optimize.md, docs/cost.md).
 """
 

@@ -19,6 +19,7 @@ from peakcut.optimizer.report import estimate, plan_entries
 from peakcut.optimizer.shares import VERIFY_CANDIDATES
 from peakcut.optimizer.state import State
 from peakcut.optimizer.verify import (
+    SHORT_ROUNDS,
     EagerStep,
     candidate_name,
     choose,
@@ -41,6 +42,13 @@ def host_memory(model: torch.nn.Module, keep: bool) -> tuple[str, bool]:
     return "left alone: not glibc", False
 
 
+def verify_seconds(step_s: float, fingerprint_s: float, reserve: bool, rounds: int = SHORT_ROUNDS) -> float:
+    """What verification takes with steps of `step_s`: eager and one plan, `rounds` rounds
+    each (default: the fewest), and the numbers check's fingerprints of both (fingerprint_s
+    each); with a `reserve` (a latency limit's untransformed step) its numbers check too."""
+    return needed_seconds(step_s, 2, rounds, reserve) + (2 + reserve) * fingerprint_s
+
+
 ARENA_LAYOUT_S = 0.5       # the greedy layout of each other candidate's arena (the best's is the search's)
 
 
@@ -58,11 +66,10 @@ def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: An
     t0 = time.perf_counter()
     report = found.report
     predicted = found.reference_s
-    # what a step takes, for sizing the rounds: the warm eager step the calibration timed where
-    # it is longer (where the in-context rounds were deferred, the model's figure is standalone)
-    step_s = max(predicted, calibration.eager_step_s if calibration is not None else 0.0)
-    # eager and one plan at the fewest rounds, and the numbers check's fingerprints of both
-    least = needed_seconds(step_s) + 2 * fingerprint_s
+    # what a step takes, for sizing the rounds: the warm eager step the calibration timed (what
+    # optimize kept this time on), else the model's figure
+    step_s = calibration.eager_step_s if calibration is not None and calibration.eager_step_s > 0 else predicted
+    least = verify_seconds(step_s, fingerprint_s, reserve=mode == "latency")
     if seconds < least:
         report["verification"] = {"skipped": f"{seconds:.1f} s of the time budget left; running eager and one "
                                   f"plan takes about {least:.1f} s (raise time_budget)"}

@@ -5,7 +5,11 @@
 When the plan runs on the device it was planned for (a measured cost model on the model's
 own device), optimize ends here. Each candidate (the latest bests of the search, newest
 first, and the untransformed step last) is built and bound to the user's optimizer and its
-state, as plan.step binds them. First its numbers: its first step against eager's, both from
+state, as plan.step binds them. Under a latency limit the untransformed step is the reserve:
+its numbers are checked with the others, but it is timed and its peak measured only when no
+other candidate met the limit itself (its rounds then follow theirs, interleaved with eager
+again): it is the plan of last resort, and timing it beside a plan that met the limit was a
+third of verification's runs. First its numbers: its first step against eager's, both from
 the state and RNG the user's objects had on entry (peakcut.optimizer.numbers); a candidate
 whose numbers differ is left out, the value and by how much in Verdict.numbers. Then, in
 every round (MIN_ROUNDS to MAX_ROUNDS, as the time left allows) the user's eager step
@@ -277,9 +281,16 @@ CANDIDATE_BESIDE_ROUNDS = 2
 """Runs of a candidate outside the timed rounds: the numbers check (its warm-up) and the peak."""
 
 
-def runs_needed(programs: int, rounds: int) -> int:
-    """Steps verifying takes: eager and `programs` - 1 candidates, `rounds` rounds each."""
-    return EAGER_BESIDE_ROUNDS + rounds + (programs - 1) * (CANDIDATE_BESIDE_ROUNDS + rounds)
+RESERVE_RUNS = 1
+"""Runs of a latency limit's reserve (the untransformed step) when the plans meet the limit:
+its numbers check."""
+
+
+def runs_needed(programs: int, rounds: int, reserve: bool = False) -> int:
+    """Steps verifying takes: eager and `programs` - 1 candidates, `rounds` rounds each, and
+    the reserve's numbers check where there is one."""
+    return (EAGER_BESIDE_ROUNDS + rounds + (programs - 1) * (CANDIDATE_BESIDE_ROUNDS + rounds)
+            + RESERVE_RUNS * reserve)
 
 
 def rounds_for(seconds_each: float, programs: int, budget: float) -> int:
@@ -293,24 +304,26 @@ def rounds_for(seconds_each: float, programs: int, budget: float) -> int:
 
 def programs_for(seconds_each: float, budget: float, most: int) -> int:
     """How many candidates besides eager and the untransformed step (at least 1, at most
-    `most`) can run MIN_ROUNDS rounds within `budget`."""
+    `most`) can run MIN_ROUNDS rounds within `budget` (the untransformed step, the reserve
+    under a latency limit, not counted: it runs when they all miss the limit)."""
     if seconds_each <= 0:
         return most
     fit = 1
-    while fit < most and runs_needed(fit + 3, MIN_ROUNDS) * seconds_each <= budget:
+    while fit < most and runs_needed(fit + 2, MIN_ROUNDS, reserve=True) * seconds_each <= budget:
         fit += 1
     return fit
 
 
 def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch: Any,
            eager: EagerStep, optimizer: torch.optim.Optimizer | None, objective: Objective,
-           predicted_eager_s: float, rounds: int, deadline: float = math.inf) -> Verdict:
+           predicted_eager_s: float, rounds: int, deadline: float = math.inf, reserve: bool = False) -> Verdict:
     """Check every candidate's numbers against eager's (peakcut.optimizer.numbers), then run
     eager and every candidate that matched up to `rounds` times, interleaved, and judge them
     (module doc). Past SHORT_ROUNDS, no round starts that the last round's time says would end
     after `deadline` (perf_counter): steps slower than the rounds were sized on end early. A candidate that
     fails to bind or run (out of memory, say) is left out, with the reason in Verdict.failed;
-    one whose numbers differ from eager's too, with the reason in Verdict.numbers."""
+    one whose numbers differ from eager's too, with the reason in Verdict.numbers. reserve: the
+    last candidate is timed only when no other met a latency limit itself (module doc)."""
     t0 = time.perf_counter()
     device = model_device(model)
     method = "cuda" if device.type == "cuda" else "cpu-profiler"
@@ -327,41 +340,59 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
         eager()                                      # warm-up (and the optimizer's state)
         eager_peak = _eager_peak(eager, model, batch, optimizer)
         layout = Layout(model, optimizer)
-        bound: list[Step] = []
+        strict = (objective.limit / predicted_eager_s if predicted_eager_s > 0 else 1.0) \
+            if objective.mode == "latency" else None
+        lazy = reserve and strict is not None and len(candidates) > 1
+        eager_times: list[float] = []
+        timed: list[tuple[list[float], list[float]]] = []      # (eager's runs in its rounds, its runs)
         try:
-            for index, (name, step) in enumerate(candidates):
-                if index not in passed:
-                    continue
-                try:
-                    inputs = step.bind(model, batch)
-                    dev = step.device_of(inputs)        # (warm: the numbers check ran it)
-                    peak = bound_peak(step, inputs, dev, held_input_bytes(step, inputs))
-                # Whatever a candidate raises (out of memory first), the others are still judged.
-                except Exception as e:
-                    failed.append((name, error_line(e)))
-                    continue
-                finally:
-                    layout.put_back()
-                ran.append(index)
-                peaks.append(peak)
-                bound.append(step)
-            times = _rounds(eager, bound, model, batch, device, layout, rounds, deadline)
+            every = [*range(len(candidates))]
+            groups = [every[:-1], every[-1:]] if lazy else [every]
+            for group in groups:
+                if timed and strict is not None and any(_ratio(c, e) <= strict for e, c in timed):
+                    break                                   # the reserve is not needed
+                bound: list[Step] = []
+                for index in group:
+                    name, step = candidates[index]
+                    if index not in passed:
+                        continue
+                    try:
+                        peaks.append(_bound_peak(step, model, batch, layout))   # (warm: the numbers check ran it)
+                    # Whatever a candidate raises (out of memory first), the others are still judged.
+                    except Exception as e:
+                        failed.append((name, error_line(e)))
+                        continue
+                    ran.append(index)
+                    bound.append(step)
+                if not bound and (eager_times or group is not groups[-1]):
+                    continue                                # (eager's rounds run once, alone if need be)
+                times = _rounds(eager, bound, model, batch, device, layout, rounds, deadline)
+                eager_times += times[0]
+                timed += [(times[0], t) for t in times[1:]]
         finally:
             layout.put_back()
-    eager_m = Measured("eager", eager_peak, tuple(times[0]), method)
-    cands = tuple(Measured(candidates[index][0], peak, tuple(times[i + 1]), method,
-                           statistics.median(c / e for c, e in zip(times[i + 1], times[0], strict=True)))
-                  for i, (index, peak) in enumerate(zip(ran, peaks, strict=True)))
-    noise = noise_band(times[0])
-    strict: float | None = None
-    if objective.mode == "latency":
-        strict = objective.limit / predicted_eager_s if predicted_eager_s > 0 else 1.0
-        limit = strict * (1 + noise)
-    else:
-        limit = objective.limit
+    eager_m = Measured("eager", eager_peak, tuple(eager_times), method)
+    cands = tuple(Measured(candidates[index][0], peak, tuple(t), method, _ratio(t, e))
+                  for index, peak, (e, t) in zip(ran, peaks, timed, strict=True))
+    noise = noise_band(eager_times)
+    limit = objective.limit if strict is None else strict * (1 + noise)
     pick = pick_candidate(cands, objective.mode, limit, strict)
     return Verdict(pick, eager_m, cands, limit, noise, time.perf_counter() - t0, tuple(ran), tuple(failed),
                    strict_limit=strict, numbers=numbers)
+
+
+def _ratio(times: Sequence[float], eager_times: Sequence[float]) -> float:
+    """Median over the rounds of a program's time / eager's in the same round."""
+    return statistics.median(c / e for c, e in zip(times, eager_times, strict=True))
+
+
+def _bound_peak(step: Step, model: torch.nn.Module, batch: Any, layout: Layout) -> int:
+    """The measured peak of one call of `step`, bound as plan.step binds it; the layout put back."""
+    try:
+        inputs = step.bind(model, batch)
+        return bound_peak(step, inputs, step.device_of(inputs), held_input_bytes(step, inputs))
+    finally:
+        layout.put_back()
 
 
 def _check_numbers(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch: Any, eager: EagerStep,
@@ -450,11 +481,12 @@ def runs_here(cost: Any, model: torch.nn.Module) -> bool:
     return cost.device.type == device.type and (device.type == "cpu" or cost.device.index == device.index)
 
 
-def needed_seconds(predicted_eager_s: float, programs: int = 2, rounds: int = SHORT_ROUNDS) -> float:
-    """The least time verification takes: eager and one candidate (`programs` = 2; 3 with
-    the untransformed step a latency limit always runs), `rounds` rounds each and the runs
-    beside them."""
-    return runs_needed(programs, rounds) * predicted_eager_s
+def needed_seconds(predicted_eager_s: float, programs: int = 2, rounds: int = SHORT_ROUNDS,
+                   reserve: bool = False) -> float:
+    """The least time verification takes: eager and one candidate (`programs` = 2), `rounds`
+    rounds each and the runs beside them (a latency limit's reserve, the untransformed step,
+    timed only where the plans miss the limit; its numbers check counted where `reserve`)."""
+    return runs_needed(programs, rounds, reserve) * predicted_eager_s
 
 
 def candidate_name(state: State, root: State) -> str:
@@ -481,10 +513,12 @@ def choose(candidates: Sequence[State], root: State, objective: Objective, predi
         raise ValueError(f"{len(placed)} arenas for {len(candidates)} candidates")
     steps = [(candidate_name(s, root), Step(s.program, list(s.order), arena=a))
              for s, a in zip(candidates, placed, strict=True)]
-    rounds = rounds_for(predicted_eager_s if step_s is None else step_s, len(steps) + 1,
+    # under a latency limit the untransformed step (last) is the reserve, timed only when needed
+    reserve = objective.mode == "latency" and len(candidates) > 1 and candidates[-1] is root
+    rounds = rounds_for(predicted_eager_s if step_s is None else step_s, len(steps) + 1 - reserve,
                         max(0.0, deadline - time.perf_counter()))
     verdict = verify(steps, model, batch, eager, optimizer, objective, predicted_eager_s, rounds,
-                     deadline=deadline)
+                     deadline=deadline, reserve=reserve)
     measured = verdict.candidates
     if verdict.chosen is not None:
         index = verdict.ran[verdict.chosen]
