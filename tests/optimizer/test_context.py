@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import time
 
 import pytest
 import torch
@@ -93,6 +94,28 @@ def test_a_skipped_calibration_still_times_a_warm_eager_step(tmp_path) -> None:
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert not opt.state
+
+
+class SlowEager(EagerStep):
+    """The user's eager step, 50 ms slower than its calls (a step slowed by what ran before it)."""
+
+    def run(self, keep_grads: bool = False) -> torch.Tensor:
+        time.sleep(0.05)
+        return super().run(keep_grads)
+
+
+def test_rounds_that_do_not_fit_size_verification_on_the_lesser_of_the_warm_step_and_the_model(tmp_path) -> None:
+    """Every call measured but no time for the rounds: the step verification is sized on is
+    the warm eager step or, where less, the step the model predicts from the measured calls."""
+    model, batch, opt = _problem()
+    g = peakcut.capture(model, batch, _loss, opt)
+    cost = MeasuredCostModel("cpu", cache_dir=tmp_path)
+    cost.profile(g)
+    predicted = sum(cost.node_seconds(g, n) for n in g.order)
+    assert predicted < 0.05
+    found = calibrate(g, cost, model, batch, SlowEager(model, batch, _loss, opt, None), opt, seconds=0.0)
+    assert found.deferred and "takes about" in found.skipped
+    assert found.eager_step_s == pytest.approx(predicted)
 
 
 def test_verification_keeps_its_time_when_the_calibration_is_skipped(tmp_path, monkeypatch) -> None:

@@ -273,3 +273,28 @@ def test_the_reserve_is_timed_only_where_the_plans_miss_the_limit() -> None:
     assert [c.name for c in missed.candidates] == ["plan", "untransformed step"] and missed.chosen is None
     assert missed.ran == (0, 1) and len(missed.eager.times) == 2 * SHORT_ROUNDS
     assert all(len(c.times) == SHORT_ROUNDS for c in missed.candidates)
+
+
+@pytest.mark.parametrize("share, runs", [(0.8, True), (0.7, False)])
+def test_verification_runs_with_most_of_what_it_needs_left(tmp_path, monkeypatch, share: float, runs: bool) -> None:
+    """The search and the layout overrun their shares by seconds: verification still runs
+    with VERIFY_SKIP_BELOW (3/4) of what eager and one plan need left, and is skipped, saying
+    so, with less."""
+    import peakcut.optimizer.api as api
+    import peakcut.optimizer.verification as verification
+    from peakcut.optimizer.shares import VERIFY_SKIP_BELOW
+
+    assert 0.7 < VERIFY_SKIP_BELOW < 0.8
+    checked = api.verified
+
+    def verified(found: Any, seconds: float, *args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(verification, "verify_seconds", lambda *a, **k: seconds / share)
+        return checked(found, seconds, *args, **kwargs)
+
+    monkeypatch.setattr(api, "verified", verified)
+    model, batch = make_mlp()
+    opt = torch.optim.AdamW(model.parameters())
+    plan = peakcut.optimize(model, batch, cross_entropy_loss, opt, latency_limit=1.5, time_budget=8,
+                            device=MeasuredCostModel("cpu", cache_dir=tmp_path), settings=MoveSettings.only("remat"))
+    v = plan.report["verification"]
+    assert ("skipped" not in v and v["eager"]["runs"] >= SHORT_ROUNDS) if runs else "raise time_budget" in v["skipped"]

@@ -32,5 +32,8 @@ PLAN_MARGIN = 0.02                # of a latency limit the search keeps free whe
 # x1.098, U-Net x1.103), and one over it loses to the untransformed step
 VERIFY_CANDIDATES = 3             # transformed candidates run for real (the untransformed step besides)
 VERIFY_MARGIN = 1.15              # verification asks for this x what eager and one plan take (verify.needed_seconds)
+VERIFY_SKIP_BELOW = 0.75          # of what eager and one plan take: verification is skipped with less left; the
+# search and the layout after it overrun their shares by seconds, and a plan left unverified for that (medium
+# BTLM-3B: 64.2 s left of the 65.9 kept) is worse than a call a few seconds over its budget
 # the search's latest bests the arena's choice tries (optimizer.arena); an isolated search sends them back
 KEPT_BESTS = 8

@@ -16,7 +16,7 @@ from peakcut.optimizer.context import ContextCalibration, refit
 from peakcut.optimizer.limit_messages import measured_shortfall, none_ran
 from peakcut.optimizer.optimized import Optimized
 from peakcut.optimizer.report import estimate, plan_entries
-from peakcut.optimizer.shares import VERIFY_CANDIDATES
+from peakcut.optimizer.shares import VERIFY_CANDIDATES, VERIFY_SKIP_BELOW
 from peakcut.optimizer.state import State
 from peakcut.optimizer.verify import (
     SHORT_ROUNDS,
@@ -70,7 +70,7 @@ def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: An
     # optimize kept this time on), else the model's figure
     step_s = calibration.eager_step_s if calibration is not None and calibration.eager_step_s > 0 else predicted
     least = verify_seconds(step_s, fingerprint_s, reserve=mode == "latency")
-    if seconds < least:
+    if seconds < VERIFY_SKIP_BELOW * least:
         report["verification"] = {"skipped": f"{seconds:.1f} s of the time budget left; running eager and one "
                                   f"plan takes about {least:.1f} s (raise time_budget)"}
         warnings.warn(f"peakcut: the plan was not verified by running it: {report['verification']['skipped']}; "
