@@ -33,7 +33,9 @@ from peakcut.optimizer.verify import (
     Measured,
     noise_band,
     pick_candidate,
+    programs_for,
     rounds_for,
+    runs_needed,
     verify,
 )
 from tests.helpers import cross_entropy_loss, make_mlp
@@ -253,26 +255,43 @@ def test_rounds_past_the_few_end_at_the_deadline() -> None:
     assert len(verdict.candidates[0].times) == len(verdict.eager.times) == SHORT_ROUNDS
 
 
-def test_the_reserve_is_timed_only_where_the_plans_miss_the_limit() -> None:
+def test_the_reserve_is_timed_only_where_the_plans_miss_the_limit(monkeypatch) -> None:
     """Under a latency limit the untransformed step (the last candidate) is the reserve: its
     numbers are checked with the plans', but it is timed, with its own rounds of eager, only
-    where no plan met the limit itself."""
+    where no plan met the limit itself with a peak below eager's."""
+    import peakcut.optimizer.verify as verify_module
+
     model, batch = make_mlp()
     opt = torch.optim.AdamW(model.parameters())
     g = peakcut.capture(model, batch, cross_entropy_loss, opt)
     eager = EagerStep(model, batch, cross_entropy_loss, opt, None)
+    eager_peak = verify_module._eager_peak
 
-    def judged(plan: Step, limit: float) -> Any:
-        return verify([("plan", plan), ("untransformed step", Step(g, g.order))], model, batch, eager, opt,
-                      Objective("latency", limit), 1e-3, SHORT_ROUNDS, reserve=True)
+    def judged(limit: float, eager_bytes: int | None = None) -> Any:
+        monkeypatch.setattr(verify_module, "_eager_peak",
+                            eager_peak if eager_bytes is None else lambda *args: eager_bytes)
+        return verify([("plan", Step(g, g.order)), ("untransformed step", Step(g, g.order))], model, batch, eager,
+                      opt, Objective("latency", limit), 1e-3, SHORT_ROUNDS, reserve_s=0.0)
 
-    met = judged(Step(g, g.order), 1e6)                  # any time meets it
+    met = judged(1e6, eager_bytes=1 << 50)                # any time meets it, any peak is below eager's
     assert [c.name for c in met.candidates] == ["plan"] and len(met.eager.times) == SHORT_ROUNDS
     assert [j.name for j in met.numbers.judged] == ["plan", "untransformed step"]
-    missed = judged(Step(g, g.order), 1e-9)              # no time meets it
-    assert [c.name for c in missed.candidates] == ["plan", "untransformed step"] and missed.chosen is None
-    assert missed.ran == (0, 1) and len(missed.eager.times) == 2 * SHORT_ROUNDS
-    assert all(len(c.times) == SHORT_ROUNDS for c in missed.candidates)
+    assert met.chosen == 0 and "not timed" in met.report("latency")["reserve"]
+    for verdict in (judged(1e6, eager_bytes=0),           # met, but holding no less than eager
+                    judged(1e-9)):                        # no time meets it
+        assert [c.name for c in verdict.candidates] == ["plan", "untransformed step"]
+        assert verdict.ran == (0, 1) and len(verdict.eager.times) == 2 * SHORT_ROUNDS
+        assert all(len(c.times) == SHORT_ROUNDS for c in verdict.candidates)
+        assert "reserve" not in verdict.report("latency")
+
+
+def test_the_reserve_counts_as_a_numbers_check_only_under_a_latency_limit() -> None:
+    """programs_for: under a memory limit the untransformed step, when a candidate, runs in
+    full beside the plans; a latency limit's reserve costs its numbers check."""
+    budget = runs_needed(4, MIN_ROUNDS)             # eager, the untransformed step and two plans
+    assert programs_for(1.0, budget, 3) == 2
+    assert programs_for(1.0, budget, 3, reserve=True) == 2
+    assert programs_for(1.0, runs_needed(4, MIN_ROUNDS, reserve=True), 3, reserve=True) == 3
 
 
 @pytest.mark.parametrize("share, runs", [(0.8, True), (0.7, False)])

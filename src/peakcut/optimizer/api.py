@@ -432,7 +432,9 @@ class _Planner:
             # the search), unless verifying one plan needs more
             searching = shares.SEARCH_SHARE * final_share / (1 - shares.REPRICE_SHARE)
             left = final_share - (time.perf_counter() - t0)
-            # where no verification fits (it is skipped, and says so): all to the search
+            # where no verification fits (it is skipped, and says so): all to the search (what
+            # VERIFY_SKIP_BELOW lets verification run on is for the search's overrun, not a
+            # reason to search nothing)
             keep = max(least, min(wanted, left - searching)) if least <= left else 0.0
         main = _search(g, final_share - (time.perf_counter() - t0), model, searched, self.accumulate, check,
                        keep=keep)

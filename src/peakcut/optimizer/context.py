@@ -130,8 +130,8 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
     priced highest first. A second eager step, after them, warms eager up again and prices
     the rounds. When the calls cannot all be measured, or the rounds would not fit in what is
     left, nothing more runs (factor 1, the reason in `skipped`, `deferred` True; that second
-    step's seconds in `eager_step_s`, so that optimize can still keep the time verifying a
-    plan takes)."""
+    step's seconds in `eager_step_s`, or the model's step from every call measured where that
+    is less, so that optimize can still keep the time verifying a plan takes)."""
     t0 = time.perf_counter()
     cost.context = 1.0
     times: list[float] = []
@@ -194,8 +194,8 @@ def refit(model_ratio: float, calibration: ContextCalibration | None, verdict: V
     `model_ratio` is the cost model's time of the plan / of the untransformed step: the model
     predicts that ratio, and the level comes from the rounds run. The floor (the untransformed
     program's time / eager's) is measured over every round that ran both: the calibration's
-    before the search and the verification's, when its candidates included the untransformed
-    step (named `untransformed`); as the ratio of the fastest run of each. On a shared machine
+    before the search and the verification's, when it timed the untransformed step (named
+    `untransformed`); as the ratio of the fastest run of each. On a shared machine
     noise only slows a run down, so a minimum is the steadiest figure of a program's own time
     (bench.floor, 11 rounds on seven workloads: ratios of minima x0.95-x1.01, medians of
     per-round ratios x0.79-x1.02), where a few rounds' median was off by 10% either way: a

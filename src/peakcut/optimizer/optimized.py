@@ -45,10 +45,11 @@ class Optimized:
         """Plans worth running for real: the best, then the latest bests the limit admits as
         predicted, newest first, on their full expansion (k in all), then the root (the
         captured step, untransformed, in its memory-aware order): the plan of last resort.
-        Under a latency limit the root is always run: it is eager's computation, so when run
-        it takes about eager's time, even when a calibration that measured eager faster put
-        the limit below its predicted time; under a memory limit only when the limit admits
-        its predicted peak."""
+        Under a latency limit the root is always a candidate, verification's reserve (timed
+        where no plan meets the limit): it is eager's computation, so when run it takes about
+        eager's time, even when a calibration that measured eager faster put the limit below
+        its predicted time; under a memory limit only when the limit admits its predicted
+        peak."""
         def ident(s: State) -> tuple[str, tuple[int, ...]]:
             return computation_hash(s.program), tuple(s.order)
 

@@ -31,7 +31,7 @@ PLAN_MARGIN = 0.02                # of a latency limit the search keeps free whe
 # plans predicted at the limit measure either side of it by the run's noise (medium ResNet-50
 # x1.098, U-Net x1.103), and one over it loses to the untransformed step
 VERIFY_CANDIDATES = 3             # transformed candidates run for real (the untransformed step besides)
-VERIFY_MARGIN = 1.15              # verification asks for this x what eager and one plan take (verify.needed_seconds)
+VERIFY_MARGIN = 1.15              # verification asks for this x what eager and one plan take (verification.verify_seconds)
 VERIFY_SKIP_BELOW = 0.75          # of what eager and one plan take: verification is skipped with less left; the
 # search and the layout after it overrun their shares by seconds, and a plan left unverified for that (medium
 # BTLM-3B: 64.2 s left of the 65.9 kept) is worse than a call a few seconds over its budget

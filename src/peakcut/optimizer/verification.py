@@ -76,7 +76,7 @@ def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: An
         warnings.warn(f"peakcut: the plan was not verified by running it: {report['verification']['skipped']}; "
                       "its limit is met as predicted only", stacklevel=6)
         return found.best, found.feasible, "", found.arena
-    candidates = found.candidates(programs_for(step_s, seconds, VERIFY_CANDIDATES))
+    candidates = found.candidates(programs_for(step_s, seconds, VERIFY_CANDIDATES, reserve=mode == "latency"))
     # with an arena, each candidate runs with its own (the best with the one the search priced,
     # the others laid out as it was, on the search's probe verdicts)
     arenas: list[bool | ArenaPlan] = [] if found.arena is None or found.deriver is None else [

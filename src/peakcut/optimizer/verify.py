@@ -109,6 +109,7 @@ class Verdict:
     failed: tuple[tuple[str, str], ...] = ()   # (candidate, why) of those that could not run
     strict_limit: float | None = None   # latency: the ratio before the noise band widened it
     numbers: NumbersCheck | None = None  # each candidate's first step against eager's (numbers.py)
+    reserve: str = ""                    # why a latency limit's reserve was not timed ('' where it was, or none)
 
     def meets(self, m: Measured, mode: str) -> bool:
         return _meets(m, mode, self.limit)
@@ -124,6 +125,7 @@ class Verdict:
                 "chosen": None if self.chosen is None else self.candidates[self.chosen].name,
                 "failed": [{"name": n, "why": w} for n, w in self.failed],
                 **({} if self.numbers is None else {"numbers": self.numbers.report()}),
+                **({"reserve": self.reserve} if self.reserve else {}),
                 "seconds": round(self.seconds, 3)}
 
 
@@ -302,28 +304,33 @@ def rounds_for(seconds_each: float, programs: int, budget: float) -> int:
     return max(SHORT_ROUNDS, min(MAX_ROUNDS, fit))
 
 
-def programs_for(seconds_each: float, budget: float, most: int) -> int:
+def programs_for(seconds_each: float, budget: float, most: int, reserve: bool = False) -> int:
     """How many candidates besides eager and the untransformed step (at least 1, at most
-    `most`) can run MIN_ROUNDS rounds within `budget` (the untransformed step, the reserve
-    under a latency limit, not counted: it runs when they all miss the limit)."""
+    `most`) can run MIN_ROUNDS rounds within `budget`, the untransformed step with them; where
+    it is the `reserve` (a latency limit), its numbers check only: it runs when they all miss
+    the limit, in what their rounds leave (choose)."""
     if seconds_each <= 0:
         return most
     fit = 1
-    while fit < most and runs_needed(fit + 2, MIN_ROUNDS, reserve=True) * seconds_each <= budget:
+    while fit < most and (runs_needed(fit + 2, MIN_ROUNDS, reserve=True) if reserve
+                          else runs_needed(fit + 3, MIN_ROUNDS)) * seconds_each <= budget:
         fit += 1
     return fit
 
 
 def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch: Any,
            eager: EagerStep, optimizer: torch.optim.Optimizer | None, objective: Objective,
-           predicted_eager_s: float, rounds: int, deadline: float = math.inf, reserve: bool = False) -> Verdict:
+           predicted_eager_s: float, rounds: int, deadline: float = math.inf,
+           reserve_s: float | None = None) -> Verdict:
     """Check every candidate's numbers against eager's (peakcut.optimizer.numbers), then run
     eager and every candidate that matched up to `rounds` times, interleaved, and judge them
     (module doc). Past SHORT_ROUNDS, no round starts that the last round's time says would end
     after `deadline` (perf_counter): steps slower than the rounds were sized on end early. A candidate that
     fails to bind or run (out of memory, say) is left out, with the reason in Verdict.failed;
-    one whose numbers differ from eager's too, with the reason in Verdict.numbers. reserve: the
-    last candidate is timed only when no other met a latency limit itself (module doc)."""
+    one whose numbers differ from eager's too, with the reason in Verdict.numbers. reserve_s:
+    under a latency limit, the last candidate is the reserve (module doc), timed only where no
+    other met the limit itself with a peak below eager's; the others' rounds end `reserve_s`
+    before the deadline, which its peak run and SHORT_ROUNDS rounds take."""
     t0 = time.perf_counter()
     device = model_device(model)
     method = "cuda" if device.type == "cuda" else "cpu-profiler"
@@ -342,15 +349,19 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
         layout = Layout(model, optimizer)
         strict = (objective.limit / predicted_eager_s if predicted_eager_s > 0 else 1.0) \
             if objective.mode == "latency" else None
-        lazy = reserve and strict is not None and len(candidates) > 1
+        lazy = reserve_s is not None and strict is not None and len(candidates) > 1
         eager_times: list[float] = []
+        noise_times: list[float] = []                          # eager's runs beside the plans
         timed: list[tuple[list[float], list[float]]] = []      # (eager's runs in its rounds, its runs)
+        reserve = ""
         try:
             every = [*range(len(candidates))]
             groups = [every[:-1], every[-1:]] if lazy else [every]
             for group in groups:
-                if timed and strict is not None and any(_ratio(c, e) <= strict for e, c in timed):
-                    break                                   # the reserve is not needed
+                if timed and strict is not None and any(_ratio(c, e) <= strict and peaks[i] < eager_peak
+                                                        for i, (e, c) in enumerate(timed)):
+                    reserve = f"{candidates[-1][0]} not timed: a plan met the limit with less than eager's peak"
+                    break
                 bound: list[Step] = []
                 for index in group:
                     name, step = candidates[index]
@@ -366,19 +377,21 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
                     bound.append(step)
                 if not bound and (eager_times or group is not groups[-1]):
                     continue                                # (eager's rounds run once, alone if need be)
-                times = _rounds(eager, bound, model, batch, device, layout, rounds, deadline)
+                until = deadline - reserve_s if lazy and group is groups[0] and reserve_s else deadline
+                times = _rounds(eager, bound, model, batch, device, layout, rounds, until)
                 eager_times += times[0]
+                noise_times = noise_times or times[0]
                 timed += [(times[0], t) for t in times[1:]]
         finally:
             layout.put_back()
     eager_m = Measured("eager", eager_peak, tuple(eager_times), method)
     cands = tuple(Measured(candidates[index][0], peak, tuple(t), method, _ratio(t, e))
                   for index, peak, (e, t) in zip(ran, peaks, timed, strict=True))
-    noise = noise_band(eager_times)
+    noise = noise_band(noise_times)
     limit = objective.limit if strict is None else strict * (1 + noise)
     pick = pick_candidate(cands, objective.mode, limit, strict)
     return Verdict(pick, eager_m, cands, limit, noise, time.perf_counter() - t0, tuple(ran), tuple(failed),
-                   strict_limit=strict, numbers=numbers)
+                   strict_limit=strict, numbers=numbers, reserve=reserve)
 
 
 def _ratio(times: Sequence[float], eager_times: Sequence[float]) -> float:
@@ -513,12 +526,14 @@ def choose(candidates: Sequence[State], root: State, objective: Objective, predi
         raise ValueError(f"{len(placed)} arenas for {len(candidates)} candidates")
     steps = [(candidate_name(s, root), Step(s.program, list(s.order), arena=a))
              for s, a in zip(candidates, placed, strict=True)]
-    # under a latency limit the untransformed step (last) is the reserve, timed only when needed
+    # under a latency limit the untransformed step (last) is the reserve, timed only where
+    # needed, in what the others' rounds leave: its peak run and the fewest rounds with eager
+    each = predicted_eager_s if step_s is None else step_s
     reserve = objective.mode == "latency" and len(candidates) > 1 and candidates[-1] is root
-    rounds = rounds_for(predicted_eager_s if step_s is None else step_s, len(steps) + 1 - reserve,
-                        max(0.0, deadline - time.perf_counter()))
+    reserve_s = (1 + 2 * SHORT_ROUNDS) * each if reserve else None
+    rounds = rounds_for(each, len(steps) + 1 - reserve, max(0.0, deadline - time.perf_counter() - (reserve_s or 0.0)))
     verdict = verify(steps, model, batch, eager, optimizer, objective, predicted_eager_s, rounds,
-                     deadline=deadline, reserve=reserve)
+                     deadline=deadline, reserve_s=reserve_s)
     measured = verdict.candidates
     if verdict.chosen is not None:
         index = verdict.ran[verdict.chosen]
