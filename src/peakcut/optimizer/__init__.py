@@ -18,7 +18,8 @@ swapping and re-ordering, under a memory or a latency limit.
   context.py: the per-op times calibrated to the whole step and the user's eager step;
 - verify.py: candidate plans run against the user's eager step (time, peak) before one is
   kept; numbers.py: their first step's numbers checked against eager's (fingerprints);
-  verification.py: optimize's verification step, its verdict in the report;
+  verification.py: optimize's verification step, its verdict in the report; user_step.py:
+  the user's eager step and the state it runs from, kept and put back around every run;
 - plan.py: the runnable result (step, report, source, save/load);
 - floors.py: the step's physical floors (memory, compute, latency at the memory floor);
   baselines.py: the ZeRO-Offload-style peer priced on the same timeline;
