@@ -24,8 +24,8 @@ from peakcut.optimizer.verify import (
     candidate_name,
     choose,
     model_device,
-    needed_seconds,
     programs_for,
+    runs_needed,
 )
 from peakcut.runtime.host_allocator import keep_freed_host_memory
 
@@ -46,7 +46,7 @@ def verify_seconds(step_s: float, fingerprint_s: float, reserve: bool, rounds: i
     """What verification takes with steps of `step_s`: eager and one plan, `rounds` rounds
     each (default: the fewest), and the numbers check's fingerprints of both (fingerprint_s
     each); with a `reserve` (a latency limit's untransformed step) its numbers check too."""
-    return needed_seconds(step_s, 2, rounds, reserve) + (2 + reserve) * fingerprint_s
+    return runs_needed(2, rounds, reserve) * step_s + (2 + reserve) * fingerprint_s
 
 
 ARENA_LAYOUT_S = 0.5       # the greedy layout of each other candidate's arena (the best's is the search's)

@@ -161,6 +161,8 @@ CANDIDATE_BESIDE_ROUNDS = 2
 RESERVE_RUNS = 1
 """Runs of a latency limit's reserve (the untransformed step) when the plans meet the limit:
 its numbers check."""
+RESERVE_TIMED_RUNS = 1 + 2 * SHORT_ROUNDS
+"""Runs the reserve adds where the plans miss: its peak run and SHORT_ROUNDS rounds with eager."""
 
 
 def runs_needed(programs: int, rounds: int, reserve: bool = False) -> int:
@@ -225,35 +227,23 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
         strict = (objective.limit / predicted_eager_s if predicted_eager_s > 0 else 1.0) \
             if objective.mode == "latency" else None
         lazy = reserve_s is not None and strict is not None and len(candidates) > 1
+        every = [*range(len(candidates))]
+        groups = [(every[:-1], deadline - (reserve_s or 0.0)), (every[-1:], deadline)] if lazy else [(every, deadline)]
         eager_times: list[float] = []
         noise_times: list[float] = []                          # eager's runs beside the plans
         timed: list[tuple[list[float], list[float]]] = []      # (eager's runs in its rounds, its runs)
         reserve = ""
         try:
-            every = [*range(len(candidates))]
-            groups = [every[:-1], every[-1:]] if lazy else [every]
-            for group in groups:
-                if timed and strict is not None and any(_ratio(c, e) <= strict and peaks[i] < eager_peak
-                                                        for i, (e, c) in enumerate(timed)):
+            for group, until in groups:
+                if _a_plan_met(timed, peaks, strict, eager_peak):
                     reserve = f"{candidates[-1][0]} not timed: a plan met the limit with less than eager's peak"
                     break
-                bound: list[Step] = []
-                for index in group:
-                    name, step = candidates[index]
-                    if index not in passed:
-                        continue
-                    try:
-                        peaks.append(_bound_peak(step, model, batch, layout))   # (warm: the numbers check ran it)
-                    # Whatever a candidate raises (out of memory first), the others are still judged.
-                    except Exception as e:
-                        failed.append((name, error_line(e)))
-                        continue
-                    ran.append(index)
-                    bound.append(step)
-                if not bound and (eager_times or group is not groups[-1]):
+                bound = _bound(group, candidates, passed, model, batch, layout, failed)
+                ran += [index for index, _, _ in bound]
+                peaks += [peak for _, peak, _ in bound]
+                if not bound and (eager_times or group is not groups[-1][0]):
                     continue                                # (eager's rounds run once, alone if need be)
-                until = deadline - reserve_s if lazy and group is groups[0] and reserve_s else deadline
-                times = _rounds(eager, bound, model, batch, device, layout, rounds, until)
+                times = _rounds(eager, [step for _, _, step in bound], model, batch, device, layout, rounds, until)
                 eager_times += times[0]
                 noise_times = noise_times or times[0]
                 timed += [(times[0], t) for t in times[1:]]
@@ -274,13 +264,34 @@ def _ratio(times: Sequence[float], eager_times: Sequence[float]) -> float:
     return statistics.median(c / e for c, e in zip(times, eager_times, strict=True))
 
 
-def _bound_peak(step: Step, model: torch.nn.Module, batch: Any, layout: Layout) -> int:
-    """The measured peak of one call of `step`, bound as plan.step binds it; the layout put back."""
-    try:
-        inputs = step.bind(model, batch)
-        return bound_peak(step, inputs, step.device_of(inputs), held_input_bytes(step, inputs))
-    finally:
-        layout.put_back()
+def _a_plan_met(timed: Sequence[tuple[Sequence[float], Sequence[float]]], peaks: Sequence[int],
+                strict: float | None, eager_peak: int) -> bool:
+    """Whether a program timed so far met a latency limit itself with a peak below eager's."""
+    return strict is not None and any(_ratio(c, e) <= strict and peak < eager_peak
+                                      for (e, c), peak in zip(timed, peaks, strict=True))
+
+
+def _bound(group: Sequence[int], candidates: Sequence[tuple[str, Step]], passed: frozenset[int],
+           model: torch.nn.Module, batch: Any, layout: Layout, failed: list[tuple[str, str]]
+           ) -> list[tuple[int, int, Step]]:
+    """(index, measured peak, step) of each candidate in `group` whose numbers passed, each
+    bound as plan.step binds it and run once under the allocator's account (warm: the numbers
+    check ran it); one that raises (out of memory first) goes to `failed`, and the others
+    are still judged."""
+    found = []
+    for index in group:
+        name, step = candidates[index]
+        if index not in passed:
+            continue
+        try:
+            inputs = step.bind(model, batch)
+            found.append((index, bound_peak(step, inputs, step.device_of(inputs), held_input_bytes(step, inputs)),
+                          step))
+        except Exception as e:
+            failed.append((name, error_line(e)))
+        finally:
+            layout.put_back()
+    return found
 
 
 def _check_numbers(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch: Any, eager: EagerStep,
@@ -369,14 +380,6 @@ def runs_here(cost: Any, model: torch.nn.Module) -> bool:
     return cost.device.type == device.type and (device.type == "cpu" or cost.device.index == device.index)
 
 
-def needed_seconds(predicted_eager_s: float, programs: int = 2, rounds: int = SHORT_ROUNDS,
-                   reserve: bool = False) -> float:
-    """The least time verification takes: eager and one candidate (`programs` = 2), `rounds`
-    rounds each and the runs beside them (a latency limit's reserve, the untransformed step,
-    timed only where the plans miss the limit; its numbers check counted where `reserve`)."""
-    return runs_needed(programs, rounds, reserve) * predicted_eager_s
-
-
 def candidate_name(state: State, root: State) -> str:
     if state is root:
         return "untransformed step"
@@ -405,7 +408,7 @@ def choose(candidates: Sequence[State], root: State, objective: Objective, predi
     # needed, in what the others' rounds leave: its peak run and the fewest rounds with eager
     each = predicted_eager_s if step_s is None else step_s
     reserve = objective.mode == "latency" and len(candidates) > 1 and candidates[-1] is root
-    reserve_s = (1 + 2 * SHORT_ROUNDS) * each if reserve else None
+    reserve_s = RESERVE_TIMED_RUNS * each if reserve else None
     rounds = rounds_for(each, len(steps) + 1 - reserve, max(0.0, deadline - time.perf_counter() - (reserve_s or 0.0)))
     verdict = verify(steps, model, batch, eager, optimizer, objective, predicted_eager_s, rounds,
                      deadline=deadline, reserve_s=reserve_s)
