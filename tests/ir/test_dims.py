@@ -54,7 +54,7 @@ Impl = Callable[..., Any]
 
 # Registry ops without a rule; docs/ir.md ("Dimension rules") lists the same, with reasons.
 DOCUMENTED_WITHOUT_RULE = {
-    "aten.as_strided.default", "aten._foreach_add_.List",
+    "aten.as_strided.default", "aten._foreach_add_.List", "aten.addmm_.default",
     "aten._foreach_mul_.Scalar", "peakcut.store.default", "peakcut.load.default",
     "peakcut.writeback.default", "peakcut.upload.default",
     "peakcut.skip_update_if.default", "peakcut.spmm.default", "peakcut.nonzero_counted.default",

@@ -14,7 +14,8 @@
 - loss.py: exact rewrites of the captured loss that let regions span it;
 - expand.py: the plain graph that runs what the fission loops run (memory, latency, codegen),
   with expanded.py (its result), region.py (one region into its parts), boundary.py (what a
-  region reads and hands out), merge.py (rebuilding its outputs from the parts) and reuse.py
+  region reads and hands out), merge.py (rebuilding its outputs from the parts),
+  accumulate.py (summed outputs accumulated by the parts' products) and reuse.py
   (snapshots of expansions that start alike).
 """
 

@@ -4,7 +4,8 @@
 topological order of it (Expanded.order) that do exactly what the generated fission loops do,
 so that memory and latency of a fissioned step are those of an ordinary graph, with part
 shapes, slices, copies and accumulations all visible (docs/fission.md, "Fissioned graphs",
-says in full what a region expands to). Regions expand one after the other on a private copy
+says in full what a region expands to). Once every region is expanded, the parts' matrix
+products add into the summed outputs they make (peakcut.fission.accumulate). Regions expand one after the other on a private copy
 of the graph (peakcut.fission.region): roots first, nested enabled F-Tree nodes inside each
 part of their parent, with the original nodes' dimension rules. Enabled regions must nest or
 be disjoint; anything that cannot be proven exact is refused with a FissionError naming the
@@ -106,6 +107,7 @@ def expand(g: Graph, order: Sequence[int], tree: FTree, dgraph: DGraph, *,
 
     for root in roots:
         split(by_id[root], {v: v for v in by_id[root].nodes}, ())
+    expander.fuse_accumulations()
     expanded = expander.result()
     if check:
         _check(expanded.graph)

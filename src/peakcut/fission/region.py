@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from peakcut.fission.accumulate import fuse_accumulations
 from peakcut.fission.boundary import BoundaryOutput, boundary, copied_members, interleaved
 from peakcut.fission.expanded import Expanded, ExpandedRegion, FissionError
 from peakcut.fission.merge import allocate, finish, write_part
@@ -313,6 +314,12 @@ class RegionExpander:
         for v in members:
             self.rules.pop(v, None)
         self.edit.remove_unused_storages()
+
+    def fuse_accumulations(self) -> None:
+        """Let the parts' products add into the summed outputs they make
+        (peakcut.fission.accumulate); the last edit before result()."""
+        self.order, regions = fuse_accumulations(self.edit, self.order, self.regions)
+        self.regions = list(regions)
 
     def result(self) -> Expanded:
         """The expanded graph (the expander takes no more regions)."""

@@ -81,7 +81,7 @@ _REDUCTION = ["sum.dim_IntList", "sum.default", "mean.dim", "mean.default", "ama
 # The CPU's fused attention (what F.scaled_dot_product_attention, transformers' default "sdpa",
 # dispatches to on a CPU) and its backward; with dropout_p > 0 draws_random keeps them whole.
 _CPU_ATTENTION = ["_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"]
-_MATMUL = ["mm", "addmm", "bmm", "baddbmm", "dot", "mv", "_scaled_dot_product_efficient_attention", *_CPU_ATTENTION]
+_MATMUL = ["mm", "addmm", "addmm_", "bmm", "baddbmm", "dot", "mv", "_scaled_dot_product_efficient_attention", *_CPU_ATTENTION]
 _CONV = ["convolution", "convolution_backward"]
 _NORM = ["native_layer_norm", "native_layer_norm_backward", "native_batch_norm", "native_batch_norm_backward", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional", "native_group_norm", "native_group_norm_backward"]
 
@@ -202,8 +202,10 @@ def _shapes(args: tuple[Any, ...]) -> list[tuple[int, ...]]:
 
 
 # FLOP rules of ops torch.utils.flop_counter does not list, from the shapes of their tensor
-# arguments: the CPU's fused attention counts as the same shapes' flash attention.
+# arguments: the CPU's fused attention counts as the same shapes' flash attention; an
+# in-place addmm_ (a fission part accumulating its product, peakcut.fission.merge) as addmm.
 _MORE_FLOP_RULES: Mapping[str, Callable[[list[tuple[int, ...]]], int]] = MappingProxyType({
+    "aten.addmm_.default": lambda shapes: 2 * shapes[1][0] * shapes[1][1] * shapes[2][1],
     "aten._scaled_dot_product_flash_attention_for_cpu.default":
         lambda shapes: sdpa_flop_count(*shapes[:3]),  # type: ignore[no-untyped-call]
     "aten._scaled_dot_product_flash_attention_for_cpu_backward.default":

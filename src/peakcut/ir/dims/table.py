@@ -37,6 +37,8 @@ NO_RULE: Mapping[str, str] = MappingProxyType({
     aten("_foreach_add_.List"): "updates a list in place: a split along one tensor's axis would "
                                 "apply the update to every other tensor n times",
     aten("_foreach_mul_.Scalar"): "updates a list in place (as _foreach_add_.List)",
+    aten("addmm_"): "a fission part adding its product into a summed output (fission/accumulate.py): "
+                    "made after every split, never split itself",
     STORE_OP: "swap-out: code generation emits the copy itself; never split",
     LOAD_OP: "swap-in: code generation emits the copy itself; never split",
     WRITEBACK_OP: "copy into a host tensor: code generation emits the copy itself; never split",

@@ -24,12 +24,12 @@ def _batch_dense(t: torch.Tensor) -> bool:
 
 
 _MATMUL_OPERANDS = types.MappingProxyType({
-    "mm": ("self", "mat2"), "bmm": ("self", "mat2"), "addmm": ("mat1", "mat2"), "baddbmm": ("batch1", "batch2"),
+    "mm": ("self", "mat2"), "bmm": ("self", "mat2"), "addmm": ("mat1", "mat2"), "addmm_": ("mat1", "mat2"), "baddbmm": ("batch1", "batch2"),
 })
 
 
 def matmul(c: OpCall) -> int:
-    """mm / addmm / bmm / baddbmm.
+    """mm / addmm / addmm_ / bmm / baddbmm.
 
     Measured fp32/fp64 (MKL): 0, except an operand neither of whose last two strides is 1 is
     cloned contiguous.  bf16/fp16 go through oneDNN matmul: an operand is cloned unless it is
@@ -60,4 +60,4 @@ def matmul(c: OpCall) -> int:
     return copies + fit.matmul_scratch_base + c.threads * per_thread
 
 
-RULES: Mapping[str, Rule] = types.MappingProxyType(dict.fromkeys(("mm", "addmm", "bmm", "baddbmm"), matmul))
+RULES: Mapping[str, Rule] = types.MappingProxyType(dict.fromkeys(("mm", "addmm", "addmm_", "bmm", "baddbmm"), matmul))

@@ -1,0 +1,105 @@
+"""Weight gradients accumulated by the parts' products (peakcut.fission.accumulate).
+
+The MLP of test_expand with its backward in n parts: each part's weight gradient is an mm
+whose result only the merge reads, so the part runs `addmm_(grad, a_k, b_k)` instead of mm and
+add_. The step must still give eager's numbers, the measured CPU peak must equal the simulated
+one, the program must keep its loops, and the pair it replaces must cost more: one
+part-sized result and one elementwise pass over the gradient per part.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from peakcut.cost import get_cost_model
+from peakcut.fission.accumulate import ADDMM_, MM, fusable, fuse_accumulations
+from peakcut.fission.expanded import Expanded
+from peakcut.fission.region import RegionExpander
+from peakcut.ir.edit import GraphEditor
+from peakcut.ir.graph import Graph
+from peakcut.ir.node import Phase, TensorRef
+from peakcut.ir.tags import FissionTag
+from peakcut.memory import simulate
+from peakcut.simulate import simulate_timeline
+from tests.fission.test_expand import Case
+
+WEIGHTS = 3     # fc1, fc2, fc3
+
+
+@pytest.fixture(scope="module")
+def case() -> Case:
+    return Case()
+
+
+def _weight_gradients(case: Case) -> list[int]:
+    """The mm nodes of the backward that make a weight's gradient (2-D, the weight's shape)."""
+    shapes = {case.g.tensors[t].shape for t in case.g.inputs if len(case.g.tensors[t].shape) == 2}
+    return [v for v in case.nodes(Phase.BACKWARD) if case.g.nodes[v].op == MM
+            and case.g.tensors[case.g.nodes[v].outputs[0]].shape in shapes]
+
+
+def _unfused(case: Case, n: int, monkeypatch: pytest.MonkeyPatch) -> Expanded:
+    """The same expansion with the products left unfused (mm, then add_ into the gradient)."""
+    with monkeypatch.context() as m:
+        m.setattr(RegionExpander, "fuse_accumulations", lambda self: None)
+        return case.expand(case.fnode(1, case.nodes(Phase.BACKWARD), n))
+
+
+def _count(g: Graph, op: str) -> int:
+    return sum(1 for node in g.nodes.values() if node.op == op)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_weight_gradients_accumulate_in_their_products(case: Case, n: int,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    ex = case.expand(case.fnode(1, case.nodes(Phase.BACKWARD), n))
+    g = ex.graph
+    fused = [nid for nid in ex.order if g.nodes[nid].op == ADDMM_]
+    assert len(fused) == WEIGHTS * n
+    for nid in fused:
+        node = g.nodes[nid]
+        tag = node.tags.get(FissionTag)
+        assert tag is not None and tag.role == "part" and tag.of in _weight_gradients(case)
+        grad = node.args[0].id          # the preallocated gradient, written in place
+        assert grad in case.g.tensors and g.tensors[node.outputs[0]].storage == g.tensors[grad].storage
+    for v in _weight_gradients(case):   # each mm's n parts are the fused calls
+        assert [g.nodes[c].op for c in ex.copies[v]] == [ADDMM_] * n
+
+    plain = _unfused(case, n, monkeypatch)
+    assert _count(plain.graph, ADDMM_) == 0
+    assert len(plain.graph.nodes) - len(g.nodes) == WEIGHTS * n      # the absorbed mm calls
+    assert simulate(g, ex.order).peak_bytes <= simulate(plain.graph, plain.order).peak_bytes
+    h100 = get_cost_model("h100")
+    assert (simulate_timeline(g, ex.order, h100).latency_seconds
+            < simulate_timeline(plain.graph, plain.order, h100).latency_seconds)
+
+    step = case.check_numbers_and_memory(ex)     # eager's numbers; measured peak == simulated
+    assert step.source.count(f"for part in range({n}):") == 1
+    assert "addmm_" in step.source and "emitted unrolled" not in step.source
+
+
+def test_a_product_read_elsewhere_is_not_fused(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fusable() refuses a merge whose part value has another reader: the part's own result
+    is then needed."""
+    plain = _unfused(case, 2, monkeypatch)
+    g = plain.graph
+    merges = [nid for nid in plain.order if fusable(g, nid, _sharing(g)) is not None]
+    assert len(merges) == WEIGHTS * 2
+    first = merges[0]
+    part = g.nodes[first].args[1].id
+    edit = GraphEditor(g)                           # a second reader of the part's result
+    extra = edit.add_op("aten.clone.default", (TensorRef(part),), {}, name="reader",
+                        phase=Phase.BACKWARD, module="")
+    order = list(plain.order)
+    order.insert(order.index(first), extra.id)
+    edit.set_order(order)
+    assert fusable(edit.graph, first, _sharing(edit.graph)) is None
+    kept, _ = fuse_accumulations(edit, order, plain.regions)
+    assert _count(edit.graph, ADDMM_) == WEIGHTS * 2 - 1 and len(kept) == len(order) - (WEIGHTS * 2 - 1)
+
+
+def _sharing(g: Graph) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for t in g.tensors.values():
+        counts[t.storage] = counts.get(t.storage, 0) + 1
+    return counts
