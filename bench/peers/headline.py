@@ -14,7 +14,9 @@ ZeRO-Offload, placed per profile) and evaluated on every profile, `--peer-jobs` 
 time in worker processes (default 2: the figures are simulated, so sharing the cores changes only
 the run time). Then peakcut's row: optimize_graph on the eager capture with latency_limit=1.10 on
 that profile, one search at a time, nothing else running (`--jobs` runs that many searches at
-once in worker processes, which then share the cores).
+once in worker processes, which then share the cores). Where that plan holds less than the best
+peer but runs slower, a second search under the best peer's latency says whether peakcut also
+beats it at equal latency (`--no-match`: not).
 Writes bench/peers/headline.json (merged with the cells of earlier runs, by workload and
 profile), bench/peers_headline.md (table, legend, every configuration) and
 bench/peers_headline_snippet.md (the table for the top of BENCHMARKS.md).
@@ -34,7 +36,7 @@ import torch
 
 import peakcut
 from bench.peers import report
-from bench.peers.headline_table import LIMIT, Entry, detail, legend, markdown, rows
+from bench.peers.headline_table import LIMIT, TITLES, Entry, detail, legend, markdown, rows
 from bench.peers.results import Cell, fail_reason
 from bench.peers.simulate import evaluate, simulate_workload
 from bench.peers.tools import Tool, all_tools, compile_tools
@@ -69,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reuse-peers", action="store_true",
                    help="take the peers' cells from the JSON where it has them; run the searches")
     p.add_argument("--no-search", action="store_true", help="peers only (peakcut's cells from the JSON, if any)")
+    p.add_argument("--no-match", dest="match", action="store_false",
+                   help="no second search at the best peer's latency where peakcut's plan is slower than it")
     p.add_argument("--report-only", action="store_true", help="rebuild the markdown from the JSON")
     p.add_argument("--json", default=str(JSON))
     p.add_argument("--out", default=str(OUT), help="markdown report ('' = print only)")
@@ -115,9 +119,10 @@ def _peer_job(name: str, profiles: tuple[str, ...], budgets: tuple[float, ...],
     return peer_entries(inst, g, peer_tools(budgets, solvers), profiles), time.perf_counter() - t0
 
 
-def search_entry(name: str, g: Graph, profile: str, budget: float, limit: float) -> Entry:
+def search_entry(name: str, g: Graph, profile: str, budget: float, limit: float,
+                 config: str = "") -> Entry:
     """peakcut's plan of eager step `g` under `limit` on `profile`, evaluated like the peers."""
-    e = Entry(name, profile, "peakcut", f"latency <= x{limit:.2f}")
+    e = Entry(name, profile, "peakcut", config or f"latency <= x{limit:.2f}")
     try:
         t0 = time.perf_counter()
         found = optimize_graph(g, time_budget=budget, device=profile, latency_limit=limit)
@@ -131,10 +136,24 @@ def search_entry(name: str, g: Graph, profile: str, budget: float, limit: float)
     return e
 
 
-def _search_job(name: str, profile: str, budget: float, limit: float) -> Entry:
+def _search_job(name: str, profile: str, budget: float, limit: float, config: str = "") -> Entry:
     """One search in a worker process (it captures the step itself)."""
     inst = get_workload(name).build("paper")
-    return search_entry(name, peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw"), profile, budget, limit)
+    g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw")
+    return search_entry(name, g, profile, budget, limit, config)
+
+
+def matches(entries: list[Entry], limit: float) -> list[tuple[str, str, float, str]]:
+    """(workload, profile, latency limit, configuration) of the searches at the best peer's
+    latency that the cells need (Row.to_match: peakcut's plan holds less but runs slower)."""
+    out = []
+    for row in rows(entries, limit):
+        peer = row.to_match()
+        if peer is not None:
+            title = TITLES[peer.entry.family]
+            out.append((row.workload, row.profile, peer.latency,
+                        f"latency <= x{peer.latency:.3f} ({title}'s)"))
+    return out
 
 
 def load(path: Path) -> tuple[list[Entry], dict]:
@@ -187,18 +206,29 @@ def run(args: argparse.Namespace, old: list[Entry]) -> list[Entry]:
             print(f"[headline] {name}: peers {seconds:.0f} s", flush=True)
     if args.no_search:
         return entries
+    entries += _searches([(n, p, args.limit, "") for n in names for p in profiles], args)
+    if args.match:
+        entries += _searches(matches(entries, args.limit), args)
+    return entries
+
+
+def _searches(todo: list[tuple[str, str, float, str]], args: argparse.Namespace) -> list[Entry]:
+    """peakcut's entries for (workload, profile, latency limit, configuration) each."""
     if args.jobs > 1:
         with _pool(args.jobs) as pool:
-            searches = [pool.submit(_search_job, n, p, args.budget, args.limit) for n in names for p in profiles]
-            return entries + [f.result() for f in searches]
-    for name in names:
-        inst = get_workload(name).build("paper")
-        g = peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw")
-        for profile in profiles:
-            e = search_entry(name, g, profile, args.budget, args.limit)
-            print(f"[headline] {name} {profile}: peakcut {e.note or e.error}", flush=True)
-            entries.append(e)
-    return entries
+            futures = [pool.submit(_search_job, n, p, args.budget, lim, c) for n, p, lim, c in todo]
+            return [f.result() for f in futures]
+    out = []
+    graphs: dict[str, Graph] = {}
+    for name, profile, limit, config in todo:
+        if name not in graphs:
+            graphs.clear()           # one captured step held at a time
+            inst = get_workload(name).build("paper")
+            graphs[name] = peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw")
+        e = search_entry(name, graphs[name], profile, args.budget, limit, config)
+        print(f"[headline] {name} {profile} {e.config}: peakcut {e.note or e.error}", flush=True)
+        out.append(e)
+    return out
 
 
 def write(entries: list[Entry], meta: dict, args: argparse.Namespace) -> str:

@@ -9,7 +9,7 @@ over the limit; `rows` and `markdown` build the table.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 LIMIT = 1.10
 FAMILIES: tuple[str, ...] = ("accumulate", "sac", "checkpoint", "compile", "offload")
@@ -76,13 +76,16 @@ def best_of(entries: Iterable[Entry], eager: Entry, limit: float = LIMIT) -> Pic
 
 @dataclass(frozen=True)
 class Row:
-    """One workload on one profile: eager, peakcut and each family's pick, and the best peer."""
+    """One workload on one profile: eager, peakcut and each family's pick, and the best peer;
+    matched: peakcut's lowest-peak plan at no more than the best peer's latency (a search
+    under that peer's latency, where the plan under the limit is slower than the peer)."""
 
     workload: str
     profile: str
     eager: Entry
     peakcut: Pick | None
     peers: dict[str, Pick | None]
+    matched: Pick | None = None
 
     @property
     def best_peer(self) -> str | None:
@@ -104,9 +107,36 @@ class Row:
             peer = self.peers[best]
             assert peer is not None
             below = pc.within and pc.peak < peer.peak
-            faster = "at equal or lower latency" if pc.latency <= peer.latency + 1e-9 else "slower than it"
-            parts.append(f"below {TITLES[best]}, {faster}" if below else f"NOT below {TITLES[best]}")
+            if below and pc.latency <= peer.latency + 1e-9:
+                parts.append(f"below {TITLES[best]}, at equal or lower latency")
+            elif below and self.matched is not None and self.matched.peak < peer.peak:
+                m = self.matched
+                parts.append(f"below {TITLES[best]}; at its latency {m.peak:.1%} (x{m.latency:.3f})")
+            elif below:
+                parts.append(f"below {TITLES[best]}, slower than it")
+            else:
+                parts.append(f"NOT below {TITLES[best]}")
         return "; ".join(parts)
+
+    def to_match(self) -> Pick | None:
+        """The best peer, where peakcut's plan under the limit holds less than it but runs
+        slower (a search at that peer's latency then says whether peakcut beats it there)."""
+        best = self.best_peer
+        pc = self.peakcut
+        if best is None or pc is None or not pc.within:
+            return None
+        peer = self.peers[best]
+        if peer is None or pc.peak >= peer.peak or pc.latency <= peer.latency + 1e-9:
+            return None
+        return peer
+
+
+def matched(peakcut: Iterable[Entry], eager: Entry, peer: Pick | None) -> Pick | None:
+    """The lowest-peak peakcut entry at no more than `peer`'s latency."""
+    if peer is None:
+        return None
+    at = [e for e in peakcut if e.ok and e.latency_s <= peer.entry.latency_s + 1e-12]
+    return best_of(at, eager, limit=float("inf"))
 
 
 def rows(entries: list[Entry], limit: float = LIMIT) -> list[Row]:
@@ -121,9 +151,11 @@ def rows(entries: list[Entry], limit: float = LIMIT) -> list[Row]:
         eager = next((e for e in mine if e.family == "eager" and e.ok), None)
         if eager is None:
             continue
-        peakcut = best_of([e for e in mine if e.family == "peakcut"], eager, limit)
+        plans = [e for e in mine if e.family == "peakcut"]
         peers = {f: best_of([e for e in mine if e.family == f], eager, limit) for f in FAMILIES}
-        out.append(Row(w, prof, eager, peakcut, peers))
+        row = Row(w, prof, eager, best_of(plans, eager, limit), peers)
+        best = row.peers[row.best_peer] if row.best_peer else None
+        out.append(replace(row, matched=matched(plans, eager, best)))
     return out
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bench.peers.headline import merged, peer_tools
-from bench.peers.headline_table import FAMILIES, Entry, markdown, rows
+from bench.peers.headline import matches, merged, peer_tools
+from bench.peers.headline_table import FAMILIES, LIMIT, Entry, markdown, rows
 
 GIB = 2**30
 
@@ -60,3 +60,21 @@ def test_merge_replaces_the_rerun_groups() -> None:
     out = merged(old, new)
     assert [e.peak_bytes for e in out if e.family == "peakcut"] == [GIB]
     assert len(out) == len(old)
+
+
+def test_a_slower_plan_asks_for_a_search_at_the_peers_latency() -> None:
+    """peakcut's 25% at x1.08 holds less than accumulation's 55% at x1.04 but runs slower: the
+    run asks for a search under x1.04, and a plan found there carries the verdict."""
+    entries = _entries()
+    [(workload, profile, limit, config)] = matches(entries, LIMIT)
+    assert (workload, profile, round(limit, 3)) == ("unet", "h100", 1.04)
+    assert config == "latency <= x1.040 (grad accumulation's)"
+    entries.append(Entry("unet", "h100", "peakcut", config, int(4.0 * GIB), 1.035))
+    [row] = rows(entries)
+    assert row.peakcut is not None and row.peakcut.peak == 0.25          # the column keeps the lowest
+    assert row.matched is not None and row.matched.peak == 0.40
+    assert row.verdict() == "meets aim; below grad accumulation; at its latency 40.0% (x1.035)"
+    assert matches(entries, LIMIT) == [("unet", "h100", limit, config)]   # still slower: asked again
+    entries[-1].peak_bytes = int(6.0 * GIB)                              # 60%: above the peer's 55%
+    [row] = rows(entries)
+    assert row.verdict() == "meets aim; below grad accumulation, slower than it"
