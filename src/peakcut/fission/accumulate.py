@@ -28,16 +28,23 @@ from peakcut.fission.expanded import ExpandedRegion
 from peakcut.ir.edit import GraphEditor
 from peakcut.ir.graph import Graph
 from peakcut.ir.node import TensorRef
-from peakcut.ir.tags import FissionTag
+from peakcut.ir.tags import FissionTag, NodeTags
+from peakcut.transform.rewrite import positions, writers_of
 
 MM = "aten.mm.default"
 ADD_ = "aten.add_.Tensor"
 ADDMM_ = "aten.addmm_.default"
 
 
-def fusable(g: Graph, merge: int, sharing: Mapping[int, int]) -> int | None:
-    """The mm node that merge node `merge` can absorb (module doc), or None; sharing: per
-    storage, how many tensors live in it."""
+def fusable(g: Graph, merge: int, sharing: Mapping[int, int], position: Mapping[int, int],
+            waiting: Mapping[int, list[int]]) -> int | None:
+    """The mm node that merge node `merge` can absorb (module doc), or None. sharing: per
+    storage, how many tensors live in it; position: node -> index in the order; waiting:
+    node -> the nodes with a control edge on it.
+
+    The product then runs at the merge's place: so every node waiting on the mm must run
+    after the merge, and nothing between the two may write the product's operands (a later
+    region can have interleaved its own nodes there)."""
     node = g.nodes[merge]
     tag = node.tags.get(FissionTag)
     if tag is None or tag.role != "merge" or node.op != ADD_ or node.kwargs or len(node.args) != 2:
@@ -56,31 +63,50 @@ def fusable(g: Graph, merge: int, sharing: Mapping[int, int]) -> int | None:
     p, t = g.tensors[part.id], g.tensors[acc.id]
     if (p.shape, p.dtype) != (t.shape, t.dtype) or sharing[p.storage] != 1:
         return None
+    if any(position[u] < position[merge] for u in waiting.get(q, ())):
+        return None
+    operands = {g.tensors[x].storage for x in product.input_tuple}
+    between = range(position[q] + 1, position[merge])
+    if any(position[w] in between for ws in writers_of(g, operands).values() for w in ws):
+        return None
     return q
+
+
+def fusable_pairs(g: Graph, order: Sequence[int]) -> dict[int, int]:
+    """Merge node -> the mm node it can absorb, for every merge of `order` fusable() allows."""
+    merges = [nid for nid in order if g.nodes[nid].op == ADD_]
+    if not merges:
+        return {}
+    sharing = Counter(t.storage for t in g.tensors.values())
+    position = positions(order)
+    waiting: dict[int, list[int]] = {}
+    for u, deps in g.control.items():
+        for d in deps:
+            waiting.setdefault(d, []).append(u)
+    pairs: dict[int, int] = {}
+    for nid in merges:
+        q = fusable(g, nid, sharing, position, waiting)
+        if q is not None:
+            pairs[nid] = q
+    return pairs
 
 
 def fuse_accumulations(edit: GraphEditor, order: Sequence[int],
                        regions: Sequence[ExpandedRegion]) -> tuple[list[int], tuple[ExpandedRegion, ...]]:
     """Fuse every merge fusable() allows, in edit's graph; the order and regions without the
     products absorbed. Each fused call keeps the merge's id, outputs and place in the order,
-    and the product's name and tags (a part copy: Expanded.copies lists it)."""
+    and the product's name and fission tag (a part copy: Expanded.copies lists it)."""
     g = edit.graph
-    merges = [nid for nid in order if g.nodes[nid].op == ADD_]
-    if not merges:
-        return list(order), tuple(regions)
-    sharing = Counter(t.storage for t in g.tensors.values())
-    pairs: dict[int, int] = {}
-    for nid in merges:
-        q = fusable(g, nid, sharing)
-        if q is not None:
-            pairs[nid] = q
+    pairs = fusable_pairs(g, order)
     if not pairs:
         return list(order), tuple(regions)
     absorbed = {q: m for m, q in pairs.items()}
     for m, q in pairs.items():
         merge, product = g.nodes[m], g.nodes[q]
+        tag = product.tags.get(FissionTag)
         edit.replace_node(replace(product, id=m, op=ADDMM_, args=(merge.args[0], *product.args),
-                                  outputs=merge.outputs, multi_output=merge.multi_output))
+                                  outputs=merge.outputs, multi_output=merge.multi_output,
+                                  tags=NodeTags(tag) if tag is not None else product.tags))
     for u, deps in list(g.control.items()):
         if any(d in absorbed for d in deps):
             edit.set_control(u, tuple(sorted({absorbed.get(d, d) for d in deps} - {u})))

@@ -203,7 +203,7 @@ def _shapes(args: tuple[Any, ...]) -> list[tuple[int, ...]]:
 
 # FLOP rules of ops torch.utils.flop_counter does not list, from the shapes of their tensor
 # arguments: the CPU's fused attention counts as the same shapes' flash attention; an
-# in-place addmm_ (a fission part accumulating its product, peakcut.fission.merge) as addmm.
+# in-place addmm_ (a fission part accumulating its product, peakcut.fission.accumulate) as addmm.
 _MORE_FLOP_RULES: Mapping[str, Callable[[list[tuple[int, ...]]], int]] = MappingProxyType({
     "aten.addmm_.default": lambda shapes: 2 * shapes[1][0] * shapes[1][1] * shapes[2][1],
     "aten._scaled_dot_product_flash_attention_for_cpu.default":
