@@ -69,16 +69,18 @@ class ScaledByMean(nn.Module):
 
 
 class Case:
-    """The MLP, its batch, the captured step, its D-Graph and batch component."""
+    """The MLP (or a given classifier and its (x, y) batch), the captured step, its D-Graph
+    and batch component."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: nn.Module | None = None,
+                 batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         torch.manual_seed(0)
-        self.model = MLP()
-        self.batch = (torch.randn(BATCH, 8), torch.randint(0, 4, (BATCH,)))
+        self.model = MLP() if model is None else model
+        self.batch = (torch.randn(BATCH, 8), torch.randint(0, 4, (BATCH,))) if batch is None else batch
         self.g: Graph = peakcut.capture(self.model, self.batch, mlp_loss, SPEC, keep_grads=True)
         self.dgraph: DGraph = build_dgraph(self.g)
         comp = batch_component(self.g, self.dgraph)[0]
-        assert comp is not None and comp.length == BATCH
+        assert comp is not None and comp.length == len(self.batch[0])
         self.comp: Component = comp
 
     def nodes(self, *phases: Phase, views: bool = True) -> list[int]:
