@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(VENV)/bin/peakcut optimize bert-base --size paper --latency-limit 1.1 --time-budget 30 --device h200 --out out/demo
 
 test: check-torch
-	$(PY) -m pytest -q -n 2 --durations=15   # pytest-xdist: two workers (CI has 2 cores); the slowest tests listed
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=15   # two xdist workers (CI has 2 cores); an idle one takes tests queued for the other; the slowest tests listed
 
 # The tests run on the pinned torch only: a package install that moved it fails here, by name.
 check-torch: $(STAMP)
