@@ -4,12 +4,12 @@
 topological order of it (Expanded.order) that do exactly what the generated fission loops do,
 so that memory and latency of a fissioned step are those of an ordinary graph, with part
 shapes, slices, copies and accumulations all visible (docs/fission.md, "Fissioned graphs",
-says in full what a region expands to). Once every region is expanded, the parts' matrix
-products add into the summed outputs they make (peakcut.fission.accumulate). Regions expand one after the other on a private copy
+says in full what a region expands to). Regions expand one after the other on a private copy
 of the graph (peakcut.fission.region): roots first, nested enabled F-Tree nodes inside each
-part of their parent, with the original nodes' dimension rules. Enabled regions must nest or
-be disjoint; anything that cannot be proven exact is refused with a FissionError naming the
-node or tensor.
+part of their parent, with the original nodes' dimension rules; once every region is
+expanded, the parts' matrix products add into the summed outputs they make
+(peakcut.fission.accumulate). Enabled regions must nest or be disjoint; anything that
+cannot be proven exact is refused with a FissionError naming the node or tensor.
 
 compact=True (what the optimizer evaluates fission states on) builds part 0 of every region
 only, plus keep-alive aliases of its inputs: its simulated peak is the full expansion's, its

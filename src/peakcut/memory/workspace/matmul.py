@@ -24,7 +24,8 @@ def _batch_dense(t: torch.Tensor) -> bool:
 
 
 _MATMUL_OPERANDS = types.MappingProxyType({
-    "mm": ("self", "mat2"), "bmm": ("self", "mat2"), "addmm": ("mat1", "mat2"), "addmm_": ("mat1", "mat2"), "baddbmm": ("batch1", "batch2"),
+    "mm": ("self", "mat2"), "bmm": ("self", "mat2"), "addmm": ("mat1", "mat2"), "addmm_": ("mat1", "mat2"),
+    "baddbmm": ("batch1", "batch2"),
 })
 
 
