@@ -219,13 +219,13 @@ def _searches(todo: list[tuple[str, str, float, str]], args: argparse.Namespace)
             futures = [pool.submit(_search_job, n, p, args.budget, lim, c) for n, p, lim, c in todo]
             return [f.result() for f in futures]
     out = []
-    graphs: dict[str, Graph] = {}
+    captured: tuple[str, Graph] | None = None     # one captured step held at a time
     for name, profile, limit, config in todo:
-        if name not in graphs:
-            graphs.clear()           # one captured step held at a time
+        if captured is None or captured[0] != name:
+            captured = None
             inst = get_workload(name).build("paper")
-            graphs[name] = peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw")
-        e = search_entry(name, graphs[name], profile, args.budget, limit, config)
+            captured = (name, peakcut.capture(inst.model, inst.batch, inst.loss_fn, "adamw"))
+        e = search_entry(name, captured[1], profile, args.budget, limit, config)
         print(f"[headline] {name} {profile} {e.config}: peakcut {e.note or e.error}", flush=True)
         out.append(e)
     return out
