@@ -17,6 +17,7 @@ import peakcut
 from peakcut.cost import MeasuredCostModel, TimingSettings
 from peakcut.cost.calls import call_key
 from peakcut.optimizer import api, optimize_graph, shares
+from peakcut.optimizer.arena import layout_seconds
 from peakcut.optimizer.budget import BudgetedCost, MeasurePacer
 from peakcut.optimizer.parallel import can_fork
 from peakcut.optimizer.phases import ORDER, phases_line
@@ -147,3 +148,12 @@ def test_a_forked_measured_search_has_the_caller_measure_its_calls(tmp_path: Pat
     assert found.report["repriced"]["measured_since"] == cost.measured_keys
     on_disk = json.loads(measured.cache_path.read_text())["entries"]
     assert all(measured.has(k) for k in on_disk) and len(on_disk) >= cost.measured_keys
+
+
+@pytest.mark.parametrize("search_s", [5.0, 45.0, 400.0])
+def test_the_graph_budget_leaves_the_search_its_seconds(search_s: float) -> None:
+    """optimize_graph keeps its reprice's share and its layout's seconds after the search (the
+    layout's at its share or at its cap): what is left of graph_budget(s) is s."""
+    budget = api.graph_budget(search_s)
+    kept = shares.REPRICE_SHARE * budget + layout_seconds(budget)
+    assert budget - kept == pytest.approx(search_s)

@@ -422,15 +422,15 @@ class _Planner:
         keep = shares.VERIFY_SHARE * final_share
         if calibration is not None and calibration.eager_step_s > 0:    # sized on a warm eager step
             # eager and one plan; under a latency limit the untransformed step is the reserve,
-            # timed only where the plans miss the limit, its numbers checked with theirs; the
-            # numbers check fingerprints every program's updates once (optimizer.numbers)
-            reserve = self.memory_limit is None
-            least = verify_seconds(calibration.eager_step_s, fingerprint_s, reserve)
-            wanted = max(keep, shares.VERIFY_MARGIN * verify_seconds(calibration.eager_step_s, fingerprint_s, reserve,
-                                                                     MIN_ROUNDS))
-            # the search's share first (optimize_graph keeps REPRICE_SHARE of its budget after
-            # the search), unless verifying one plan needs more
-            searching = shares.SEARCH_SHARE * final_share / (1 - shares.REPRICE_SHARE)
+            # checked and timed only where the plans miss the limit; the numbers check
+            # fingerprints every program's updates once (optimizer.numbers)
+            referenced = calibration.reference is not None      # eager's numbers taken already
+            least = verify_seconds(calibration.eager_step_s, fingerprint_s, referenced=referenced)
+            wanted = max(keep, shares.VERIFY_MARGIN * verify_seconds(calibration.eager_step_s, fingerprint_s,
+                                                                     MIN_ROUNDS, referenced))
+            # the search's share first (optimize_graph keeps its reprice's and its layout's
+            # seconds after the search), unless verifying one plan needs more
+            searching = graph_budget(shares.SEARCH_SHARE * final_share)
             left = final_share - (time.perf_counter() - t0)
             # where no verification fits (it is skipped, and says so): all to the search (what
             # VERIFY_SKIP_BELOW lets verification run on is for the search's overrun, not a
@@ -451,6 +451,15 @@ class _Planner:
             gm = capture(model, b, loss_fn, None, grad_scaler=self.use_scaler)
             micro = _search(gm, budget - (time.perf_counter() - t0), model, self.search, self.accumulate)
         return main, micro
+
+
+def graph_budget(search_s: float) -> float:
+    """The time budget of a measured optimize_graph whose search gets `search_s` seconds: it
+    keeps REPRICE_SHARE of its budget and the layout's seconds (arena.layout_seconds) after
+    the search."""
+    spare = 1 - shares.REPRICE_SHARE
+    shared = search_s / (spare - shares.LAYOUT_SHARE)      # the layout at its share
+    return shared if shares.LAYOUT_SHARE * shared <= arenas.LAYOUT_MAX_S else (search_s + arenas.LAYOUT_MAX_S) / spare
 
 
 def _unwrapped(model: torch.nn.Module, device: str | CostModel

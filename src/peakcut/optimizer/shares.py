@@ -7,12 +7,11 @@ measuring and pricing again the states that can become the plan (optimizer.repri
 the search it measures new calls in slices of at most optimizer.budget.MEASURE_DUTY of the
 wall time. optimize with verification: the calibration may take CALIBRATE_SHARE, measuring
 the step's calls for at most MEASURE_BEFORE_SHARE of it, and VERIFY_SHARE (or VERIFY_MARGIN
-x what running eager and one plan MIN_ROUNDS rounds and fingerprinting their updates takes,
-the untransformed step's numbers check under a latency limit included:
+x what running eager and one plan MIN_ROUNDS rounds and fingerprinting their updates takes:
 optimizer.verification.verify_seconds, where that is more) is kept for running
 VERIFY_CANDIDATES candidate plans, but no more than leaves the search SEARCH_SHARE of the
-budget (after optimize_graph's REPRICE_SHARE), unless those two at SHORT_ROUNDS rounds need
-more; under a latency limit the search plans to
+budget (its own seconds: optimizer.api.graph_budget adds REPRICE_SHARE and the layout's),
+unless those two at SHORT_ROUNDS rounds need more; under a latency limit the search plans to
 PLAN_MARGIN below it (docs/optimize.md, docs/cost.md).
 """
 
@@ -23,7 +22,7 @@ REORDER_SHARE = 0.1               # share of the time budget the initial re-orde
 LAYOUT_SHARE = 0.05               # of the time budget, at most, for the plan's arena layout (optimizer.arena)
 REPRICE_SHARE = 0.04              # of optimize_graph's time budget, kept for optimizer.reprice (measured cost)
 MEASURE_BEFORE_SHARE = 0.12       # of the time budget, measuring the step's calls before the search (verify=True)
-SEARCH_SHARE = 0.5                # of the time budget, at least, for the search (verify=True; measured cost)
+SEARCH_SHARE = 0.5                # of the time budget, at least, for the search itself (verify=True; measured cost)
 POLISH_SHARE = 0.03               # of the search's time, kept for the polish (optimizer.polish)
 VERIFY_SHARE = 0.25               # of the time budget kept for running candidate plans (verify=True)
 CALIBRATE_SHARE = 0.15            # of the time budget the calibration may take, measuring the calls included (verify=True; docs/cost.md)
