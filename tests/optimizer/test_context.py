@@ -11,6 +11,8 @@ from torch import nn
 
 import peakcut
 from peakcut.cost.measured import MeasuredCostModel
+from peakcut.cost.model import step_seconds
+from peakcut.optimizer.budget import BudgetedCost
 from peakcut.optimizer.context import HIGHEST, LOWEST, RUNS, ContextCalibration, calibrate, refit
 from peakcut.optimizer.verify import EagerStep, Measured, Verdict
 from peakcut.runtime import keep_freed_host_memory, release_freed_host_memory
@@ -80,17 +82,30 @@ def test_freed_host_memory_kept_then_released() -> None:
     assert held - _resident_bytes() >= 32 * 2**20
 
 
-def test_a_skipped_calibration_still_times_a_warm_eager_step(tmp_path) -> None:
-    """With no time to measure the step's calls, nothing more runs, but one warm eager step is
-    timed (optimize keeps the time verifying a plan takes from it), and the model is as it was."""
+class CountedEager(EagerStep):
+    """The user's eager step, its runs counted."""
+
+    runs = 0
+
+    def run(self, keep_grads: bool = False) -> torch.Tensor:
+        self.runs += 1
+        return super().run(keep_grads)
+
+
+def test_a_skipped_calibration_sizes_verification_on_the_step_the_fitted_prices_give(tmp_path) -> None:
+    """With no time to measure the step's calls, nothing runs after the first eager step:
+    verification is sized on the step the model prices (fitted and analytic prices for the
+    calls not measured), or that first step where it is less, and the model is as it was."""
     model, batch, opt = _problem()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     g = peakcut.capture(model, batch, _loss, opt)
     cost = MeasuredCostModel("cpu", cache_dir=tmp_path)
-    found = calibrate(g, cost, model, batch, EagerStep(model, batch, _loss, opt, None), opt, seconds=0.0)
+    eager = CountedEager(model, batch, _loss, opt, None)
+    found = calibrate(g, cost, model, batch, eager, opt, seconds=0.0)
     assert "not measured" in found.skipped and found.deferred and not found.eager_times
     assert found.unmeasured > 0 and found.as_dict()["unmeasured_calls"] == found.unmeasured
-    assert found.eager_step_s > 0 and found.factor == 1.0 and cost.context == 1.0
+    assert eager.runs == 1 and found.eager_step_s > 0 and found.factor == 1.0 and cost.context == 1.0
+    assert found.eager_step_s <= step_seconds(BudgetedCost(cost, 0.0), g, g.order) + 1e-12
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert not opt.state
@@ -104,9 +119,9 @@ class SlowEager(EagerStep):
         return super().run(keep_grads)
 
 
-def test_rounds_that_do_not_fit_size_verification_on_the_lesser_of_the_warm_step_and_the_model(tmp_path) -> None:
+def test_rounds_that_do_not_fit_size_verification_on_the_lesser_of_the_first_step_and_the_model(tmp_path) -> None:
     """Every call measured but no time for the rounds: the step verification is sized on is
-    the warm eager step or, where less, the step the model predicts from the measured calls."""
+    the step the model predicts from the measured calls or, where less, the first eager step."""
     model, batch, opt = _problem()
     g = peakcut.capture(model, batch, _loss, opt)
     cost = MeasuredCostModel("cpu", cache_dir=tmp_path)

@@ -11,6 +11,7 @@ nothing of the check stays on the model, the optimizer or the plan.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from typing import Any
@@ -38,6 +39,7 @@ from peakcut.optimizer.numbers import (
     tolerance_for,
 )
 from peakcut.optimizer.objective import Objective
+from peakcut.optimizer.user_step import Restore
 from peakcut.optimizer.verify import MIN_ROUNDS, EagerStep, verify
 from tests.helpers import cross_entropy_loss, make_mlp
 
@@ -114,6 +116,35 @@ def test_a_plan_with_one_gradient_scaled_is_rejected_with_the_reason(kind: str) 
     assert memory["fingerprint_bytes"] == 2 * (24 * numbers["values"] + 8) and memory["transient_host_bytes"] > 0
     assert memory["snapshot_bytes"] == 0 and memory["entry_snapshot_bytes"] > 0 and "host memory" in memory["text"]
     json.dumps(numbers)
+
+
+@pytest.mark.parametrize("last_wrong", [False, True])
+def test_the_last_matching_candidates_step_stands_in_for_eagers_warm_up(last_wrong: bool) -> None:
+    """After the numbers check the state is the last candidate's step where it matched (one
+    AdamW step past the entry, as a warm-up step of eager's leaves it: state made, grads None),
+    else the entry state again; Restore puts the entry back either way."""
+    model, batch = make_mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = peakcut.capture(model, batch, cross_entropy_loss, opt)
+    entry = [p.detach().clone() for p in model.parameters()]
+    reference = copy.deepcopy(model)
+    EagerStep(reference, batch, cross_entropy_loss, torch.optim.AdamW(reference.parameters(), lr=1e-2), None)()
+    last = Step(*scaled_gradient(g, list(g.order), "fc1.weight", 1.5)) if last_wrong else Step(g, g.order)
+    candidates = [("right", Step(g, g.order)), ("last", last)]
+    for _, step in candidates:                 # the user's optimizer, as verify attaches it
+        step.update.attach(opt)
+    eager = EagerStep(model, batch, cross_entropy_loss, opt, None)
+    with Restore(model, opt) as restore:
+        numbers = verify_module._check_numbers(candidates, model, batch, eager, opt, restore,
+                                               verify_module._rng_state(torch.device("cpu")))
+        assert numbers.stepped is not last_wrong
+        after = reference.parameters() if numbers.stepped else entry
+        for p, want in zip(model.parameters(), after, strict=True):
+            torch.testing.assert_close(p.detach(), want.detach())
+            assert p.grad is None
+        assert bool(opt.state) is numbers.stepped
+    for p, want in zip(model.parameters(), entry, strict=True):
+        assert torch.equal(p.detach(), want)
 
 
 def test_every_candidate_wrong_raises_limit_not_met_saying_so(tmp_path, monkeypatch) -> None:

@@ -50,7 +50,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -60,7 +60,16 @@ from peakcut.cost.measured import MeasuredCostModel
 from peakcut.cost.model import step_seconds
 from peakcut.ir.graph import Graph
 from peakcut.memory.workspace import order_workspace
-from peakcut.optimizer.verify import Restore, Verdict, model_device, sync_device
+from peakcut.optimizer.budget import BudgetedCost
+from peakcut.optimizer.verify import (
+    EagerReference,
+    EagerStep,
+    Restore,
+    Verdict,
+    eager_reference,
+    model_device,
+    sync_device,
+)
 from peakcut.spec.constants import bound_constants
 
 RUNS = 3
@@ -90,12 +99,12 @@ class ContextCalibration:
     seconds: float = 0.0                 # wall time of the calibration (warm-up and binding included)
     skipped: str = ""                    # why nothing was run (factor and eager_ratio 1)
     eager_step_s: float = 0.0            # a warm eager step: the fastest of eager_times, or where the
-    # rounds did not run, one step timed after the warm-up or, where less, the step the model
-    # predicts from every call measured (what reserving verification needs)
+    # rounds did not run, step_estimate's (what reserving verification needs)
     deferred: bool = False               # skipped for the budget: verification's rounds refit instead
     measure_s: float = 0.0               # of `seconds`, measuring the step's calls
     workspace_s: float = 0.0             # of `seconds`, measuring their workspace (memory.workspace)
     unmeasured: int = 0                  # the step's distinct calls left to fitted prices
+    reference: EagerReference | None = field(default=None, repr=False)   # eager's first step's numbers
 
     @property
     def eager_ratio(self) -> float:
@@ -121,24 +130,26 @@ class ContextCalibration:
 
 
 def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: Any,
-              eager: Callable[[], Any], optimizer: torch.optim.Optimizer | None,
+              eager: EagerStep, optimizer: torch.optim.Optimizer | None,
               seconds: float = math.inf, measure_seconds: float | None = None) -> ContextCalibration:
     """Run `g` untransformed and the user's `eager` step RUNS rounds each (after a warm-up)
     and set cost.context (module doc), within about `seconds`. The first eager step (the
-    warm-up) is timed and the rounds are reserved from it (RUNS_MARGIN); the step's calls are
+    warm-up) is timed and the rounds are reserved from it (RUNS_MARGIN); its numbers are the
+    numbers check's reference (`reference`: verify.eager_reference); the step's calls are
     measured in the rest, for at most `measure_seconds` (default: all of it), the calls
-    priced highest first. A second eager step, after them, warms eager up again and prices
-    the rounds. When the calls cannot all be measured, or the rounds would not fit in what is
-    left, nothing more runs (factor 1, the reason in `skipped`, `deferred` True; that second
-    step's seconds in `eager_step_s`, or the model's step from every call measured where that
-    is less, so that optimize can still keep the time verifying a plan takes)."""
+    priced highest first; the model's step then prices the rounds. When the calls cannot all
+    be measured, or the rounds would not fit in what is left, nothing more runs (factor 1, the
+    reason in `skipped`, `deferred` True; step_estimate's step in `eager_step_s`, from the
+    calls measured and fitted prices for the rest, so that optimize can still keep the time
+    verifying a plan takes). Otherwise a second eager step warms eager up again before them."""
     t0 = time.perf_counter()
     cost.context = 1.0
     times: list[float] = []
     eager_times: list[float] = []
     device = model_device(model)
-    with Restore(model, optimizer, bound_constants(g.input_names, model)):
-        first = _timed(eager, device)                 # warm-up (and the optimizer's state)
+    with Restore(model, optimizer, bound_constants(g.input_names, model)) as restore:
+        # the warm-up (and the optimizer's state), and the numbers check's reference (verify)
+        reference, first = eager_reference(eager, model, optimizer, restore)
         reserved = RUNS_MARGIN * (2 * (RUNS + SETTLE) + 2) * first
         t_measure = time.perf_counter()
         limit = seconds - reserved if measure_seconds is None else measure_seconds
@@ -149,29 +160,28 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
         workspace_s = time.perf_counter() - t_workspace
         unmeasured = len({cost.job(g, n).key for n in g.order if not cost.known(g, n)})
         if unmeasured:
-            warm = _timed(eager, device)              # what a step takes, for the verification's share
+            # what a step takes, for the verification's share: the calls measured and the
+            # rest at fitted prices (peakcut.optimizer.budget), nothing more run
+            predicted = step_seconds(BudgetedCost(cost, t_measure), g, g.order)
             return ContextCalibration(skipped=f"{unmeasured} of the step's calls were not measured within "
                                       f"{max(0.0, limit):.1f} s (they are priced by fitted prices and "
                                       "measured during the search; verification's rounds give the floor)",
-                                      seconds=time.perf_counter() - t0, eager_step_s=warm, deferred=True,
-                                      measure_s=measure_s, workspace_s=workspace_s, unmeasured=unmeasured)
+                                      seconds=time.perf_counter() - t0, eager_step_s=step_estimate(first, predicted),
+                                      deferred=True, measure_s=measure_s, workspace_s=workspace_s,
+                                      unmeasured=unmeasured, reference=reference)
         predicted = step_seconds(cost, g, g.order)
-        warm = _timed(eager, device)                  # warm again after the calls' own timing
-        need = RUNS_MARGIN * (2 * (RUNS + SETTLE) + 1) * predicted   # a settled eager step takes about
-        # what the program does (eager_ratio 0.95-1.05); `warm` does not tell it: medium BTLM-3B's
-        # took 3.9 s where a settled step takes 1.65, and priced on it the rounds did not fit
+        need = RUNS_MARGIN * (2 * (RUNS + SETTLE) + 2) * predicted   # a settled eager step takes about
+        # what the program does (eager_ratio 0.95-1.05)
         left = seconds - (time.perf_counter() - t0)
         if need > left:
-            # the step verification is sized on: the warm step right after the calls' own timing
-            # runs slow (medium BTLM-3B: 4.7 s where verification's rounds ran 2.4-3.8 s and the
-            # model predicts 3.4 s), so the model's figure where that is less
             return ContextCalibration(skipped=f"running the step {RUNS + SETTLE + 1} times and eager "
-                                      f"{RUNS + SETTLE} times takes "
+                                      f"{RUNS + SETTLE + 1} times takes "
                                       f"about {need:.1f} s; {max(0.0, left):.1f} s left for it (verification's "
                                       "rounds give the floor)",
                                       seconds=time.perf_counter() - t0,
-                                      eager_step_s=min(warm, predicted) if predicted > 0 else warm, deferred=True,
-                                      measure_s=measure_s, workspace_s=workspace_s)
+                                      eager_step_s=step_estimate(first, predicted), deferred=True,
+                                      measure_s=measure_s, workspace_s=workspace_s, reference=reference)
+        eager()                                       # warm again after the calls' own timing
         step = Step(g, list(g.order))
         step(model, batch)                            # warm-up
         for _ in range(SETTLE):
@@ -184,7 +194,18 @@ def calibrate(g: Graph, cost: MeasuredCostModel, model: torch.nn.Module, batch: 
     factor = min(HIGHEST, max(LOWEST, factor))
     cost.context = factor
     return ContextCalibration(factor, predicted, tuple(times), tuple(eager_times), time.perf_counter() - t0,
-                              eager_step_s=min(eager_times), measure_s=measure_s, workspace_s=workspace_s)
+                              eager_step_s=min(eager_times), measure_s=measure_s, workspace_s=workspace_s,
+                              reference=reference)
+
+
+def step_estimate(first: float, predicted: float) -> float:
+    """What a warm eager step takes, for sizing verification where the calibration's rounds
+    did not run: the step the model predicts (`predicted`), or the first eager step where
+    that is less (or nothing was predicted). The first step makes the optimizer's state and
+    faults its memory in (medium GPT-Neo: 5 s where a step takes 1.8), and a second one right
+    after the calls' own timing still runs slow (medium BTLM-3B: 4.7 s where verification's
+    rounds ran 2.4-3.8 s and the model predicts 3.4 s), so the model's figure is the nearer one."""
+    return min(first, predicted) if predicted > 0 else first
 
 
 def refit(model_ratio: float, calibration: ContextCalibration | None, verdict: Verdict,

@@ -54,7 +54,7 @@ import statistics
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -149,6 +149,14 @@ class NumbersCheck:
     transient_bytes: int
     snapshot_bytes: int                          # the entry state verification holds anyway
     seconds: float
+    stepped: bool = False                        # the last candidate's state stays (check: settle)
+    reference: StepNumbers | None = field(default=None, repr=False, compare=False)   # eager's, for check(ref=)
+
+    def with_more(self, later: NumbersCheck) -> NumbersCheck:
+        """This check and `later` (candidates checked against the same reference afterwards)."""
+        return replace(self, judged=self.judged + later.judged, failed=self.failed + later.failed,
+                       transient_bytes=max(self.transient_bytes, later.transient_bytes),
+                       seconds=self.seconds + later.seconds, stepped=later.stepped)
 
     @property
     def rejected(self) -> tuple[tuple[str, str], ...]:
@@ -411,10 +419,16 @@ def judge(index: int, name: str, ref: StepNumbers, ours: StepNumbers, allowed: M
 def check(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch: Any,
           eager: Callable[[], Any], optimizer: torch.optim.Optimizer | None,
           entry: Mapping[str, torch.Tensor], reset: Callable[[], None], tolerance: Tolerance,
-          snapshot_bytes: int) -> NumbersCheck:
+          snapshot_bytes: int, settle: Callable[[], None] | None = None,
+          ref: StepNumbers | None = None, first: int = 0) -> NumbersCheck:
     """Run `eager` (keeping its gradients) and then every candidate once, each after reset()
     and with every .grad None, and judge each candidate's numbers against eager's (module
-    doc). A candidate that raises is in `failed`; `reset` runs after every run."""
+    doc). A candidate that raises is in `failed`; `reset` runs after every run. With
+    `settle`, the last candidate's run, where it ran whole and matched, is followed by
+    settle() instead: the state it left stays, one step past the entry's, as a warm-up step
+    of eager's would leave it (NumbersCheck.stepped). With `ref` (an earlier check's
+    reference), eager does not run again: reset() puts the entry back first; `first` is the
+    index of the first candidate in the list the earlier check's were taken from."""
     t0 = time.perf_counter()
     params = list(model.parameters())
 
@@ -423,25 +437,34 @@ def check(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch:
             p.grad = None
 
     cleared()
-    try:
-        ref = take(eager(), model, optimizer, entry)
-    finally:
+    if ref is None:
+        try:
+            ref = take(eager(), model, optimizer, entry)
+        finally:
+            reset()
+    else:
         reset()
     allowed = allowances(ref, tolerance.relative)
     judged: list[Judgement] = []
     failed: list[tuple[int, str, str]] = []
     most = ref.transient_bytes
+    stepped = False
     for index, (name, step) in enumerate(candidates):
         cleared()
         try:
             ours = take(step(model, batch), model, optimizer, entry)
         # Whatever a candidate raises, the others are still judged (verify does the same).
         except Exception as e:
-            failed.append((index, name, error_line(e)))
-            continue
-        finally:
             reset()
+            failed.append((first + index, name, error_line(e)))
+            continue
         most = max(most, ours.transient_bytes)
-        judged.append(judge(index, name, ref, ours, allowed, tolerance.relative))
+        judged.append(judge(first + index, name, ref, ours, allowed, tolerance.relative))
+        stepped = settle is not None and index == len(candidates) - 1 and judged[-1].matches
+        if stepped and settle is not None:
+            cleared()
+            settle()
+        else:
+            reset()
     return NumbersCheck(tolerance, tuple(judged), tuple(failed), len(ref.values), most, snapshot_bytes,
-                        time.perf_counter() - t0)
+                        time.perf_counter() - t0, stepped, ref)

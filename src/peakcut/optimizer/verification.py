@@ -42,11 +42,13 @@ def host_memory(model: torch.nn.Module, keep: bool) -> tuple[str, bool]:
     return "left alone: not glibc", False
 
 
-def verify_seconds(step_s: float, fingerprint_s: float, reserve: bool, rounds: int = SHORT_ROUNDS) -> float:
+def verify_seconds(step_s: float, fingerprint_s: float, rounds: int = SHORT_ROUNDS,
+                   referenced: bool = False) -> float:
     """What verification takes with steps of `step_s`: eager and one plan, `rounds` rounds
     each (default: the fewest), and the numbers check's fingerprints of both (fingerprint_s
-    each); with a `reserve` (a latency limit's untransformed step) its numbers check too."""
-    return runs_needed(2, rounds, reserve) * step_s + (2 + reserve) * fingerprint_s
+    each); `referenced`: eager's numbers were taken already (verify.EagerReference), its run
+    and fingerprint left out. A latency limit's reserve runs only where the plan misses (verify)."""
+    return (runs_needed(2, rounds) - referenced) * step_s + (2 - referenced) * fingerprint_s
 
 
 ARENA_LAYOUT_S = 0.5       # the greedy layout of each other candidate's arena (the best's is the search's)
@@ -69,7 +71,8 @@ def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: An
     # what a step takes, for sizing the rounds: the warm eager step the calibration timed (what
     # optimize kept this time on), else the model's figure
     step_s = calibration.eager_step_s if calibration is not None and calibration.eager_step_s > 0 else predicted
-    least = verify_seconds(step_s, fingerprint_s, reserve=mode == "latency")
+    least = verify_seconds(step_s, fingerprint_s,
+                           referenced=calibration is not None and calibration.reference is not None)
     if seconds < VERIFY_SKIP_BELOW * least:
         report["verification"] = {"skipped": f"{seconds:.1f} s of the time budget left; running eager and one "
                                   f"plan takes about {least:.1f} s (raise time_budget)"}
@@ -83,7 +86,8 @@ def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: An
         found.arena if s is found.best else state_arena(s, found.deriver.workspace, ARENA_LAYOUT_S, found.probes)
         for s in candidates]
     state, verdict, placed = choose(candidates, found.captured, found.objective, predicted, model, batch, eager, opt,
-                                    max(0.0, seconds - (time.perf_counter() - t0)), step_s, arenas)
+                                    max(0.0, seconds - (time.perf_counter() - t0)), step_s, arenas,
+                                    None if calibration is None else calibration.reference)
     report["verification"] = dict(verdict.report(mode), seconds=round(time.perf_counter() - t0, 3))
     if state is not found.best:
         report.update(plan_entries(state, found.eager, found.eager_ratio),

@@ -6,10 +6,10 @@ When the plan runs on the device it was planned for (a measured cost model on th
 own device), optimize ends here. Each candidate (the latest bests of the search, newest
 first, and the untransformed step last) is built and bound to the user's optimizer and its
 state, as plan.step binds them. Under a latency limit the untransformed step is the reserve:
-its numbers are checked with the others, but it is timed and its peak measured only when no
-other candidate met the limit itself (its rounds then follow theirs, interleaved with eager
-again): it is the plan of last resort, and timing it beside a plan that met the limit was a
-third of verification's runs. First its numbers: its first step against eager's, both from
+its numbers are checked, its peak measured and it is timed only when no other candidate met
+the limit itself (its rounds then follow theirs, interleaved with eager again): it is the
+plan of last resort, and running it beside a plan that met the limit was a third of
+verification's runs. First each candidate's numbers: its first step against eager's, both from
 the state and RNG the user's objects had on entry (peakcut.optimizer.numbers); a candidate
 whose numbers differ is left out, the value and by how much in Verdict.numbers. Then, in
 every round (MIN_ROUNDS to MAX_ROUNDS, as the time left allows) the user's eager step
@@ -58,7 +58,15 @@ from torch.utils._pytree import tree_flatten
 from peakcut.codegen.arena_plan import ArenaPlan
 from peakcut.codegen.program import Step
 from peakcut.cost.inputs import error_line
-from peakcut.optimizer.numbers import NumbersCheck, check, float32_math, tolerance_for
+from peakcut.optimizer.numbers import (
+    NumbersCheck,
+    StepNumbers,
+    Tolerance,
+    check,
+    float32_math,
+    take,
+    tolerance_for,
+)
 from peakcut.optimizer.objective import Objective
 from peakcut.optimizer.state import State
 from peakcut.optimizer.user_step import EagerStep, Layout, Restore, model_device, sync_device
@@ -151,25 +159,22 @@ def noise_band(times: Sequence[float]) -> float:
     return min(MAX_NOISE, (q3 - q1) / median)
 
 
-EAGER_BESIDE_ROUNDS = 3
-"""Runs of eager outside the timed rounds: the numbers check, the warm-up (the optimizer's
-state) and the peak."""
+EAGER_BESIDE_ROUNDS = 2
+"""Runs of eager outside the timed rounds: the numbers check and the peak (the last
+candidate's numbers check leaves the state a warm-up would: the optimizer's state made)."""
 CANDIDATE_BESIDE_ROUNDS = 2
 """Runs of a candidate outside the timed rounds: the numbers check (its warm-up) and the peak."""
 
 
-RESERVE_RUNS = 1
-"""Runs of a latency limit's reserve (the untransformed step) when the plans meet the limit:
-its numbers check."""
-RESERVE_TIMED_RUNS = 1 + 2 * SHORT_ROUNDS
-"""Runs the reserve adds where the plans miss: its peak run and SHORT_ROUNDS rounds with eager."""
+RESERVE_TIMED_RUNS = 2 + 2 * SHORT_ROUNDS
+"""Runs the reserve takes where the plans miss: its numbers check, its peak run and
+SHORT_ROUNDS rounds with eager (where a plan meets the limit, none)."""
 
 
-def runs_needed(programs: int, rounds: int, reserve: bool = False) -> int:
-    """Steps verifying takes: eager and `programs` - 1 candidates, `rounds` rounds each, and
-    the reserve's numbers check where there is one."""
-    return (EAGER_BESIDE_ROUNDS + rounds + (programs - 1) * (CANDIDATE_BESIDE_ROUNDS + rounds)
-            + RESERVE_RUNS * reserve)
+def runs_needed(programs: int, rounds: int) -> int:
+    """Steps verifying takes: eager and `programs` - 1 candidates, `rounds` rounds each (a
+    latency limit's reserve aside: RESERVE_TIMED_RUNS, only where the plans miss)."""
+    return EAGER_BESIDE_ROUNDS + rounds + (programs - 1) * (CANDIDATE_BESIDE_ROUNDS + rounds)
 
 
 def rounds_for(seconds_each: float, programs: int, budget: float) -> int:
@@ -184,13 +189,12 @@ def rounds_for(seconds_each: float, programs: int, budget: float) -> int:
 def programs_for(seconds_each: float, budget: float, most: int, reserve: bool = False) -> int:
     """How many candidates besides eager and the untransformed step (at least 1, at most
     `most`) can run MIN_ROUNDS rounds within `budget`, the untransformed step with them; where
-    it is the `reserve` (a latency limit), its numbers check only: it runs when they all miss
-    the limit, in what their rounds leave (choose)."""
+    it is the `reserve` (a latency limit), without it: it runs when they all miss the limit,
+    in what their rounds leave (choose)."""
     if seconds_each <= 0:
         return most
     fit = 1
-    while fit < most and (runs_needed(fit + 2, MIN_ROUNDS, reserve=True) if reserve
-                          else runs_needed(fit + 3, MIN_ROUNDS)) * seconds_each <= budget:
+    while fit < most and runs_needed(fit + 3 - reserve, MIN_ROUNDS) * seconds_each <= budget:
         fit += 1
     return fit
 
@@ -198,7 +202,7 @@ def programs_for(seconds_each: float, budget: float, most: int, reserve: bool = 
 def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch: Any,
            eager: EagerStep, optimizer: torch.optim.Optimizer | None, objective: Objective,
            predicted_eager_s: float, rounds: int, deadline: float = math.inf,
-           reserve_s: float | None = None) -> Verdict:
+           reserve_s: float | None = None, reference: EagerReference | None = None) -> Verdict:
     """Check every candidate's numbers against eager's (peakcut.optimizer.numbers), then run
     eager and every candidate that matched up to `rounds` times, interleaved, and judge them
     (module doc). Past SHORT_ROUNDS, no round starts that the last round's time says would end
@@ -207,7 +211,8 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
     one whose numbers differ from eager's too, with the reason in Verdict.numbers. reserve_s:
     under a latency limit, the last candidate is the reserve (module doc), timed only where no
     other met the limit itself with a peak below eager's; the others' rounds end `reserve_s`
-    before the deadline, which its peak run and SHORT_ROUNDS rounds take."""
+    before the deadline, which its peak run and SHORT_ROUNDS rounds take. reference: eager's
+    numbers from the entry state, taken already (eager_reference), which eager does not run for."""
     t0 = time.perf_counter()
     device = model_device(model)
     method = "cuda" if device.type == "cuda" else "cpu-profiler"
@@ -217,16 +222,19 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
         if optimizer is not None and step.optimizer is not optimizer:
             step.update.attach(optimizer)
     constants = bound_constants(candidates[0][1].graph.input_names, model) if candidates else []
+    strict = (objective.limit / predicted_eager_s if predicted_eager_s > 0 else 1.0) \
+        if objective.mode == "latency" else None
+    lazy = reserve_s is not None and strict is not None and len(candidates) > 1
+    rng = _rng_state(device) if reference is None else reference.rng
     with Restore(model, optimizer, constants) as restore:
-        numbers = _check_numbers(candidates, model, batch, eager, optimizer, restore)
+        # the reserve's numbers too only where it is timed (below)
+        numbers = _check_numbers(candidates[:-1] if lazy else candidates, model, batch, eager, optimizer, restore,
+                                 rng, None if reference is None else reference.numbers)
         failed = [(name, why) for _, name, why in numbers.failed]
-        passed = numbers.passed
-        eager()                                      # warm-up (and the optimizer's state)
+        if not numbers.stepped:     # the last candidate's step is the warm-up where it stands
+            eager()                                  # warm-up (and the optimizer's state)
         eager_peak = _eager_peak(eager, model, batch, optimizer)
         layout = Layout(model, optimizer)
-        strict = (objective.limit / predicted_eager_s if predicted_eager_s > 0 else 1.0) \
-            if objective.mode == "latency" else None
-        lazy = reserve_s is not None and strict is not None and len(candidates) > 1
         every = [*range(len(candidates))]
         groups = [(every[:-1], deadline - (reserve_s or 0.0)), (every[-1:], deadline)] if lazy else [(every, deadline)]
         eager_times: list[float] = []
@@ -236,9 +244,15 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
         try:
             for group, until in groups:
                 if _a_plan_met(timed, peaks, strict, eager_peak):
-                    reserve = f"{candidates[-1][0]} not timed: a plan met the limit with less than eager's peak"
+                    reserve = (f"{candidates[-1][0]} not run: a plan met the limit with less than eager's peak "
+                               "(nor its numbers checked)")
                     break
-                bound = _bound(group, candidates, passed, model, batch, layout, failed)
+                if lazy and group is groups[-1][0]:
+                    later = _check_numbers(candidates[-1:], model, batch, eager, optimizer, restore, rng,
+                                           numbers.reference, numbers.tolerance, first=len(candidates) - 1)
+                    failed += [(name, why) for _, name, why in later.failed]
+                    numbers = numbers.with_more(later)
+                bound = _bound(group, candidates, numbers.passed, model, batch, layout, failed)
                 ran += [index for index, _, _ in bound]
                 peaks += [peak for _, peak, _ in bound]
                 if not bound and (eager_times or group is not groups[-1][0]):
@@ -294,14 +308,54 @@ def _bound(group: Sequence[int], candidates: Sequence[tuple[str, Step]], passed:
     return found
 
 
+def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The CPU RNG's state and `device`'s where it is a GPU."""
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+@dataclass(frozen=True)
+class EagerReference:
+    """Eager's numbers of one step from the user's entry state, and the RNG it ran from:
+    what the numbers check compares candidates with (taken once, by the calibration's first
+    eager step, so that verification does not run eager for it again)."""
+
+    numbers: StepNumbers
+    rng: tuple[torch.Tensor, torch.Tensor | None]
+
+
+def eager_reference(eager: EagerStep, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                    restore: Restore) -> tuple[EagerReference, float]:
+    """Run the user's eager step once from `restore`'s entry state (which it must be in) and
+    take its numbers; the reference, and the step's seconds (the fingerprints aside). The
+    state the step left stays; its gradients are set to None, as the user's loop leaves them."""
+    device = model_device(model)
+    rng = _rng_state(device)
+    for p in model.parameters():
+        p.grad = None
+    sync_device(device)
+    t0 = time.perf_counter()
+    loss = eager.run(keep_grads=True)
+    sync_device(device)
+    seconds = time.perf_counter() - t0
+    numbers = take(loss, model, optimizer, restore.entry())
+    for p in model.parameters():
+        p.grad = None
+    return EagerReference(numbers, rng), seconds
+
+
 def _check_numbers(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch: Any, eager: EagerStep,
-                   optimizer: torch.optim.Optimizer | None, restore: Restore) -> NumbersCheck:
+                   optimizer: torch.optim.Optimizer | None, restore: Restore,
+                   rng: tuple[torch.Tensor, torch.Tensor | None], ref: StepNumbers | None = None,
+                   tolerance: Tolerance | None = None, first: int = 0) -> NumbersCheck:
     """The numbers check (peakcut.optimizer.numbers): every run from the entry state, the
-    entry layout and the entry RNG, which are all there again afterwards."""
+    entry layout and the entry RNG (`rng`, _rng_state's), which are all there again after
+    each run but the last candidate's where it matched: the state that step left, in the
+    entry layout, is eager's warm-up (numbers.check: settle). With `ref`, against those
+    numbers of eager's (an EagerReference's or an earlier check's, with its `tolerance`):
+    eager does not run; `first`: the index of candidates[0] among those verify was given."""
     layout = Layout(model, optimizer)
     device = model_device(model)
-    cpu_rng = torch.get_rng_state()
-    gpu_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    cpu_rng, gpu_rng = rng
 
     def reset() -> None:
         layout.put_back()
@@ -310,8 +364,9 @@ def _check_numbers(candidates: Sequence[tuple[str, Step]], model: torch.nn.Modul
         if gpu_rng is not None:
             torch.cuda.set_rng_state(gpu_rng, device)
 
+    tolerance = tolerance or tolerance_for((step.graph for _, step in candidates), float32_math(device))
     return check(candidates, model, batch, lambda: eager.run(keep_grads=True), optimizer, restore.entry(), reset,
-                 tolerance_for((step.graph for _, step in candidates), float32_math(device)), restore.nbytes)
+                 tolerance, restore.nbytes, settle=layout.put_back, ref=ref, first=first)
 
 
 def pick_candidate(cands: Sequence[Measured], mode: str, limit: float, strict: float | None = None) -> int | None:
@@ -389,8 +444,8 @@ def candidate_name(state: State, root: State) -> str:
 def choose(candidates: Sequence[State], root: State, objective: Objective, predicted_eager_s: float,
            model: torch.nn.Module, batch: Any, eager: EagerStep,
            optimizer: torch.optim.Optimizer | None, seconds: float,
-           step_s: float | None = None, arenas: Sequence[bool | ArenaPlan] = ()
-           ) -> tuple[State, Verdict, ArenaPlan | None]:
+           step_s: float | None = None, arenas: Sequence[bool | ArenaPlan] = (),
+           reference: EagerReference | None = None) -> tuple[State, Verdict, ArenaPlan | None]:
     """Run `candidates` against eager within about `seconds` and pick one (module doc); the
     rounds are sized on `step_s` seconds a step (default: `predicted_eager_s`). arenas: each
     candidate's arena (True: the one its Step plans; an ArenaPlan: that one; none given: no
@@ -411,7 +466,7 @@ def choose(candidates: Sequence[State], root: State, objective: Objective, predi
     reserve_s = RESERVE_TIMED_RUNS * each if reserve else None
     rounds = rounds_for(each, len(steps) + 1 - reserve, max(0.0, deadline - time.perf_counter() - (reserve_s or 0.0)))
     verdict = verify(steps, model, batch, eager, optimizer, objective, predicted_eager_s, rounds,
-                     deadline=deadline, reserve_s=reserve_s)
+                     deadline=deadline, reserve_s=reserve_s, reference=reference)
     measured = verdict.candidates
     if verdict.chosen is not None:
         index = verdict.ran[verdict.chosen]
