@@ -420,7 +420,7 @@ class _Planner:
             def check(found: Optimized, seconds: float) -> tuple[State, bool, str, ArenaPlan | None]:
                 return verified(found, seconds, model, b, eager, opt, calibration, fingerprint_s, kept)
         keep = shares.VERIFY_SHARE * final_share
-        if calibration is not None and calibration.eager_step_s > 0:    # sized on a warm eager step
+        if calibration is not None and calibration.eager_step_s > 0:    # sized on the calibration's step
             # eager and one plan; under a latency limit the untransformed step is the reserve,
             # checked and timed only where the plans miss the limit; the numbers check
             # fingerprints every program's updates once (optimizer.numbers)

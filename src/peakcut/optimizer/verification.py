@@ -68,8 +68,8 @@ def verified(found: Optimized, seconds: float, model: torch.nn.Module, batch: An
     t0 = time.perf_counter()
     report = found.report
     predicted = found.reference_s
-    # what a step takes, for sizing the rounds: the warm eager step the calibration timed (what
-    # optimize kept this time on), else the model's figure
+    # what a step takes, for sizing the rounds: the calibration's figure (what optimize kept
+    # this time on), else the model's
     step_s = calibration.eager_step_s if calibration is not None and calibration.eager_step_s > 0 else predicted
     least = verify_seconds(step_s, fingerprint_s,
                            referenced=calibration is not None and calibration.reference is not None)

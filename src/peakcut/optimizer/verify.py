@@ -226,10 +226,12 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
         if objective.mode == "latency" else None
     lazy = reserve_s is not None and strict is not None and len(candidates) > 1
     rng = _rng_state(device) if reference is None else reference.rng
+    # of every candidate's graph, the reserve's too: the same tolerance whenever it is checked
+    tolerance = tolerance_for((step.graph for _, step in candidates), float32_math(device))
     with Restore(model, optimizer, constants) as restore:
         # the reserve's numbers too only where it is timed (below)
         numbers = _check_numbers(candidates[:-1] if lazy else candidates, model, batch, eager, optimizer, restore,
-                                 rng, None if reference is None else reference.numbers)
+                                 rng, None if reference is None else reference.numbers, tolerance)
         failed = [(name, why) for _, name, why in numbers.failed]
         if not numbers.stepped:     # the last candidate's step is the warm-up where it stands
             eager()                                  # warm-up (and the optimizer's state)
@@ -249,7 +251,7 @@ def verify(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch
                     break
                 if lazy and group is groups[-1][0]:
                     later = _check_numbers(candidates[-1:], model, batch, eager, optimizer, restore, rng,
-                                           numbers.reference, numbers.tolerance, first=len(candidates) - 1)
+                                           numbers.reference, tolerance, first=len(candidates) - 1)
                     failed += [(name, why) for _, name, why in later.failed]
                     numbers = numbers.with_more(later)
                 bound = _bound(group, candidates, numbers.passed, model, batch, layout, failed)
@@ -351,8 +353,9 @@ def _check_numbers(candidates: Sequence[tuple[str, Step]], model: torch.nn.Modul
     entry layout and the entry RNG (`rng`, _rng_state's), which are all there again after
     each run but the last candidate's where it matched: the state that step left, in the
     entry layout, is eager's warm-up (numbers.check: settle). With `ref`, against those
-    numbers of eager's (an EagerReference's or an earlier check's, with its `tolerance`):
-    eager does not run; `first`: the index of candidates[0] among those verify was given."""
+    numbers of eager's (an EagerReference's or an earlier check's): eager does not run;
+    `tolerance`: default, the candidates' (numbers.tolerance_for); `first`: the index of
+    candidates[0] among those verify was given."""
     layout = Layout(model, optimizer)
     device = model_device(model)
     cpu_rng, gpu_rng = rng
