@@ -460,8 +460,8 @@ def check(candidates: Sequence[tuple[str, Step]], model: torch.nn.Module, batch:
             continue
         most = max(most, ours.transient_bytes)
         judged.append(judge(first + index, name, ref, ours, allowed, tolerance.relative))
-        stepped = settle is not None and index == len(candidates) - 1 and judged[-1].matches
-        if stepped and settle is not None:
+        if settle is not None and index == len(candidates) - 1 and judged[-1].matches:
+            stepped = True
             cleared()
             settle()
         else:

@@ -332,15 +332,13 @@ def eager_reference(eager: EagerStep, model: torch.nn.Module, optimizer: torch.o
     state the step left stays; its gradients are set to None, as the user's loop leaves them."""
     device = model_device(model)
     rng = _rng_state(device)
-    for p in model.parameters():
-        p.grad = None
     sync_device(device)
     t0 = time.perf_counter()
-    loss = eager.run(keep_grads=True)
+    loss = eager.run(keep_grads=True)             # (it sets the grads to None first)
     sync_device(device)
     seconds = time.perf_counter() - t0
     numbers = take(loss, model, optimizer, restore.entry())
-    for p in model.parameters():
+    for p in eager.params:
         p.grad = None
     return EagerReference(numbers, rng), seconds
 
